@@ -1,0 +1,43 @@
+# TileMatrix: `make run` starts everything on a fresh clone; `make test` runs the suite.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+TOOLCHAIN_0113 := var/toolchains/tilelang-0.1.13
+
+.PHONY: run test install migrate seed lint bench-local toolchains clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	# The CPU build of torch first, so the project's torch range installs nothing more.
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[test]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+migrate: install
+	$(PY) manage.py migrate --noinput
+
+seed: migrate
+	$(PY) manage.py seed_demo
+	$(PY) manage.py ensure_admin
+
+run: seed
+	scripts/run-dev
+
+$(TOOLCHAIN_0113)/bin/python:
+	scripts/make-toolchain-venv 0.1.13 $(TOOLCHAIN_0113)
+
+toolchains: $(TOOLCHAIN_0113)/bin/python
+
+test: install toolchains
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+lint: install
+	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
+
+clean:
+	rm -rf var/db.sqlite3 var/broker

@@ -1,0 +1,66 @@
+from __future__ import annotations
+
+from django.contrib import admin
+
+from matrix import models
+
+
+@admin.register(models.DeviceType)
+class DeviceTypeAdmin(admin.ModelAdmin):
+    list_display = ["__str__", "vendor", "model", "arch", "backend", "memory_gb"]
+    list_filter = ["backend", "vendor"]
+
+
+@admin.register(models.Operator)
+class OperatorAdmin(admin.ModelAdmin):
+    list_display = ["name", "dims"]
+
+
+@admin.register(models.KernelRevision)
+class KernelRevisionAdmin(admin.ModelAdmin):
+    list_display = ["operator", "source_sha256", "origin", "review_state", "is_current"]
+    list_filter = ["origin", "review_state", "is_current"]
+
+
+@admin.register(models.Shape)
+class ShapeAdmin(admin.ModelAdmin):
+    list_display = ["operator", "dims_key", "dtype", "served", "weight", "source_profile"]
+    list_filter = ["operator", "dtype", "served", "source_profile"]
+
+
+@admin.register(models.Toolchain)
+class ToolchainAdmin(admin.ModelAdmin):
+    list_display = ["name", "tilelang_version", "fingerprint", "is_current"]
+
+
+@admin.register(models.ValidationJob)
+class ValidationJobAdmin(admin.ModelAdmin):
+    list_display = ["id", "shape", "device_type", "toolchain", "state", "attempt", "runner"]
+    list_filter = ["state", "stage"]
+    raw_id_fields = ["shape", "revision", "sweep", "runner"]
+
+
+@admin.register(models.Result)
+class ResultAdmin(admin.ModelAdmin):
+    list_display = ["id", "shape", "device_type", "toolchain", "status", "rel_err", "kernel_ms"]
+    list_filter = ["status"]
+    raw_id_fields = ["job", "shape", "revision"]
+
+
+@admin.register(models.Cell)
+class CellAdmin(admin.ModelAdmin):
+    list_display = ["shape", "device_type", "toolchain", "status", "updated_at"]
+    list_filter = ["status"]
+    raw_id_fields = ["shape", "result", "revision"]
+
+
+@admin.register(models.AuditEvent)
+class AuditEventAdmin(admin.ModelAdmin):
+    list_display = ["created_at", "actor_label", "verb", "object_type", "object_id"]
+    list_filter = ["verb"]
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False

@@ -1,0 +1,48 @@
+"""The HTTP API under /api/v1/ (django-ninja); schema at /api/v1/openapi.json."""
+
+from __future__ import annotations
+
+from django.db import connection
+from ninja import NinjaAPI, Schema
+
+api = NinjaAPI(
+    title="TileMatrix API",
+    version="1",
+    description="Runner registration, heartbeats, signed results, matrix and "
+    "gap queries, manifest download.",
+    urls_namespace="api",
+)
+
+
+class Health(Schema):
+    ok: bool
+    database: str
+    broker: str
+
+
+def database_status() -> str:
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+        return "ok"
+    except Exception as exc:
+        return f"unreachable ({exc.__class__.__name__})"
+
+
+def broker_status() -> str:
+    from matrix.celery import app
+
+    try:
+        with app.connection_for_write() as conn:
+            conn.ensure_connection(max_retries=1, timeout=2)
+        return "ok"
+    except Exception as exc:
+        return f"unreachable ({exc.__class__.__name__})"
+
+
+@api.get("/health", response={200: Health, 503: Health}, auth=None)
+def health(request):
+    """Database and broker reachability; 503 when either is down."""
+    body = {"database": database_status(), "broker": broker_status()}
+    body["ok"] = body["database"] == "ok" and body["broker"] == "ok"
+    return (200 if body["ok"] else 503), body

@@ -1,0 +1,462 @@
+"""The device x operator matrix: what was run, where, with which toolchain,
+and what came out.
+
+A *cell* is (shape with its dtype, device type, toolchain); the kernel
+revision that produced its latest result is stored on it, so a cell whose
+revision or toolchain is no longer current reads as stale. ``Cell`` keeps the
+latest result per cell so that no page ever scans all results.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.db import models
+from django.db.models import Q
+
+
+class Backend(models.TextChoices):
+    CUDA = "cuda", "CUDA"
+    HIP = "hip", "ROCm (HIP)"
+    METAL = "metal", "Metal"
+    C = "c", "CPU (C)"
+    NPU = "npu", "NPU"
+
+
+# Higher first: gaps on the backends that serve production traffic rank first.
+BACKEND_PRIORITY = {"cuda": 1.0, "hip": 0.8, "c": 0.5, "metal": 0.4, "npu": 0.3}
+
+
+class Dtype(models.TextChoices):
+    FLOAT16 = "float16"
+    BFLOAT16 = "bfloat16"
+    FLOAT32 = "float32"
+
+
+class Status(models.TextChoices):
+    """The status ladder of DESIGN.md; only PASS is green."""
+
+    LOWERED = "lowered"
+    BUILT = "built"
+    PASS = "pass"
+    COMPILE_ERROR = "compile_error"
+    MISMATCH = "mismatch"
+    RUNTIME_ERROR = "runtime_error"
+    TIMEOUT = "timeout"
+    UNSUPPORTED = "unsupported"
+    INFRA_ERROR = "infra_error"
+
+
+EVIDENCE = {Status.LOWERED, Status.BUILT}
+FAILURES = {
+    Status.COMPILE_ERROR,
+    Status.MISMATCH,
+    Status.RUNTIME_ERROR,
+    Status.TIMEOUT,
+    Status.INFRA_ERROR,
+}
+
+
+def choices_check(field: str, choices: type[models.TextChoices], name: str):
+    return models.CheckConstraint(
+        condition=Q(**{f"{field}__in": choices.values}), name=name
+    )
+
+
+class DeviceType(models.Model):
+    """A column of the matrix: vendor model + arch + backend."""
+
+    vendor = models.CharField(max_length=40)
+    model = models.CharField(max_length=80)
+    arch = models.CharField(max_length=40, blank=True)
+    backend = models.CharField(max_length=8, choices=Backend.choices)
+    memory_gb = models.PositiveIntegerField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["backend", "vendor", "model"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["vendor", "model", "arch", "backend"], name="device_type_unique"
+            ),
+            choices_check("backend", Backend, "device_type_backend_valid"),
+        ]
+
+    def __str__(self) -> str:
+        return " · ".join(p for p in (f"{self.vendor} {self.model}", self.arch, self.backend) if p)
+
+    @property
+    def target(self) -> dict:
+        """The TileLang target dict a job for this device type compiles for."""
+        if self.backend == Backend.CUDA:
+            return {"kind": "cuda", "arch": self.arch}
+        if self.backend == Backend.HIP:
+            return {"kind": "hip", "mcpu": self.arch}
+        return {"kind": self.backend}
+
+
+class Operator(models.Model):
+    name = models.SlugField(max_length=60, unique=True)
+    dims = models.JSONField(help_text="declared dim names, e.g. ['M', 'N', 'K']")
+    description = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def clean_dims(self, dims: dict) -> dict[str, int]:
+        """Validate a shape's dims against the dims this operator declares."""
+        if not isinstance(dims, dict):
+            raise ValidationError({"dims": "dims must be an object like {'M': 1}"})
+        missing = sorted(set(self.dims) - set(dims))
+        extra = sorted(set(dims) - set(self.dims))
+        if missing or extra:
+            raise ValidationError(
+                {
+                    "dims": f"{self.name} takes dims {self.dims}; "
+                    f"missing {missing}, unexpected {extra}"
+                }
+            )
+        for name, value in dims.items():
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValidationError({"dims": f"{name} must be a positive integer"})
+        return {d: dims[d] for d in self.dims}
+
+    @property
+    def current_revision(self) -> KernelRevision | None:
+        return self.revisions.filter(is_current=True).first()
+
+
+class RevisionOrigin(models.TextChoices):
+    LIBRARY = "library"
+    SUBMITTED = "submitted"
+
+
+class ReviewState(models.TextChoices):
+    PENDING = "pending"
+    APPROVED = "approved"
+    REJECTED = "rejected"
+
+
+class KernelRevision(models.Model):
+    Origin = RevisionOrigin
+    Review = ReviewState
+
+    operator = models.ForeignKey(Operator, on_delete=models.PROTECT, related_name="revisions")
+    source_sha256 = models.CharField(max_length=64)
+    source = models.TextField(blank=True)
+    origin = models.CharField(max_length=10, choices=Origin.choices)
+    review_state = models.CharField(max_length=10, choices=Review.choices)
+    is_current = models.BooleanField(default=False)
+    author = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+        related_name="+",
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["operator", "-created_at"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["operator", "source_sha256"], name="revision_unique_source"
+            ),
+            models.UniqueConstraint(
+                fields=["operator"], condition=Q(is_current=True),
+                name="revision_one_current_per_operator",
+            ),
+            models.CheckConstraint(
+                condition=Q(source_sha256__regex=r"^[0-9a-f]{64}$"),
+                name="revision_sha256_hex",
+            ),
+            choices_check("origin", RevisionOrigin, "revision_origin_valid"),
+            choices_check("review_state", ReviewState, "revision_review_valid"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.operator.name}@{self.source_sha256[:12]}"
+
+
+def dims_key(dims: dict) -> str:
+    """A canonical text form of dims, for uniqueness and display."""
+    return ",".join(f"{k}={dims[k]}" for k in dims)
+
+
+class ShapeQuerySet(models.QuerySet):
+    def served(self):
+        return self.filter(served=True)
+
+    def by_weight(self):
+        return self.order_by("-served", "-weight", "operator__name", "dims_key", "dtype")
+
+
+class Shape(models.Model):
+    """An operator's dims and dtype; `served` when a production model calls it."""
+
+    operator = models.ForeignKey(Operator, on_delete=models.PROTECT, related_name="shapes")
+    dims = models.JSONField()
+    dims_key = models.CharField(max_length=200, editable=False)
+    dtype = models.CharField(max_length=10, choices=Dtype.choices)
+    served = models.BooleanField(default=False)
+    weight = models.FloatField(default=0.0, help_text="calls per token or share of time")
+    source_profile = models.CharField(max_length=80, blank=True)
+
+    objects = ShapeQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["operator__name", "-served", "-weight", "dims_key", "dtype"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["operator", "dims_key", "dtype"], name="shape_unique"
+            ),
+            choices_check("dtype", Dtype, "shape_dtype_valid"),
+            models.CheckConstraint(condition=Q(weight__gte=0), name="shape_weight_nonnegative"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.operator.name}[{self.dims_key}] {self.dtype}"
+
+    def clean(self) -> None:
+        self.dims = self.operator.clean_dims(self.dims)
+        self.dims_key = dims_key(self.dims)
+
+    def save(self, *args, **kwargs):
+        self.dims_key = dims_key(self.dims)
+        super().save(*args, **kwargs)
+
+
+def fingerprint_of(components: dict) -> str:
+    canonical = json.dumps(components, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+class Toolchain(models.Model):
+    """A pinned set of TileLang, tvm-ffi, torch, device compiler, driver, Python."""
+
+    name = models.CharField(max_length=80, unique=True)
+    tilelang_version = models.CharField(max_length=40)
+    components = models.JSONField(default=dict)
+    fingerprint = models.CharField(max_length=64, unique=True)
+    is_current = models.BooleanField(default=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-is_current", "-created_at"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(fingerprint__regex=r"^[0-9a-f]{64}$"),
+                name="toolchain_fingerprint_hex",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Sweep(models.Model):
+    """A batch of jobs planned together, so progress can be shown for it."""
+
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+        related_name="+",
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    filters = models.JSONField(default=dict)
+    total = models.PositiveIntegerField(default=0)
+
+    def __str__(self) -> str:
+        return f"sweep {self.pk}"
+
+
+class JobQuerySet(models.QuerySet):
+    def open(self):
+        return self.filter(state__in=[JobState.QUEUED, JobState.RUNNING])
+
+
+class JobState(models.TextChoices):
+    QUEUED = "queued"
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+    LOST = "lost"
+
+
+class JobStage(models.TextChoices):
+    LOWER = "lower"
+    BUILD = "build"
+    VALIDATE = "validate"
+
+
+class ValidationJob(models.Model):
+    """One cell's validation run; moves forward only."""
+
+    State = JobState
+    Stage = JobStage
+
+    revision = models.ForeignKey(KernelRevision, on_delete=models.PROTECT, related_name="jobs")
+    shape = models.ForeignKey(Shape, on_delete=models.PROTECT, related_name="jobs")
+    device_type = models.ForeignKey(DeviceType, on_delete=models.PROTECT, related_name="jobs")
+    toolchain = models.ForeignKey(Toolchain, on_delete=models.PROTECT, related_name="jobs")
+    stage = models.CharField(max_length=10, choices=Stage.choices, default=Stage.VALIDATE)
+    state = models.CharField(max_length=10, choices=State.choices, default=State.QUEUED)
+    attempt = models.PositiveSmallIntegerField(default=1)
+    seed = models.PositiveIntegerField(default=0)
+    queue = models.CharField(max_length=120, blank=True)
+    sweep = models.ForeignKey(Sweep, null=True, blank=True, on_delete=models.SET_NULL, related_name="jobs")
+    runner = models.ForeignKey(
+        "runners.Runner", null=True, blank=True, on_delete=models.SET_NULL, related_name="jobs"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    objects = JobQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [models.Index(fields=["state", "runner"]), models.Index(fields=["sweep", "state"])]
+        constraints = [
+            choices_check("state", JobState, "job_state_valid"),
+            choices_check("stage", JobStage, "job_stage_valid"),
+            models.CheckConstraint(condition=Q(attempt__gte=1), name="job_attempt_positive"),
+        ]
+
+    def __str__(self) -> str:
+        return f"job {self.pk} ({self.state})"
+
+
+class ResultQuerySet(models.QuerySet):
+    def failing(self):
+        return self.filter(status__in=FAILURES)
+
+    def for_toolchain(self, toolchain):
+        return self.filter(toolchain=toolchain)
+
+
+class Result(models.Model):
+    """What one job attempt produced. Stored once per (job, attempt)."""
+
+    job = models.ForeignKey(ValidationJob, on_delete=models.CASCADE, related_name="results")
+    attempt = models.PositiveSmallIntegerField()
+    # The cell, denormalized, so history and matrix reads need no job join.
+    revision = models.ForeignKey(KernelRevision, on_delete=models.PROTECT, related_name="+")
+    shape = models.ForeignKey(Shape, on_delete=models.PROTECT, related_name="+")
+    device_type = models.ForeignKey(DeviceType, on_delete=models.PROTECT, related_name="+")
+    toolchain = models.ForeignKey(Toolchain, on_delete=models.PROTECT, related_name="+")
+    status = models.CharField(max_length=16, choices=Status.choices)
+    stage_reached = models.CharField(max_length=10, blank=True)
+    rel_err = models.FloatField(null=True, blank=True)
+    max_abs_err = models.FloatField(null=True, blank=True)
+    mismatch_ratio = models.FloatField(null=True, blank=True)
+    compile_s = models.FloatField(null=True, blank=True)
+    kernel_ms = models.FloatField(null=True, blank=True)
+    reference_ms = models.FloatField(null=True, blank=True)
+    tflops = models.FloatField(null=True, blank=True)
+    gbps = models.FloatField(null=True, blank=True)
+    error_signature = models.CharField(max_length=64, blank=True, db_index=True)
+    error_message = models.TextField(blank=True)
+    fingerprint = models.CharField(max_length=64, blank=True)
+    details = models.JSONField(default=dict, blank=True, help_text="tolerance, kernel source, fingerprint components")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    objects = ResultQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [models.Index(fields=["shape", "device_type", "toolchain", "-created_at"])]
+        constraints = [
+            models.UniqueConstraint(fields=["job", "attempt"], name="result_one_per_attempt"),
+            choices_check("status", Status, "result_status_valid"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.shape} on {self.device_type}: {self.status}"
+
+
+class CellQuerySet(models.QuerySet):
+    def passing(self):
+        return self.filter(status=Status.PASS)
+
+
+class Cell(models.Model):
+    """The latest result of one (shape, device type, toolchain)."""
+
+    shape = models.ForeignKey(Shape, on_delete=models.CASCADE, related_name="cells")
+    device_type = models.ForeignKey(DeviceType, on_delete=models.CASCADE, related_name="cells")
+    toolchain = models.ForeignKey(Toolchain, on_delete=models.CASCADE, related_name="cells")
+    revision = models.ForeignKey(KernelRevision, on_delete=models.PROTECT, related_name="cells")
+    result = models.ForeignKey(Result, on_delete=models.PROTECT, related_name="+")
+    status = models.CharField(max_length=16, choices=Status.choices)
+    error_signature = models.CharField(max_length=64, blank=True, db_index=True)
+    kernel_ms = models.FloatField(null=True, blank=True)
+    reference_ms = models.FloatField(null=True, blank=True)
+    updated_at = models.DateTimeField()
+
+    objects = CellQuerySet.as_manager()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["shape", "device_type", "toolchain"], name="cell_unique"
+            ),
+            choices_check("status", Status, "cell_status_valid"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.shape} on {self.device_type} with {self.toolchain}: {self.status}"
+
+
+class AuditEventQuerySet(models.QuerySet):
+    def update(self, **kwargs):
+        raise PermissionError("the audit log is append-only")
+
+    def delete(self):
+        raise PermissionError("the audit log is append-only")
+
+
+class AuditEvent(models.Model):
+    """Who did what, when, with the state before and after. Append-only."""
+
+    actor = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+        related_name="+",
+    )
+    actor_label = models.CharField(max_length=150, help_text="user name or runner name")
+    verb = models.CharField(max_length=60)
+    object_type = models.CharField(max_length=60)
+    object_id = models.CharField(max_length=64)
+    before = models.JSONField(default=dict, blank=True)
+    after = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    objects = AuditEventQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+
+    def __str__(self) -> str:
+        return f"{self.actor_label} {self.verb} {self.object_type} {self.object_id}"
+
+    def save(self, *args, **kwargs):
+        if self.pk is not None:
+            raise PermissionError("the audit log is append-only")
+        super().save(*args, **kwargs)
+
+    def delete(self, *args, **kwargs):
+        raise PermissionError("the audit log is append-only")
+
+    @classmethod
+    def record(cls, *, actor=None, actor_label: str = "", verb: str, obj, before=None, after=None):
+        label = actor_label or (actor.get_username() if actor is not None else "system")
+        return cls.objects.create(
+            actor=actor if actor is not None and actor.pk else None,
+            actor_label=label,
+            verb=verb,
+            object_type=obj._meta.label_lower,
+            object_id=str(obj.pk),
+            before=before or {},
+            after=after or {},
+        )

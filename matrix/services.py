@@ -1,0 +1,155 @@
+"""Workflows that span several models. Each is atomic: bad input raises a
+ValidationError naming the problem, and nothing is half-written."""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+
+from django.core.exceptions import ValidationError
+from django.db import IntegrityError, transaction
+
+from matrix import profiles
+from matrix.models import (
+    DeviceType,
+    Dtype,
+    KernelRevision,
+    Operator,
+    Shape,
+    Toolchain,
+    fingerprint_of,
+)
+
+DEMO_DEVICE_TYPES = [
+    {"vendor": "NVIDIA", "model": "H200", "arch": "sm_90a", "backend": "cuda", "memory_gb": 141},
+    {"vendor": "AMD", "model": "MI300X", "arch": "gfx942", "backend": "hip", "memory_gb": 192},
+    {"vendor": "Apple", "model": "M3 Max", "arch": "", "backend": "metal", "memory_gb": 64},
+    {"vendor": "x86-64", "model": "CPU", "arch": "", "backend": "c", "memory_gb": None},
+]
+# Small float32 shapes the CPU (`c`) column can really run, ragged on purpose.
+CPU_SHAPES = {
+    "elementwise_add": [{"M": 64, "N": 256}, {"M": 7, "N": 33}],
+    "row_sum": [{"M": 64, "N": 256}, {"M": 7, "N": 33}],
+    "softmax": [{"M": 64, "N": 256}, {"M": 7, "N": 33}],
+    "rmsnorm": [{"M": 64, "N": 256}, {"M": 7, "N": 33}],
+    "gemm": [{"M": 64, "N": 64, "K": 64}, {"M": 17, "N": 31, "K": 45}],
+}
+
+
+@transaction.atomic
+def operator_sync_library() -> list[Operator]:
+    """Mirror the kernel library into the catalogue: one Operator per module
+    and its current library revision, pinned by the module source's sha256."""
+    from runners import kernels
+
+    synced = []
+    for name, spec in kernels.OPERATORS.items():
+        op, _ = Operator.objects.update_or_create(
+            name=name, defaults={"dims": list(spec.dims), "description": spec.description}
+        )
+        source = inspect.getsource(inspect.getmodule(spec.builders[next(iter(spec.builders))]))
+        digest = hashlib.sha256(source.encode()).hexdigest()
+        revision = op.revisions.filter(source_sha256=digest).first()
+        if revision is None or not revision.is_current:
+            op.revisions.filter(is_current=True).update(is_current=False)
+            KernelRevision.objects.update_or_create(
+                operator=op,
+                source_sha256=digest,
+                defaults={
+                    "source": source,
+                    "origin": KernelRevision.Origin.LIBRARY,
+                    "review_state": KernelRevision.Review.APPROVED,
+                    "is_current": True,
+                },
+            )
+        synced.append(op)
+    return synced
+
+
+def shape_clean(*, operator: Operator, dims, dtype: str) -> dict:
+    dims = operator.clean_dims(dims)
+    if dtype not in Dtype.values:
+        raise ValidationError({"dtype": f"unknown dtype {dtype!r}; expected one of {Dtype.values}"})
+    return dims
+
+
+@transaction.atomic
+def shape_import(*, rows, source_profile: str, served: bool = True) -> int:
+    """Create or update shapes from (operator name, dims, dtype, weight) rows.
+    Every row is validated before the first write."""
+    operators = {op.name: op for op in Operator.objects.all()}
+    clean = []
+    for i, (name, dims, dtype, weight) in enumerate(rows, start=1):
+        if name not in operators:
+            raise ValidationError(f"row {i}: unknown operator {name!r}")
+        try:
+            dims = shape_clean(operator=operators[name], dims=dims, dtype=dtype)
+        except ValidationError as exc:
+            raise ValidationError(f"row {i} ({name}): {'; '.join(exc.messages)}") from None
+        if not isinstance(weight, int | float) or weight < 0:
+            raise ValidationError(f"row {i} ({name}): weight must be a non-negative number")
+        clean.append((operators[name], dims, dtype, float(weight)))
+    for op, dims, dtype, weight in clean:
+        shape, created = Shape.objects.get_or_create(
+            operator=op, dims_key=",".join(f"{k}={v}" for k, v in dims.items()), dtype=dtype,
+            defaults={"dims": dims, "served": served, "weight": weight, "source_profile": source_profile},
+        )
+        if not created and served and (not shape.served or shape.weight != weight):
+            shape.served, shape.weight = True, weight
+            shape.source_profile = shape.source_profile or source_profile
+            shape.save(update_fields=["served", "weight", "source_profile"])
+    return len(clean)
+
+
+@transaction.atomic
+def toolchain_register(*, name: str, components: dict, current: bool = False) -> Toolchain:
+    """Record a toolchain by its fingerprint; the same components under a new
+    name, or a taken name, are refused with the reason."""
+    fingerprint = fingerprint_of(components)
+    existing = Toolchain.objects.filter(fingerprint=fingerprint).first()
+    if existing is not None:
+        if existing.name != name:
+            raise ValidationError(
+                f"toolchain fingerprint {fingerprint[:12]} is already registered as {existing.name!r}"
+            )
+        return existing
+    if current:
+        Toolchain.objects.filter(is_current=True).update(is_current=False)
+    try:
+        with transaction.atomic():
+            return Toolchain.objects.create(
+                name=name,
+                tilelang_version=str(components.get("tilelang", "")),
+                components=components,
+                fingerprint=fingerprint,
+                is_current=current,
+            )
+    except IntegrityError:
+        raise ValidationError(f"a toolchain named {name!r} already exists") from None
+
+
+@transaction.atomic
+def catalog_seed() -> dict:
+    """The demo catalogue; running it again changes nothing."""
+    for spec in DEMO_DEVICE_TYPES:
+        DeviceType.objects.get_or_create(
+            vendor=spec["vendor"], model=spec["model"], arch=spec["arch"], backend=spec["backend"],
+            defaults={"memory_gb": spec["memory_gb"]},
+        )
+    operators = operator_sync_library()
+    shape_import(
+        rows=list(profiles.served_shapes("llama-3-8b")), source_profile="llama-3-8b"
+    )
+    known = {op.name for op in operators}
+    cpu_rows = [
+        (name, dims, "float32", 0.0)
+        for name, shapes in CPU_SHAPES.items() if name in known
+        for dims in shapes
+    ]
+    shape_import(rows=cpu_rows, source_profile="cpu-smoke", served=False)
+    return {
+        "device_types": DeviceType.objects.count(),
+        "operators": Operator.objects.count(),
+        "shapes": Shape.objects.count(),
+        "served": Shape.objects.served().count(),
+    }

@@ -1,0 +1,8 @@
+from __future__ import annotations
+
+from django.apps import AppConfig
+
+
+class RunnersConfig(AppConfig):
+    name = "runners"
+    verbose_name = "Runner hosts"

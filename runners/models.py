@@ -1,0 +1,138 @@
+"""Runner hosts: registered machines that own devices and toolchains and run
+validation jobs. Two fields, as in a device lab: ``state`` is set by the
+machine, ``health`` by an admin; every change is an audit event."""
+
+from __future__ import annotations
+
+import hashlib
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+from django.utils import timezone
+
+from matrix.models import AuditEvent, DeviceType, Toolchain, choices_check
+
+
+class RunnerQuerySet(models.QuerySet):
+    def routable(self):
+        """Runners that may be given work: active, not revoked."""
+        return self.filter(health=RunnerHealth.ACTIVE, revoked_at__isnull=True)
+
+    def online(self):
+        return self.routable().exclude(state=RunnerState.OFFLINE)
+
+
+class RunnerState(models.TextChoices):
+    ONLINE = "online"
+    OFFLINE = "offline"
+    BUSY = "busy"
+
+
+class RunnerHealth(models.TextChoices):
+    ACTIVE = "active"
+    MAINTENANCE = "maintenance"
+    RETIRED = "retired"
+
+
+class Runner(models.Model):
+    State = RunnerState
+    Health = RunnerHealth
+
+    name = models.SlugField(max_length=60, unique=True)
+    public_key = models.CharField(max_length=64, help_text="Ed25519 public key, hex")
+    state = models.CharField(max_length=8, choices=State.choices, default=State.OFFLINE)
+    health = models.CharField(max_length=12, choices=Health.choices, default=Health.ACTIVE)
+    inventory = models.JSONField(default=dict, blank=True)
+    device_types = models.ManyToManyField(DeviceType, blank=True, related_name="runners")
+    toolchains = models.ManyToManyField(Toolchain, through="RunnerToolchain", related_name="runners")
+    last_heartbeat = models.DateTimeField(null=True, blank=True)
+    last_sequence = models.BigIntegerField(default=0, help_text="highest heartbeat sequence seen")
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    objects = RunnerQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [
+            choices_check("state", RunnerState, "runner_state_valid"),
+            choices_check("health", RunnerHealth, "runner_health_valid"),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def queue(self) -> str:
+        """This runner's own queue, for health probes."""
+        return f"runner.{self.name}"
+
+    def _change(self, field: str, value: str, *, actor=None, verb: str) -> None:
+        before = getattr(self, field)
+        if before == value:
+            return
+        setattr(self, field, value)
+        self.save(update_fields=[field])
+        AuditEvent.record(
+            actor=actor,
+            actor_label="" if actor else self.name,
+            verb=verb,
+            obj=self,
+            before={field: before},
+            after={field: value},
+        )
+
+    def go_online(self) -> None:
+        self._change("state", self.State.ONLINE, verb="runner.online")
+
+    def go_offline(self) -> None:
+        self._change("state", self.State.OFFLINE, verb="runner.offline")
+
+    def go_busy(self) -> None:
+        self._change("state", self.State.BUSY, verb="runner.busy")
+
+    def set_health(self, health: str, *, by) -> None:
+        self._change("health", health, actor=by, verb=f"runner.{health}")
+
+    def revoke(self, *, by=None) -> None:
+        if self.revoked_at:
+            return
+        self.revoked_at = timezone.now()
+        self.save(update_fields=["revoked_at"])
+        AuditEvent.record(actor=by, verb="runner.revoke", obj=self, after={"revoked": True})
+
+
+class RunnerToolchain(models.Model):
+    """A toolchain hosted on a runner: its own interpreter environment."""
+
+    runner = models.ForeignKey(Runner, on_delete=models.CASCADE)
+    toolchain = models.ForeignKey(Toolchain, on_delete=models.PROTECT)
+    interpreter = models.CharField(max_length=300)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["runner", "toolchain"], name="runner_toolchain_unique")
+        ]
+
+
+def token_digest(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+class RegistrationToken(models.Model):
+    """Single-use, expiring; only its sha256 is stored."""
+
+    digest = models.CharField(max_length=64, unique=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField()
+    used_at = models.DateTimeField(null=True, blank=True)
+    used_by = models.OneToOneField(
+        Runner, null=True, blank=True, on_delete=models.SET_NULL, related_name="token"
+    )
+
+    def __str__(self) -> str:
+        return f"token {self.digest[:8]}…"
