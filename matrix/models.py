@@ -270,6 +270,32 @@ class Sweep(models.Model):
     def __str__(self) -> str:
         return f"sweep {self.pk}"
 
+    def progress(self) -> dict:
+        """Counts by job state, share finished, and an ETA from the pace so far."""
+        from django.utils import timezone
+
+        counts = dict(
+            self.jobs.values_list("state").annotate(n=models.Count("id")).order_by()
+        )
+        done = counts.get(JobState.DONE, 0)
+        failed = counts.get(JobState.FAILED, 0) + counts.get(JobState.LOST, 0)
+        finished = done + failed
+        total = self.total or sum(counts.values())
+        elapsed = (timezone.now() - self.created_at).total_seconds()
+        eta = None
+        if 0 < finished < total:
+            eta = elapsed / finished * (total - finished)
+        return {
+            "total": total,
+            "done": done,
+            "failed": failed,
+            "running": counts.get(JobState.RUNNING, 0),
+            "queued": counts.get(JobState.QUEUED, 0),
+            "finished": finished >= total,
+            "percent": round(100 * finished / total) if total else 100,
+            "eta_s": eta,
+        }
+
 
 class JobQuerySet(models.QuerySet):
     def open(self):

@@ -40,9 +40,15 @@ class Tolerance:
 
 @dataclass(frozen=True)
 class TensorSpec:
+    """One kernel parameter. For inputs, ``scale`` and ``positive`` set the
+    values ``Operator.make_inputs`` draws: magnitudes in [0.25, 1] * scale, so
+    no element is ever zero and references stay well conditioned."""
+
     name: str
     shape: tuple[int, ...]
     dtype: str  # torch dtype name: "float16", "bfloat16", "float32"
+    scale: float = 1.0
+    positive: bool = False
 
 
 @dataclass
@@ -104,3 +110,26 @@ class Operator:
     def program(self, shape: dict, dtype: str, target: dict):
         self.check(shape, dtype, target)
         return self.builders[target["kind"]](shape, dtype, target)
+
+    def make_inputs(
+        self, shape: dict, dtype: str, seed: int, device: str = "cpu"
+    ) -> list[Any]:
+        """Seeded inputs for one cell: the same (shape, dtype, seed) gives the
+        same tensors on every host, and no element is zero or repeated
+        constant, so an unwritten or constant output cannot match."""
+        import torch
+
+        generator = torch.Generator(device="cpu").manual_seed(seed)
+        tensors = []
+        for spec in self.inputs(shape, dtype):
+            magnitude = 0.25 + 0.75 * torch.rand(
+                spec.shape, generator=generator, dtype=torch.float32
+            )
+            values = magnitude * spec.scale
+            if not spec.positive:
+                sign = torch.randint(
+                    0, 2, spec.shape, generator=generator, dtype=torch.int8
+                )
+                values = torch.where(sign.bool(), values, -values)
+            tensors.append(values.to(getattr(torch, spec.dtype)).to(device))
+        return tensors
