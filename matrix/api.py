@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from django.db import connection
-from ninja import NinjaAPI, Schema
+from ninja import NinjaAPI, Schema, Status
 
 api = NinjaAPI(
     title="TileMatrix API",
@@ -45,4 +45,4 @@ def health(request):
     """Database and broker reachability; 503 when either is down."""
     body = {"database": database_status(), "broker": broker_status()}
     body["ok"] = body["database"] == "ok" and body["broker"] == "ok"
-    return (200 if body["ok"] else 503), body
+    return Status(200 if body["ok"] else 503, body)

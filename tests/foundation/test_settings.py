@@ -1,0 +1,121 @@
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+
+from matrix import config
+
+ROOT = Path(__file__).resolve().parents[2]
+STRONG_SECRET = "k3y-" + "x7Qa9#Lm2!pZ" * 5
+
+
+def manage(*args, env_extra: dict, tmp_path: Path) -> subprocess.CompletedProcess:
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("DJANGO_", "DATABASE_URL", "CELERY_"))
+    }
+    env.update({"TILEMATRIX_VAR_DIR": str(tmp_path / "var")}, **env_extra)
+    return subprocess.run(
+        [sys.executable, "manage.py", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_unset_database_url_means_the_embedded_sqlite_file(tmp_path):
+    db = config.parse_database(None, tmp_path / "db.sqlite3")
+    assert db["ENGINE"] == "django.db.backends.sqlite3"
+    assert db["NAME"] == str(tmp_path / "db.sqlite3")
+
+
+def test_postgres_url_gives_postgresql_with_health_checks(tmp_path):
+    db = config.parse_database("postgres://tm:pw@db.internal:5433/tilematrix", tmp_path)
+    assert db["ENGINE"] == "django.db.backends.postgresql"
+    assert (db["HOST"], db["PORT"], db["NAME"]) == ("db.internal", 5433, "tilematrix")
+    assert db["CONN_HEALTH_CHECKS"] is True
+
+
+@pytest.mark.parametrize(
+    "raw", ["mysql://u@h/db", "not a url", "postgres:/missing-slashes", "postgres://h:5432/"]
+)
+def test_a_malformed_database_url_names_the_variable(raw, tmp_path):
+    with pytest.raises(ImproperlyConfigured, match="^DATABASE_URL: "):
+        config.parse_database(raw, tmp_path)
+
+
+def test_unset_broker_means_the_filesystem_broker_under_var(tmp_path):
+    url, options = config.parse_broker(None, tmp_path / "broker")
+    assert url == "filesystem://"
+    assert Path(options["data_folder_in"]).is_dir()
+
+
+@pytest.mark.parametrize(
+    "raw", ["redis://127.0.0.1:6379/3", "amqp://guest:guest@127.0.0.1:5672//"]
+)
+def test_redis_and_rabbitmq_brokers_are_taken_by_url(raw, tmp_path):
+    assert config.parse_broker(raw, tmp_path)[0] == raw
+
+
+@pytest.mark.parametrize("raw", ["kafka://x", "127.0.0.1:6379"])
+def test_a_malformed_broker_url_names_the_variable(raw, tmp_path):
+    with pytest.raises(ImproperlyConfigured, match="^CELERY_BROKER_URL: "):
+        config.parse_broker(raw, tmp_path)
+
+
+@pytest.mark.parametrize("raw", ["maybe", "2", "enabled"])
+def test_an_unclear_debug_flag_is_refused_not_guessed(raw):
+    with pytest.raises(ImproperlyConfigured, match="^DJANGO_DEBUG: "):
+        config.parse_bool("DJANGO_DEBUG", raw, True)
+
+
+def test_production_refuses_a_weak_or_missing_secret(tmp_path):
+    with pytest.raises(ImproperlyConfigured, match="^DJANGO_SECRET_KEY: "):
+        config.parse_secret("short", debug=False, embedded_file=tmp_path / "k")
+    with pytest.raises(ImproperlyConfigured, match="^DJANGO_SECRET_KEY: "):
+        config.parse_secret(None, debug=False, embedded_file=tmp_path / "k")
+
+
+def test_the_embedded_secret_is_generated_once_and_kept(tmp_path):
+    first = config.parse_secret(None, debug=True, embedded_file=tmp_path / "k")
+    assert len(first) >= 50
+    assert config.parse_secret(None, debug=True, embedded_file=tmp_path / "k") == first
+
+
+def test_production_needs_allowed_hosts():
+    with pytest.raises(ImproperlyConfigured, match="^DJANGO_ALLOWED_HOSTS: "):
+        config.parse_hosts(None, debug=False)
+    assert config.parse_hosts("a.example, b.example", debug=False) == [
+        "a.example",
+        "b.example",
+    ]
+
+
+def test_start_fails_with_a_message_naming_the_bad_variable(tmp_path):
+    proc = manage("check", env_extra={"DATABASE_URL": "mysql://x/y"}, tmp_path=tmp_path)
+    assert proc.returncode != 0
+    assert "DATABASE_URL: expected postgres://" in proc.stderr
+
+
+def test_deploy_check_passes_with_production_settings(tmp_path):
+    proc = manage(
+        "check",
+        "--deploy",
+        "--fail-level",
+        "WARNING",
+        env_extra={
+            "DJANGO_DEBUG": "0",
+            "DJANGO_SECRET_KEY": STRONG_SECRET,
+            "DJANGO_ALLOWED_HOSTS": "tilematrix.example",
+        },
+        tmp_path=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
