@@ -486,3 +486,14 @@ class AuditEvent(models.Model):
             before=before or {},
             after=after or {},
         )
+
+
+
+# The upgrade gate's models live in their own module to keep this one short.
+from matrix.gate.models import (  # noqa: E402, F401
+    Approval,
+    BackendException,
+    ManifestEntry,
+    Policy,
+    UpgradeProposal,
+)
