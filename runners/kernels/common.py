@@ -1,0 +1,75 @@
+"""Helpers the operator modules share: the TileLang dialect per backend,
+tolerance presets and tile-size arithmetic.
+
+TileLang 0.1.15 splits its language into dialects: ``tilelang.language`` is
+the CUDA one, and ``T.Kernel(..., threads=)`` does not exist for the CPU. A
+builder asks ``language(target)`` for the module matching its target.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from .base import Tolerance
+
+_DIALECTS = {
+    "cuda": "tilelang.language",
+    "hip": "tilelang.rocm.language",
+    "metal": "tilelang.metal.language",
+    "c": "tilelang.cpu.language",
+}
+
+GPU_BACKENDS = ("cuda", "hip", "metal")
+GPU_DTYPES = ("float16", "bfloat16", "float32")
+HALF_DTYPES = ("float16", "bfloat16")
+METAL_DTYPES = ("float16", "float32")  # Metal has no bfloat16 arithmetic
+CPU_DTYPES = ("float32",)
+
+LOG2E = 1.4426950408889634
+
+
+def language(target: dict):
+    """The TileLang language module for the target's backend (imported lazily
+    so an operator module imports without TileLang installed)."""
+    return importlib.import_module(_DIALECTS[target["kind"]])
+
+
+def next_pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def clamp(value: int, low: int, high: int) -> int:
+    return max(low, min(high, value))
+
+
+def element_size(dtype: str) -> int:
+    return 4 if dtype == "float32" else 2
+
+
+# One rounding of the output dominates operators that compute in float32 and
+# store once: fp16 keeps 11 significant bits (2^-11 ~ 4.9e-4), bf16 keeps 8
+# (2^-8 ~ 3.9e-3). The bounds below allow about twice that, and a few ulps
+# for float32 where libm exp/rsqrt and summation order differ from torch.
+ROUNDED_ONCE = {
+    "float16": Tolerance(
+        rel_err=1e-3,
+        atol=1e-3,
+        rtol=2e-3,
+        max_mismatch_ratio=1e-4,
+        reason="float32 math, one fp16 rounding of the output (2^-11 relative)",
+    ),
+    "bfloat16": Tolerance(
+        rel_err=8e-3,
+        atol=8e-3,
+        rtol=1.6e-2,
+        max_mismatch_ratio=1e-4,
+        reason="float32 math, one bf16 rounding of the output (2^-8 relative)",
+    ),
+    "float32": Tolerance(
+        rel_err=1e-5,
+        atol=1e-5,
+        rtol=1e-4,
+        max_mismatch_ratio=0.0,
+        reason="float32 end to end; only summation order and libm ulps differ",
+    ),
+}
