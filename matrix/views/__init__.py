@@ -1,5 +1,3 @@
+"""Pages, one module each: matrix, gaps (and sweeps), cells, errors, runners."""
+
 from __future__ import annotations
-
-from matrix.views.matrix import matrix_page
-
-__all__ = ["matrix_page"]

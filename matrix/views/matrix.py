@@ -1,16 +1,86 @@
+"""The coverage matrix, the home page.
+
+Operators arrive collapsed, one summary row each; a row expands in place to
+its shape × dtype rows through htmx (or ``?open=NAME`` without JavaScript), so
+the page stays light at thousands of shapes: only one operator's cells are
+rendered at a time, at most ``ROWS`` of them until asked for more.
+"""
+
 from __future__ import annotations
 
+from django.http import Http404
 from django.shortcuts import render
+from django.utils.http import urlencode
+from django.views.decorators.http import require_GET
+from django.views.decorators.vary import vary_on_headers
 
-from matrix.models import DeviceType, Operator, Shape
+from matrix import queries
+from matrix.models import Backend, Dtype
+
+ROWS = 200
+MAX_ROWS = 2000
 
 
+@require_GET
+@vary_on_headers("HX-Request")
 def matrix_page(request):
-    operators = Operator.objects.all()
-    shapes = Shape.objects.select_related("operator").by_weight()
-    device_types = DeviceType.objects.all()
-    return render(
-        request,
-        "matrix/matrix.html",
-        {"operators": operators, "shapes": shapes, "device_types": device_types},
-    )
+    toolchains = queries.toolchain_list()
+    filters = queries.MatrixFilters.from_params(request.GET, toolchains)
+    device_types = queries.device_type_list(filters)
+    revisions = queries.current_revisions()
+    summary = queries.matrix_summary(filters, device_types, revisions)
+    target = (request.htmx.target or "") if request.htmx else ""
+    open_name = request.GET.get("open", "")
+    limit = _row_limit(request.GET.get("rows"))
+    if target.startswith("op-"):
+        # One operator's tbody: expanded when `open` names it, else collapsed.
+        name = target[3:]
+        row = next((r for r in summary.rows if r.operator.name == name), None)
+        if row is None:
+            raise Http404("no such operator under these filters")
+        context = _context(
+            filters,
+            toolchains,
+            summary,
+            revisions,
+            open_name if open_name == name else "",
+            limit,
+        )
+        context["row"] = row
+        return render(request, "matrix/matrix.html#operator-body", context)
+    context = _context(filters, toolchains, summary, revisions, open_name, limit)
+    template = "matrix/matrix.html"
+    if target == "matrix":
+        template += "#matrix-table"
+    return render(request, template, context)
+
+
+def _row_limit(raw: str | None) -> int:
+    try:
+        return max(1, min(int(raw), MAX_ROWS))
+    except (TypeError, ValueError):
+        return ROWS
+
+
+def _context(filters, toolchains, summary, revisions, open_name, limit):
+    expanded = {}
+    for row in summary.rows:
+        if row.operator.name == open_name:
+            rows, more = queries.operator_rows(
+                row.operator, filters, summary.device_types, revisions, limit
+            )
+            expanded = {"name": open_name, "rows": rows, "more": more}
+    return {
+        "filters": filters,
+        "toolchains": toolchains,
+        "summary": summary,
+        "groups": queries.backend_groups(summary.device_types),
+        "expanded": expanded,
+        "limit": limit,
+        "more_limit": min(limit * 2, MAX_ROWS),
+        "query": urlencode(filters.as_params()),
+        "dtypes": Dtype.values,
+        "backends": Backend.choices,
+        "states": queries.STATE_FILTERS,
+        "labels": queries.STATE_LABELS,
+    }

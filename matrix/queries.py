@@ -1,0 +1,547 @@
+"""Coverage, gap and error-group reads for the pages and the API.
+
+Every read here goes through ``Cell`` (the latest result per cell), never
+through ``Result``: the number of stored results grows without bound, the
+number of cells only with the catalogue. Each function issues a fixed number
+of queries, whatever the size of the matrix.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from django.db.models import Count, Exists, OuterRef, Q
+
+from matrix.models import (
+    BACKEND_PRIORITY,
+    EVIDENCE,
+    FAILURES,
+    Backend,
+    Cell,
+    DeviceType,
+    Dtype,
+    KernelRevision,
+    Operator,
+    Shape,
+    Status,
+    Toolchain,
+)
+
+STALE = "stale"
+EMPTY = "empty"
+# Filter values beside the Status ladder: a cell whose revision or toolchain is
+# no longer current, and a cell never run.
+STATE_FILTERS = [*Status.values, STALE, EMPTY]
+
+# (icon, short text, long text): every state reads without colour too.
+STATE_LABELS = {
+    Status.PASS: ("✓", "pass", "pass: ran and matched the reference"),
+    Status.LOWERED: ("◔", "lowered", "lowered: codegen only, not validated"),
+    Status.BUILT: ("◑", "built", "built: binary produced, not run"),
+    Status.COMPILE_ERROR: ("✗", "compile", "compile error"),
+    Status.MISMATCH: ("≠", "mismatch", "mismatch: wrong numbers"),
+    Status.RUNTIME_ERROR: ("!", "runtime", "runtime error"),
+    Status.TIMEOUT: ("⧗", "timeout", "timeout"),
+    Status.UNSUPPORTED: ("–", "unsup.", "unsupported: production uses the reference"),
+    Status.INFRA_ERROR: ("?", "infra", "infrastructure error, retried"),
+    EMPTY: ("·", "not run", "never run"),
+}
+
+
+def state_label(status: str) -> tuple[str, str, str]:
+    return STATE_LABELS.get(status, ("?", status, status))
+
+
+def status_kind(status: str) -> str:
+    """The colour family of a status: pass, evidence, fail, unsupported, empty."""
+    if status == Status.PASS:
+        return "pass"
+    if status in EVIDENCE:
+        return "evidence"
+    if status in FAILURES:
+        return "fail"
+    if status == Status.UNSUPPORTED:
+        return "unsupported"
+    return "empty"
+
+
+@dataclass
+class MatrixFilters:
+    toolchain: Toolchain | None
+    dtype: str = ""
+    backend: str = ""
+    status: str = ""
+    served_only: bool = False
+
+    @classmethod
+    def from_params(cls, params, toolchains: list[Toolchain]) -> MatrixFilters:
+        """Read filters from a query string; unknown values are ignored so a
+        stale bookmark still opens the page."""
+        by_name = {t.name: t for t in toolchains}
+        default = next((t for t in toolchains if t.is_current), None)
+        if default is None and toolchains:
+            default = toolchains[0]
+        dtype = params.get("dtype", "")
+        backend = params.get("backend", "")
+        status = params.get("status", "")
+        return cls(
+            toolchain=by_name.get(params.get("toolchain", ""), default),
+            dtype=dtype if dtype in Dtype.values else "",
+            backend=backend if backend in Backend.values else "",
+            status=status if status in STATE_FILTERS else "",
+            served_only=params.get("served") in ("1", "on", "true"),
+        )
+
+    def as_params(self) -> dict[str, str]:
+        params = {
+            "toolchain": self.toolchain.name if self.toolchain else "",
+            "dtype": self.dtype,
+            "backend": self.backend,
+            "status": self.status,
+            "served": "1" if self.served_only else "",
+        }
+        return {k: v for k, v in params.items() if v}
+
+    def shape_q(self, prefix: str = "") -> Q:
+        q = Q()
+        if self.dtype:
+            q &= Q(**{f"{prefix}dtype": self.dtype})
+        if self.served_only:
+            q &= Q(**{f"{prefix}served": True})
+        return q
+
+
+def toolchain_list() -> list[Toolchain]:
+    return list(Toolchain.objects.only("id", "name", "is_current", "fingerprint"))
+
+
+def device_type_list(filters: MatrixFilters) -> list[DeviceType]:
+    qs = DeviceType.objects.all()
+    if filters.backend:
+        qs = qs.filter(backend=filters.backend)
+    return sorted(
+        qs, key=lambda d: (-BACKEND_PRIORITY.get(d.backend, 0), d.vendor, d.model)
+    )
+
+
+def backend_groups(device_types: list[DeviceType]) -> list[tuple[str, int]]:
+    """(backend label, column span) for the grouped column header."""
+    groups: list[tuple[str, int]] = []
+    labels = dict(Backend.choices)
+    for d in device_types:
+        label = labels.get(d.backend, d.backend)
+        if groups and groups[-1][0] == label:
+            groups[-1] = (label, groups[-1][1] + 1)
+        else:
+            groups.append((label, 1))
+    return groups
+
+
+def current_revisions() -> dict[int, int]:
+    """operator id -> id of its current kernel revision."""
+    return dict(
+        KernelRevision.objects.filter(is_current=True).values_list("operator_id", "id")
+    )
+
+
+def matches(status_filter: str, status: str, stale: bool) -> bool:
+    if not status_filter:
+        return True
+    if status_filter == STALE:
+        return stale
+    return status == status_filter
+
+
+@dataclass
+class Tally:
+    """Counts of cell states for one operator row or one device column."""
+
+    total: int = 0
+    by_status: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    stale: int = 0
+
+    def add(self, status: str, n: int, stale: bool) -> None:
+        self.by_status[status] += n
+        self.total += n
+        if stale:
+            self.stale += n
+
+    @property
+    def passing(self) -> int:
+        return self.by_status.get(Status.PASS, 0)
+
+    @property
+    def failing(self) -> int:
+        return sum(n for s, n in self.by_status.items() if s in FAILURES)
+
+    @property
+    def evidence(self) -> int:
+        return sum(n for s, n in self.by_status.items() if s in EVIDENCE)
+
+    @property
+    def empty(self) -> int:
+        return self.by_status.get(EMPTY, 0)
+
+    def share(self, n: int) -> int:
+        return round(100 * n / self.total) if self.total else 0
+
+    @property
+    def bar(self) -> list[tuple[str, int]]:
+        """(kind, percent) segments for a stacked bar."""
+        parts = [
+            ("pass", self.passing),
+            ("evidence", self.evidence),
+            ("fail", self.failing),
+            ("unsupported", self.by_status.get(Status.UNSUPPORTED, 0)),
+            ("empty", self.empty),
+        ]
+        return [(kind, self.share(n)) for kind, n in parts if n]
+
+
+@dataclass
+class OperatorRow:
+    operator: Operator
+    shape_count: int
+    cells: list[Tally]
+    tally: Tally
+
+
+@dataclass
+class MatrixSummary:
+    device_types: list[DeviceType]
+    rows: list[OperatorRow]
+    columns: list[Tally]
+    total: Tally
+
+
+def matrix_summary(
+    filters: MatrixFilters, device_types: list[DeviceType], revisions: dict[int, int]
+) -> MatrixSummary:
+    """One row per operator with per-device-type tallies: two grouped queries
+    over Cell and Shape, whatever the size of the matrix."""
+    operators = list(Operator.objects.only("id", "name", "dims"))
+    shape_counts = dict(
+        Shape.objects.filter(filters.shape_q())
+        .values_list("operator_id")
+        .annotate(n=Count("id"))
+        .order_by()
+    )
+    dt_index = {d.id: i for i, d in enumerate(device_types)}
+    grid: dict[int, list[Tally]] = {
+        op.id: [Tally() for _ in device_types] for op in operators
+    }
+    tc = filters.toolchain
+    if tc is not None and device_types:
+        grouped = (
+            Cell.objects.filter(
+                filters.shape_q("shape__"),
+                toolchain=tc,
+                device_type_id__in=list(dt_index),
+            )
+            .values_list(
+                "shape__operator_id", "device_type_id", "status", "revision_id"
+            )
+            .annotate(n=Count("id"))
+            .order_by()
+        )
+        for op_id, dt_id, status, rev_id, n in grouped:
+            stale = not tc.is_current or rev_id != revisions.get(op_id)
+            grid[op_id][dt_index[dt_id]].add(status, n, stale)
+    columns = [Tally() for _ in device_types]
+    total = Tally()
+    rows = []
+    for op in operators:
+        shapes = shape_counts.get(op.id, 0)
+        if not shapes:
+            continue
+        tally = Tally()
+        for i, t in enumerate(grid[op.id]):
+            missing = shapes - t.total
+            if missing > 0:
+                t.add(EMPTY, missing, False)
+            _filter_tally(t, filters.status)
+            for status, n in t.by_status.items():
+                tally.by_status[status] += n
+                columns[i].by_status[status] += n
+                total.by_status[status] += n
+            for agg in (tally, columns[i], total):
+                agg.total += t.total
+                agg.stale += t.stale
+        rows.append(OperatorRow(op, shapes, grid[op.id], tally))
+    return MatrixSummary(device_types, rows, columns, total)
+
+
+def _filter_tally(t: Tally, status_filter: str) -> None:
+    """Under a status filter a tally counts only the matching cells."""
+    if not status_filter:
+        return
+    if status_filter == STALE:
+        t.by_status = (
+            defaultdict(int, {STALE: t.stale}) if t.stale else defaultdict(int)
+        )
+        t.total = t.stale
+        return
+    kept = t.by_status.get(status_filter, 0)
+    t.by_status = defaultdict(int, {status_filter: kept} if kept else {})
+    t.total = kept
+    t.stale = 0 if status_filter == EMPTY else t.stale
+
+
+@dataclass
+class MatrixCell:
+    shape_id: int
+    device_type_id: int
+    status: str
+    stale: bool
+    kernel_ms: float | None
+    reference_ms: float | None
+    dimmed: bool
+
+    @property
+    def kind(self) -> str:
+        return status_kind(self.status)
+
+    @property
+    def label(self) -> tuple[str, str, str]:
+        return state_label(self.status)
+
+    @property
+    def speedup(self) -> float | None:
+        if self.kernel_ms and self.reference_ms:
+            return self.reference_ms / self.kernel_ms
+        return None
+
+
+@dataclass
+class ShapeRow:
+    shape: Shape
+    cells: list[MatrixCell]
+    passing: int
+    total: int
+
+
+def operator_rows(
+    operator: Operator,
+    filters: MatrixFilters,
+    device_types: list[DeviceType],
+    revisions: dict[int, int],
+    limit: int,
+) -> tuple[list[ShapeRow], bool]:
+    """Shape × dtype rows of one operator, served first by weight, with one
+    cell per device type; at most ``limit`` rows. Two queries."""
+    tc = filters.toolchain
+    dt_ids = [d.id for d in device_types]
+    shapes = Shape.objects.filter(filters.shape_q(), operator=operator)
+    if filters.status and tc is not None:
+        shapes = shapes.filter(_row_status_q(filters, operator, dt_ids, revisions))
+    elif filters.status and filters.status != EMPTY:
+        shapes = shapes.none()
+    shapes = list(shapes.by_weight()[: limit + 1])
+    more = len(shapes) > limit
+    shapes = shapes[:limit]
+    found: dict[tuple[int, int], tuple] = {}
+    if tc is not None and shapes and dt_ids:
+        for row in Cell.objects.filter(
+            toolchain=tc, shape__in=shapes, device_type_id__in=dt_ids
+        ).values_list(
+            "shape_id",
+            "device_type_id",
+            "status",
+            "revision_id",
+            "kernel_ms",
+            "reference_ms",
+        ):
+            found[row[0], row[1]] = row[2:]
+    current = revisions.get(operator.id)
+    rows = []
+    for shape in shapes:
+        cells = []
+        passing = 0
+        for dt_id in dt_ids:
+            hit = found.get((shape.id, dt_id))
+            if hit is None:
+                status, stale, kms, rms = EMPTY, False, None, None
+            else:
+                status, rev_id, kms, rms = hit
+                stale = not tc.is_current or rev_id != current
+            passing += status == Status.PASS and not stale
+            cells.append(
+                MatrixCell(
+                    shape.id,
+                    dt_id,
+                    status,
+                    stale,
+                    kms,
+                    rms,
+                    dimmed=not matches(filters.status, status, stale),
+                )
+            )
+        rows.append(ShapeRow(shape, cells, passing, len(dt_ids)))
+    return rows, more
+
+
+def _row_status_q(
+    filters: MatrixFilters, operator: Operator, dt_ids: list[int], revisions
+) -> Q:
+    """Rows with at least one cell in the filtered state, as SQL."""
+    cells = Cell.objects.filter(
+        shape=OuterRef("pk"), toolchain=filters.toolchain, device_type_id__in=dt_ids
+    )
+    if filters.status == EMPTY:
+        return ~Q(pk__in=_complete_shapes(filters, dt_ids))
+    if filters.status == STALE:
+        if not filters.toolchain.is_current:
+            return Q(Exists(cells))
+        return Q(Exists(cells.exclude(revision_id=revisions.get(operator.id))))
+    return Q(Exists(cells.filter(status=filters.status)))
+
+
+def _complete_shapes(filters: MatrixFilters, dt_ids: list[int]):
+    return (
+        Cell.objects.filter(toolchain=filters.toolchain, device_type_id__in=dt_ids)
+        .values("shape_id")
+        .annotate(n=Count("id"))
+        .filter(n__gte=len(dt_ids))
+        .values("shape_id")
+    )
+
+
+# --- gaps -------------------------------------------------------------------
+
+MISSING = "missing"
+FAILING = "failing"
+NO_RUNNER = "no runner"
+# Reasons a fresh run can fix; a cell whose only problem is that no runner is
+# online gains nothing from being queued again.
+RUNNABLE = {MISSING, STALE, FAILING}
+
+
+@dataclass
+class Gap:
+    shape: Shape
+    device_type: DeviceType
+    reasons: list[str]
+    status: str
+    score: float
+
+    @property
+    def runnable(self) -> bool:
+        return bool(RUNNABLE.intersection(self.reasons))
+
+    @property
+    def label(self) -> tuple[str, str, str]:
+        return state_label(self.status)
+
+    @property
+    def kind(self) -> str:
+        return status_kind(self.status)
+
+
+def served_gaps(filters: MatrixFilters) -> list[Gap]:
+    """Served cells with no result, a stale or failing one, or no online
+    routable runner for their device type, ranked by served weight × backend
+    priority. Four queries."""
+    from runners.models import Runner
+
+    tc = filters.toolchain
+    device_types = device_type_list(filters)
+    shapes = list(
+        Shape.objects.served()
+        .filter(filters.shape_q())
+        .select_related("operator")
+        .by_weight()
+    )
+    revisions = current_revisions()
+    routable = set(
+        Runner.objects.online()
+        .filter(device_types__isnull=False)
+        .values_list("device_types", flat=True)
+    )
+    found = {}
+    if tc is not None:
+        found = {
+            (s, d): (status, rev)
+            for s, d, status, rev in Cell.objects.filter(
+                toolchain=tc, shape__served=True, shape__in=[s.id for s in shapes]
+            ).values_list("shape_id", "device_type_id", "status", "revision_id")
+        }
+    gaps = []
+    for shape in shapes:
+        for dt in device_types:
+            reasons = []
+            hit = found.get((shape.id, dt.id))
+            if hit is None:
+                status = EMPTY
+                reasons.append(MISSING)
+            else:
+                status, rev = hit
+                if not tc.is_current or rev != revisions.get(shape.operator_id):
+                    reasons.append(STALE)
+                if status in FAILURES:
+                    reasons.append(FAILING)
+            if dt.id not in routable:
+                reasons.append(NO_RUNNER)
+            if not reasons:
+                continue
+            if filters.status and not matches(filters.status, status, STALE in reasons):
+                continue
+            score = shape.weight * BACKEND_PRIORITY.get(dt.backend, 0.1)
+            gaps.append(Gap(shape, dt, reasons, status, score))
+    gaps.sort(key=lambda g: (-g.score, g.shape.operator.name, g.shape.dims_key))
+    return gaps
+
+
+# --- error groups -------------------------------------------------------------
+
+
+@dataclass
+class ErrorGroup:
+    signature: str
+    count: int
+    message: str
+    statuses: list[str]
+    cells: list[Cell]
+
+    @property
+    def operators(self) -> list[str]:
+        return sorted({c.shape.operator.name for c in self.cells})
+
+
+def error_groups(
+    toolchain: Toolchain | None, per_group: int = 50, scan: int = 5000
+) -> list[ErrorGroup]:
+    """Failing cells grouped by error signature, largest group first, each
+    with a sample sanitized message and the cells it touches. Two queries."""
+    cells = Cell.objects.exclude(error_signature="")
+    if toolchain is not None:
+        cells = cells.filter(toolchain=toolchain)
+    cells = cells.select_related(
+        "shape__operator", "device_type", "toolchain", "result"
+    ).order_by("error_signature", "-shape__weight", "shape__dims_key")
+    groups: dict[str, ErrorGroup] = {}
+    counts = dict(
+        cells.order_by().values_list("error_signature").annotate(n=Count("id"))
+    )
+    # Bounded: the counts above stay exact however many cells a group touches.
+    for cell in cells.defer("result__details")[:scan]:
+        group = groups.get(cell.error_signature)
+        if group is None:
+            group = groups[cell.error_signature] = ErrorGroup(
+                cell.error_signature,
+                counts.get(cell.error_signature, 0),
+                cell.result.error_message,
+                [],
+                [],
+            )
+        if cell.status not in group.statuses:
+            group.statuses.append(cell.status)
+        if len(group.cells) < per_group:
+            group.cells.append(cell)
+    return sorted(groups.values(), key=lambda g: (-g.count, g.signature))
+
+
+def signature_count(signature: str) -> int:
+    if not signature:
+        return 0
+    return Cell.objects.filter(error_signature=signature).count()

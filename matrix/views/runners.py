@@ -1,0 +1,152 @@
+"""Runner hosts: state, health, heartbeat, devices, toolchains, queue depth;
+registration tokens, revocation and maintenance."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from datetime import timedelta
+
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
+from django.db.models import Count
+from django.http import HttpResponseBadRequest
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_GET, require_POST
+from django.views.decorators.vary import vary_on_headers
+
+from matrix.models import JobState, ValidationJob
+from runners import services
+from runners.models import Runner, compile_queue, validate_queue
+
+TOKEN_LIFETIME = timedelta(hours=1)
+
+
+def can_manage_runners(user) -> bool:
+    return user.is_authenticated and (
+        user.is_staff or user.has_perm("runners.change_runner")
+    )
+
+
+def can_register_runners(user) -> bool:
+    return user.is_authenticated and (
+        user.is_staff or user.has_perm("runners.add_registrationtoken")
+    )
+
+
+def _queue_names(runner: Runner) -> list[str]:
+    # Runner.queues() issues two queries; the prefetched relations give the
+    # same names without them.
+    toolchains = sorted(t.pk for t in runner.toolchains.all())
+    names = [runner.queue]
+    names += [
+        validate_queue(device_type_id=d.pk, toolchain_id=t)
+        for d in runner.device_types.all()
+        for t in toolchains
+    ]
+    names += [compile_queue(toolchain_id=t) for t in toolchains]
+    if runner.has_nvcc:
+        names += [compile_queue(toolchain_id=t, nvcc=True) for t in toolchains]
+    return names
+
+
+def runner_rows(runners: list[Runner]) -> list[dict]:
+    """Each runner with its queue depth: jobs waiting on a queue it consumes
+    plus jobs it is running. One query for all runners."""
+    queued: dict[str, int] = defaultdict(int)
+    running: dict[int, int] = defaultdict(int)
+    for queue, state, runner_id, n in (
+        ValidationJob.objects.open()
+        .values_list("queue", "state", "runner_id")
+        .annotate(n=Count("id"))
+        .order_by()
+    ):
+        if state == JobState.QUEUED:
+            queued[queue] += n
+        elif runner_id is not None:
+            running[runner_id] += n
+    return [
+        {
+            "runner": r,
+            "queued": sum(queued.get(q, 0) for q in _queue_names(r)),
+            "running": running.get(r.pk, 0),
+        }
+        for r in runners
+    ]
+
+
+def _runners():
+    return list(
+        Runner.objects.prefetch_related("device_types", "toolchains").order_by("name")
+    )
+
+
+@require_GET
+@vary_on_headers("HX-Request")
+def runners_page(request):
+    context = {
+        "rows": runner_rows(_runners()),
+        "can_manage": can_manage_runners(request.user),
+        "can_register": can_register_runners(request.user),
+    }
+    template = "matrix/runners.html"
+    if request.htmx and request.htmx.target == "runner-list":
+        template += "#runner-list"
+    return render(request, template, context)
+
+
+@login_required
+@require_POST
+def runner_token_create(request):
+    """A registration token, shown once with the command to run on the host."""
+    if not can_register_runners(request.user):
+        raise PermissionDenied(
+            "registering runners needs runners.add_registrationtoken"
+        )
+    token = services.token_create(expires=TOKEN_LIFETIME, created_by=request.user)
+    context = {
+        "token": token,
+        "server": request.build_absolute_uri("/").rstrip("/"),
+        "lifetime_min": int(TOKEN_LIFETIME.total_seconds() // 60),
+    }
+    response = render(request, "matrix/runners.html#token-once", context)
+    # The token must not linger in any cache.
+    response["Cache-Control"] = "no-store"
+    return response
+
+
+def _get_runner_for_user(request, pk: int) -> Runner:
+    if not can_manage_runners(request.user):
+        raise PermissionDenied("managing runners needs runners.change_runner")
+    return get_object_or_404(Runner, pk=pk)
+
+
+def _after_change(request, runner: Runner):
+    if not request.htmx:
+        return redirect("runners")
+    runner = Runner.objects.prefetch_related("device_types", "toolchains").get(
+        pk=runner.pk
+    )
+    context = {"row": runner_rows([runner])[0], "can_manage": True}
+    return render(request, "matrix/runners.html#runner-row", context)
+
+
+@login_required
+@require_POST
+def runner_health(request, pk: int):
+    """Maintenance on or off: a runner in maintenance is given no work."""
+    runner = _get_runner_for_user(request, pk)
+    health = request.POST.get("health")
+    if health not in (Runner.Health.ACTIVE, Runner.Health.MAINTENANCE):
+        return HttpResponseBadRequest("health must be active or maintenance")
+    if runner.revoked_at is not None:
+        return HttpResponseBadRequest("a revoked runner stays revoked")
+    runner.set_health(health, by=request.user)
+    return _after_change(request, runner)
+
+
+@login_required
+@require_POST
+def runner_revoke(request, pk: int):
+    runner = _get_runner_for_user(request, pk)
+    runner = services.runner_revoke(name=runner.name, by=request.user)
+    return _after_change(request, runner)

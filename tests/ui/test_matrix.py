@@ -1,0 +1,98 @@
+from __future__ import annotations
+
+import pytest
+from django.urls import reverse
+
+from matrix.models import Shape
+
+pytestmark = pytest.mark.django_db
+
+
+def test_it_shows_every_operator_with_counts_per_device_type(client, results):
+    response = client.get(reverse("matrix"))
+    assert response.status_code == 200
+    body = response.content.decode()
+    for name in Shape.objects.values_list("operator__name", flat=True).distinct():
+        assert f'id="op-{name}"' in body
+    assert 'scope="colgroup"' in body and 'scope="col"' in body
+    assert response["Vary"] and "HX-Request" in response["Vary"]
+
+
+def test_an_expanded_operator_shows_its_served_shapes_first_with_status_text(
+    client, results
+):
+    top = results["top"]
+    response = client.get(reverse("matrix"), {"open": top.operator.name})
+    body = response.content.decode()
+    rows = body.split('class="shape-row"')
+    assert len(rows) > 1
+    assert top.dims_key in rows[1]
+    # Colour and text: the first cell carries both the pass class and its words.
+    assert "k-pass" in rows[1] and "pass</a>" in rows[1]
+
+
+def test_stale_cells_read_as_stale(client, results):
+    fourth = results["fourth"]
+    response = client.get(
+        reverse("matrix"), {"open": fourth.operator.name, "status": "stale"}
+    )
+    body = response.content.decode()
+    assert "stale-mark" in body
+    assert fourth.dims_key in body
+
+
+def test_the_htmx_expand_returns_only_that_operators_rows(client, results):
+    top = results["top"]
+    response = client.get(
+        reverse("matrix"),
+        {"open": top.operator.name},
+        HTTP_HX_REQUEST="true",
+        HTTP_HX_TARGET=f"op-{top.operator.name}",
+    )
+    body = response.content.decode()
+    assert body.lstrip().startswith("<tbody")
+    assert body.count("<tbody") == 1
+    assert "<html" not in body
+
+
+def test_a_filter_change_returns_the_table_only(client, results):
+    response = client.get(
+        reverse("matrix"),
+        {"backend": "cuda", "dtype": "float16"},
+        HTTP_HX_REQUEST="true",
+        HTTP_HX_TARGET="matrix",
+    )
+    body = response.content.decode()
+    assert body.lstrip().startswith('<div id="matrix"')
+    assert "MI300X" not in body and "H200" in body
+
+
+def test_status_filter_keeps_only_rows_with_that_status(client, results):
+    second = results["second"]
+    response = client.get(
+        reverse("matrix"), {"open": second.operator.name, "status": "compile_error"}
+    )
+    body = response.content.decode()
+    shape_rows = body.count('class="shape-row"')
+    assert shape_rows >= 1
+    assert shape_rows < Shape.objects.filter(operator=second.operator).count()
+
+
+def test_the_page_stays_within_ten_queries(
+    client, results, django_assert_max_num_queries, owner
+):
+    client.force_login(owner)
+    with django_assert_max_num_queries(10):
+        client.get(reverse("matrix"), {"open": results["top"].operator.name})
+
+
+def test_an_outsider_sees_the_matrix_read_only(client, outsider, results):
+    client.force_login(outsider)
+    response = client.get(reverse("matrix"))
+    assert response.status_code == 200
+    assert "Run missing" not in response.content.decode()
+
+
+def test_it_refuses_post(client, owner):
+    client.force_login(owner)
+    assert client.post(reverse("matrix")).status_code == 405
