@@ -1,0 +1,74 @@
+"""``python -m runners.harness JOB.json``: run one job in the sandbox and print
+its result as one JSON object.
+
+This process is the supervisor: the kernel runs in a sandboxed child, so a
+crash or a hang still ends in a result and exit status 0. Only a job that
+cannot be run as written (malformed) exits non-zero, with one line on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+
+from runners.harness.job import MalformedJob
+from runners.harness.sandbox import DEFAULT_TIMEOUT_S, REPO_ROOT, run_job
+
+
+def default_cache_dir(interpreter: str) -> str:
+    """A persistent kernel cache per toolchain interpreter. The path is not
+    resolved: venv interpreters are symlinks to one base Python."""
+    key = hashlib.sha256(os.path.abspath(interpreter).encode()).hexdigest()[:12]
+    base = os.environ.get("TM_HARNESS_CACHE_DIR") or os.path.join(
+        REPO_ROOT, "var", "harness-cache"
+    )
+    return os.path.join(base, key)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m runners.harness")
+    parser.add_argument("job", help="job JSON file, or - for standard input")
+    parser.add_argument(
+        "--interpreter",
+        default=sys.executable,
+        help="Python of the toolchain to validate with",
+    )
+    parser.add_argument("--cache-dir", help="persistent TileLang kernel cache")
+    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S)
+    parser.add_argument(
+        "--untrusted",
+        action="store_true",
+        help="throwaway kernel cache (implied by a job with source)",
+    )
+    args = parser.parse_args(argv)
+    try:
+        raw = json.load(sys.stdin if args.job == "-" else open(args.job))
+    except (OSError, ValueError) as exc:
+        return _refuse(f"cannot read job {args.job}: {exc}")
+    if not os.path.exists(args.interpreter):
+        return _refuse(f"no interpreter at {args.interpreter}")
+    try:
+        result = run_job(
+            raw,
+            interpreter=args.interpreter,
+            cache_dir=args.cache_dir or default_cache_dir(args.interpreter),
+            timeout_s=args.timeout,
+            trusted=not args.untrusted,
+        )
+    except MalformedJob as exc:
+        return _refuse(f"malformed job: {exc}")
+    json.dump(result, sys.stdout)
+    sys.stdout.write("\n")
+    return 0
+
+
+def _refuse(message: str) -> int:
+    print(" ".join(message.split()), file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,101 @@
+"""The sandboxed child: ``python -m runners.harness.child SPEC.json``.
+
+Started by ``sandbox`` in its own process group with a scrubbed environment.
+It speaks JSON lines on its original stdout (the protocol) and sends every
+other write, the kernel's and the compiler's included, to stderr, so nothing
+a kernel prints can be mistaken for a result:
+
+    {"event": "ready", "fingerprint": {...}}
+    {"event": "start", "index": i}
+    {"event": "stage", "index": i, "stage": "lower" | "build" | "validate"}
+    {"event": "result", "index": i, "result": {...}}
+    {"event": "broken", "message": "..."}   (the toolchain cannot start)
+
+After a runtime error it exits, so that the next job gets a fresh process
+(a CUDA context that saw an illegal address is unusable).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import sys
+import traceback
+from pathlib import Path
+
+_LIMITS = {
+    "cpu_s": resource.RLIMIT_CPU,
+    "file_bytes": resource.RLIMIT_FSIZE,
+    "processes": resource.RLIMIT_NPROC,
+    "address_space_bytes": resource.RLIMIT_AS,
+    "core_bytes": resource.RLIMIT_CORE,
+}
+
+
+def apply_limits(limits: dict) -> None:
+    """Lower soft and hard limits together, so kernel code cannot raise them
+    again; a limit is never raised above what the parent already had."""
+    for name, value in limits.items():
+        if value is None:
+            continue
+        which = _LIMITS[name]
+        _, hard = resource.getrlimit(which)
+        value = value if hard == resource.RLIM_INFINITY else min(value, hard)
+        resource.setrlimit(which, (value, value))
+
+
+def main(argv: list[str]) -> int:
+    protocol = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+
+    def send(message: dict) -> None:
+        protocol.write(json.dumps(message) + "\n")
+        protocol.flush()
+
+    spec = json.loads(Path(argv[1]).read_text())
+    apply_limits(spec["limits"])
+    try:
+        import tilelang  # noqa: F401  (fail here, not inside the first job)
+        import torch  # noqa: F401
+
+        from runners.harness.fingerprint import fingerprint
+        from runners.harness.stages import run_stages
+
+        toolchain = fingerprint(os.environ.get("TILELANG_CACHE_DIR"))
+    except Exception:
+        send({"event": "broken", "message": traceback.format_exc(limit=-4)})
+        return 1
+    send({"event": "ready", "fingerprint": toolchain})
+
+    for index, job in enumerate(spec["jobs"]):
+        send({"event": "start", "index": index})
+        try:
+            result = run_stages(
+                job,
+                fingerprint=toolchain,
+                workdir=os.getcwd(),
+                on_stage=lambda stage, i=index: send(
+                    {"event": "stage", "index": i, "stage": stage}
+                ),
+            )
+        except Exception:
+            result = _harness_failure(job, toolchain)
+        send({"event": "result", "index": index, "result": result})
+        if result["status"] == "runtime_error":
+            return 0
+    return 0
+
+
+def _harness_failure(job: dict, toolchain: dict) -> dict:
+    from runners.harness.result import new_result, set_error
+
+    result = new_result(job)
+    result["fingerprint"] = toolchain
+    return set_error(
+        result, "infra_error", "harness failure:\n" + traceback.format_exc()
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,102 @@
+"""Compare kernel outputs with the reference: metrics and a verdict.
+
+Pure functions over torch tensors. The outputs were poisoned with NaN before
+the kernel ran, so a NaN left in an output is either unwritten memory or a NaN
+the kernel produced: neither may pass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Comparison:
+    rel_err: float
+    max_abs_err: float
+    mismatch_ratio: float
+    problem: str | None  # why it fails regardless of the bounds, or None
+
+    def metrics(self) -> dict:
+        return {
+            "rel_err": self.rel_err,
+            "max_abs_err": self.max_abs_err,
+            "mismatch_ratio": self.mismatch_ratio,
+        }
+
+    def verdict(self, tolerance) -> str | None:
+        """None when within ``tolerance``, else the reason it is a mismatch."""
+        if self.problem:
+            return self.problem
+        if self.rel_err > tolerance.rel_err:
+            return f"relative error {self.rel_err:.3g} above {tolerance.rel_err:g}"
+        if self.mismatch_ratio > tolerance.max_mismatch_ratio:
+            return (
+                f"{self.mismatch_ratio:.3g} of elements mismatch, "
+                f"above {tolerance.max_mismatch_ratio:g}"
+            )
+        return None
+
+
+def compare_one(name: str, out, ref, tolerance) -> Comparison:
+    """Compare one output tensor with its reference (any float dtypes)."""
+    import torch
+
+    wide = ref.dtype if ref.dtype == torch.float64 else torch.float32
+    out = out.detach().to(device=ref.device, dtype=wide)
+    ref = ref.detach().to(dtype=wide)
+    if out.shape != ref.shape:
+        return Comparison(
+            float("inf"),
+            float("inf"),
+            1.0,
+            f"{name} has shape {list(out.shape)}, the reference {list(ref.shape)}",
+        )
+    total = max(out.numel(), 1)
+    finite = torch.isfinite(out)
+    diff = (out - ref).abs()
+    bound = tolerance.atol + tolerance.rtol * ref.abs()
+    mismatched = (~finite) | (diff > bound)
+    mismatch_ratio = mismatched.sum().item() / total
+    ref_norm = torch.linalg.vector_norm(ref).item()
+    if finite.all():
+        err_norm = torch.linalg.vector_norm(out - ref).item()
+        rel_err = err_norm / ref_norm if ref_norm > 0 else err_norm
+        max_abs_err = diff.max().item() if out.numel() else 0.0
+    else:
+        rel_err = max_abs_err = float("inf")
+
+    problem = None
+    nan_count = torch.isnan(out).sum().item()
+    if nan_count == out.numel() and out.numel():
+        problem = f"{name} was never written (still NaN everywhere)"
+    elif nan_count:
+        problem = f"{name} has {nan_count} of {out.numel()} elements NaN"
+    elif not finite.all():
+        problem = f"{name} has infinite values"
+    elif ref_norm > 0 and not out.abs().max().item() > 0:
+        problem = f"{name} is all zeros and the reference is not"
+    return Comparison(rel_err, max_abs_err, mismatch_ratio, problem)
+
+
+def compare_outputs(names, outs, refs, tolerance) -> Comparison:
+    """Compare every output; the worst metric of any output is reported."""
+    if not len(names) == len(outs) == len(refs):
+        return Comparison(
+            float("inf"),
+            float("inf"),
+            1.0,
+            f"the reference returned {len(refs)} outputs, the operator declares "
+            f"{len(names)}",
+        )
+    parts = [
+        compare_one(n, o, r, tolerance)
+        for n, o, r in zip(names, outs, refs, strict=True)
+    ]
+    failing = [p for p in parts if p.verdict(tolerance)]
+    return Comparison(
+        rel_err=max(p.rel_err for p in parts),
+        max_abs_err=max(p.max_abs_err for p in parts),
+        mismatch_ratio=max(p.mismatch_ratio for p in parts),
+        problem=next((p.problem for p in failing if p.problem), None),
+    )

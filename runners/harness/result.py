@@ -1,0 +1,76 @@
+"""The result object: status ladder, stages and the shape every result has.
+
+Shared by the supervisor and the child so that both build the same keys.
+"""
+
+from __future__ import annotations
+
+STAGES = ("lower", "build", "validate")
+
+# Success ladder: lowered < built < pass. Only "pass" is validation.
+SUCCESS_FOR_STAGE = {"lower": "lowered", "build": "built", "validate": "pass"}
+FAILURES = (
+    "compile_error",
+    "mismatch",
+    "runtime_error",
+    "timeout",
+    "unsupported",
+    "infra_error",
+)
+STATUSES = ("lowered", "built", "pass", *FAILURES)
+
+KERNEL_SOURCE_CAP = 64 * 1024
+MESSAGE_CAP = 8 * 1024
+
+METRIC_KEYS = ("rel_err", "max_abs_err", "mismatch_ratio")
+TIMING_KEYS = (
+    "compile_s",
+    "run_s",
+    "kernel_ms",
+    "reference_ms",
+    "speedup",
+    "tflops",
+    "gbps",
+    "wall_s",
+    "overhead_s",
+)
+
+
+def new_result(job: dict) -> dict:
+    """An empty result for ``job`` (a parsed job dict), with the job echoed."""
+    return {
+        "status": None,
+        "stage_reached": None,
+        "metrics": dict.fromkeys(METRIC_KEYS),
+        "timings": dict.fromkeys(TIMING_KEYS),
+        "error": None,
+        "fingerprint": {"hash": None, "components": {}},
+        "kernel_source": None,
+        "tolerance": None,
+        "operator": job["operator"],
+        "shape": job["shape"],
+        "dtype": job["dtype"],
+        "target": job["target"],
+        "stage": job["stage"],
+        "seed": job["seed"],
+        "source_sha256": job.get("source_sha256"),
+    }
+
+
+def set_error(
+    result: dict, status: str, message: str, *, pass_name: str | None = None
+) -> dict:
+    """Mark ``result`` failed. The signature is filled in by the supervisor,
+    after sanitizing, so it groups on the text a user will see."""
+    assert status in FAILURES, status
+    result["status"] = status
+    result["error"] = {"signature": None, "message": message, "pass_name": pass_name}
+    return result
+
+
+def cap_text(text: str, limit: int) -> str:
+    data = text.encode()
+    if len(data) <= limit:
+        return text
+    kept = data[:limit].decode(errors="ignore")
+    return f"{kept}\n/* truncated: {len(data)} bytes in all */"

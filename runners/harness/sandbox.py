@@ -1,0 +1,383 @@
+"""Run jobs in sandboxed children and turn whatever happens into results.
+
+Each child gets its own process group (killed whole on timeout), an
+environment built from an allow-list, a temporary HOME removed afterwards,
+resource limits, a TileLang kernel cache per toolchain (a throwaway one for
+submitted kernels) and a 16 KB cap on what it prints. Trusted library jobs of
+one toolchain share a child, one job after another; a child that crashes or
+hangs costs only its current job, and the rest continue in a fresh one.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import selectors
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from runners.harness.job import parse_job
+from runners.harness.result import MESSAGE_CAP, cap_text, new_result, set_error
+from runners.harness.sanitize import error_signature, sanitize
+
+REPO_ROOT = str(Path(__file__).resolve().parents[2])
+DEFAULT_TIMEOUT_S = 300.0
+STARTUP_TIMEOUT_S = 180.0
+OUTPUT_CAP = 16 * 1024
+PROTOCOL_LINE_CAP = 1024 * 1024
+CRASH_TAIL = 2048
+
+# Passed through to the child when set, and nothing else.
+ENV_ALLOW = (
+    "PATH",
+    "LANG",
+    "LC_ALL",
+    "LC_CTYPE",
+    "TZ",
+    "LD_LIBRARY_PATH",
+    "CC",
+    "CXX",
+    "OMP_NUM_THREADS",
+    "CUDA_HOME",
+    "CUDA_PATH",
+    "CUDA_VISIBLE_DEVICES",
+    "CUDA_DEVICE_ORDER",
+    "CUDA_MODULE_LOADING",
+    "NVIDIA_VISIBLE_DEVICES",
+    "ROCM_PATH",
+    "ROCM_HOME",
+    "HIP_PATH",
+    "HIP_VISIBLE_DEVICES",
+    "ROCR_VISIBLE_DEVICES",
+    "HSA_OVERRIDE_GFX_VERSION",
+    "TVM_LIBRARY_PATH",
+    "TVM_NUM_THREADS",
+    "TL_TEMPLATE_PATH",
+    "TILELANG_EXECUTION_BACKEND",
+    "TILELANG_COMPILE_TIMEOUT_SECONDS",
+)
+# Belt and braces: even an allowed name is dropped when it looks like a secret.
+_SECRET_NAME = re.compile(r"SECRET|TOKEN|KEY|PASSW|CREDENTIAL|AUTH|COOKIE|SESSION")
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Resource limits of one child. ``address_space_bytes`` applies to CPU
+    targets only: CUDA and ROCm reserve far more virtual memory than they use."""
+
+    cpu_s: int
+    file_bytes: int = 4 * 2**30
+    processes: int = 4096
+    address_space_bytes: int | None = 16 * 2**30
+    core_bytes: int = 0  # a core dump would hold tensor data and environment
+
+
+def child_environment(home: str, cache_dir: str) -> dict[str, str]:
+    env = {
+        name: os.environ[name]
+        for name in ENV_ALLOW
+        if name in os.environ and not _SECRET_NAME.search(name)
+    }
+    env.setdefault("PATH", os.defpath)
+    tmp = os.path.join(home, "tmp")
+    os.makedirs(tmp, exist_ok=True)
+    env.update(
+        HOME=home,
+        TMPDIR=tmp,
+        XDG_CACHE_HOME=os.path.join(home, ".cache"),
+        TILELANG_CACHE_DIR=cache_dir,
+        TILELANG_TMP_DIR=os.path.join(cache_dir, "tmp"),
+        TILELANG_PRINT_ON_COMPILATION="0",
+        PYTHONPATH=REPO_ROOT,
+        PYTHONNOUSERSITE="1",
+        PYTHONDONTWRITEBYTECODE="1",
+        PYTHONUNBUFFERED="1",
+    )
+    return env
+
+
+def run_job(
+    job: dict,
+    *,
+    interpreter: str = sys.executable,
+    cache_dir: str,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    trusted: bool = True,
+) -> dict:
+    """Run one job in a fresh sandboxed child and return its result.
+
+    Raises ``MalformedJob`` before starting anything if the job is malformed.
+    """
+    (result,) = run_batch(
+        [job],
+        interpreter=interpreter,
+        cache_dir=cache_dir,
+        timeout_s=timeout_s,
+        trusted=trusted,
+    )
+    return result
+
+
+def run_batch(
+    jobs: Iterable[dict],
+    *,
+    interpreter: str = sys.executable,
+    cache_dir: str,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    trusted: bool = True,
+    workers: int = 1,
+) -> list[dict]:
+    """Run jobs of one toolchain; results come back in the jobs' order.
+
+    Trusted library jobs share children (``workers`` of them at a time, each
+    taking every ``workers``-th job); a job with submitted source, or any job
+    when ``trusted`` is false, gets a child and a kernel cache of its own.
+    ``timeout_s`` applies to each job that does not name its own.
+    """
+    parsed = [parse_job(job) for job in jobs]
+    workers = max(1, workers)
+    shared = [i for i, job in enumerate(parsed) if trusted and job["source"] is None]
+    # (job indices, kernel cache): None asks for a throwaway cache.
+    groups = [(shared[w::workers], cache_dir) for w in range(workers)]
+    groups += [([i], None) for i in sorted(set(range(len(parsed))) - set(shared))]
+    groups = [(indices, cache) for indices, cache in groups if indices]
+
+    def run_group(group: tuple[list[int], str | None]) -> list[dict]:
+        indices, cache = group
+        return _run_group(
+            [parsed[i] for i in indices],
+            interpreter=interpreter,
+            cache_dir=cache,
+            timeout_s=timeout_s,
+        )
+
+    results: list[dict | None] = [None] * len(parsed)
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        for (indices, _), group_results in zip(
+            groups, pool.map(run_group, groups), strict=True
+        ):
+            for i, result in zip(indices, group_results, strict=True):
+                results[i] = result
+    return results
+
+
+def _run_group(
+    jobs: list[dict], *, interpreter: str, cache_dir: str | None, timeout_s: float
+) -> list[dict]:
+    results: list[dict] = []
+    while len(results) < len(jobs):
+        pending = jobs[len(results) :]
+        results += _run_child(
+            pending, interpreter=interpreter, cache_dir=cache_dir, timeout_s=timeout_s
+        )
+    return results
+
+
+def _run_child(
+    jobs: list[dict], *, interpreter: str, cache_dir: str | None, timeout_s: float
+) -> list[dict]:
+    """Run ``jobs`` in one child until they are done or the child dies or
+    hangs. Returns at least one result: the jobs it finished and, if it failed,
+    the failure of the job it was on."""
+    home = tempfile.mkdtemp(prefix="tm-harness-")
+    spawned = time.perf_counter()
+    try:
+        cache = cache_dir or os.path.join(home, "tilelang-cache")
+        timeouts = [job["timeout_s"] or timeout_s for job in jobs]
+        limits = Limits(cpu_s=math.ceil(2 * (STARTUP_TIMEOUT_S + sum(timeouts))))
+        if any(job["target"]["kind"] != "c" for job in jobs):
+            limits = Limits(cpu_s=limits.cpu_s, address_space_bytes=None)
+        spec = Path(home, "spec.json")
+        spec.write_text(json.dumps({"jobs": jobs, "limits": asdict(limits)}))
+        child = _Child(interpreter, spec, home, child_environment(home, cache))
+        try:
+            return _supervise(child, jobs, timeouts, spawned, home)
+        finally:
+            child.kill()
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+
+
+def _supervise(child, jobs, timeouts, spawned, home) -> list[dict]:
+    results: list[dict] = []
+    toolchain = None
+    current, stage = None, None
+    mark = spawned
+    deadline = spawned + STARTUP_TIMEOUT_S
+    while True:
+        message = child.next_message(deadline)
+        if message is None or message == "eof":
+            break
+        event = message.get("event")
+        if event == "ready":
+            toolchain = message["fingerprint"]
+        elif event == "start":
+            current, stage = message["index"], None
+            deadline = time.perf_counter() + timeouts[current]
+        elif event == "stage":
+            stage = message["stage"]
+        elif event == "result" and message.get("index") == current:
+            results.append(_finish(message["result"], mark, home))
+            mark = time.perf_counter()
+            current = None
+            deadline = mark + STARTUP_TIMEOUT_S
+        elif event == "broken":
+            child.notes.append(message.get("message", ""))
+        if len(results) == len(jobs):
+            return results
+
+    timed_out = message is None
+    child.kill()
+    if toolchain is None:
+        # The toolchain never came up: no job of this group can run here.
+        if timed_out:
+            text = f"the harness child did not start within {STARTUP_TIMEOUT_S:g}s"
+        else:
+            text = "the harness child failed to start: " + child.describe_exit()
+        failures = [_failed(job, "infra_error", text, None, None) for job in jobs]
+        return [_finish(f, mark, home) for f in failures[len(results) :]]
+    if current is None and results and not timed_out:
+        return results  # it left after a runtime error; the rest get a new child
+    index = len(results) if current is None else current
+    job = jobs[index]
+    if current is None:
+        status, text = "infra_error", "the harness child stopped between jobs"
+    elif timed_out:
+        status = "timeout"
+        text = (
+            f"no result within {timeouts[index]:g}s (stage {stage or 'lower'}); "
+            "its process group was killed"
+        )
+    elif child.cpu_limit_hit():
+        status, text = "timeout", "the CPU time limit was reached"
+    else:
+        status = "runtime_error"
+        text = "the kernel process died: " + child.describe_exit()
+    return results + [_finish(_failed(job, status, text, stage, toolchain), mark, home)]
+
+
+def _failed(job, status, message, stage, toolchain) -> dict:
+    result = new_result(job)
+    result["stage_reached"] = stage
+    if toolchain:
+        result["fingerprint"] = toolchain
+    return set_error(result, status, message)
+
+
+def _finish(result: dict, since: float, home: str) -> dict:
+    """Sanitize what the child said, sign its error, and account the time."""
+    roots = (REPO_ROOT, home)
+    if result.get("error"):
+        message = cap_text(
+            sanitize(result["error"]["message"], roots=roots), MESSAGE_CAP
+        )
+        result["error"]["message"] = message
+        result["error"]["signature"] = error_signature(message)
+    if result.get("kernel_source"):
+        result["kernel_source"] = sanitize(
+            result["kernel_source"], roots=roots, keep_data=True
+        )
+    timings = result["timings"]
+    timings["wall_s"] = time.perf_counter() - since
+    spent = (timings.get("compile_s") or 0.0) + (timings.get("run_s") or 0.0)
+    timings["overhead_s"] = max(0.0, timings["wall_s"] - spent)
+    return result
+
+
+class _Child:
+    """One child process and the pipes it talks on."""
+
+    def __init__(self, interpreter: str, spec: Path, home: str, env: dict):
+        self.proc = subprocess.Popen(
+            [interpreter, "-m", "runners.harness.child", str(spec)],
+            cwd=home,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
+        self.selector = selectors.DefaultSelector()
+        self.selector.register(self.proc.stdout, selectors.EVENT_READ, "protocol")
+        self.selector.register(self.proc.stderr, selectors.EVENT_READ, "output")
+        self.line = bytearray()
+        self.output = bytearray()
+        self.output_total = 0
+        self.notes: list[str] = []
+        self.open_streams = 2
+
+    def next_message(self, deadline: float):
+        """The next protocol message, "eof" once the child closed its output,
+        or None when ``deadline`` passed first."""
+        while True:
+            newline = self.line.find(b"\n")
+            if newline >= 0:
+                raw, self.line = bytes(self.line[:newline]), self.line[newline + 1 :]
+                try:
+                    message = json.loads(raw)
+                except ValueError:
+                    continue
+                if isinstance(message, dict):
+                    return message
+                continue
+            if len(self.line) > PROTOCOL_LINE_CAP:
+                return "eof"
+            if self.open_streams == 0:
+                return "eof"
+            remaining = deadline - time.perf_counter()
+            if remaining <= 0:
+                return None
+            for key, _ in self.selector.select(timeout=remaining):
+                chunk = os.read(key.fileobj.fileno(), 65536)
+                if not chunk:
+                    self.selector.unregister(key.fileobj)
+                    self.open_streams -= 1
+                elif key.data == "protocol":
+                    self.line += chunk
+                else:
+                    self._keep_output(chunk)
+
+    def _keep_output(self, chunk: bytes) -> None:
+        # Keep the tail: a crash explains itself last.
+        self.output_total += len(chunk)
+        self.output += chunk
+        del self.output[: max(0, len(self.output) - OUTPUT_CAP)]
+
+    def kill(self) -> None:
+        """Kill the whole process group, the compilers it started included,
+        then reap the child."""
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        self.proc.wait()
+        for stream in (self.proc.stdout, self.proc.stderr):
+            stream.close()
+        self.selector.close()
+
+    def cpu_limit_hit(self) -> bool:
+        return self.proc.returncode == -signal.SIGXCPU
+
+    def describe_exit(self) -> str:
+        code = self.proc.poll()
+        if code is None:
+            self.proc.wait()
+            code = self.proc.returncode
+        if code < 0:
+            how = f"killed by {signal.Signals(-code).name}"
+        else:
+            how = f"exit status {code}"
+        tail = "\n".join(self.notes) or self.output[-CRASH_TAIL:].decode(
+            errors="replace"
+        )
+        return f"{how}\n{tail}".rstrip()

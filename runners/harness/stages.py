@@ -1,0 +1,277 @@
+"""Lower, build and validate one job. Runs inside the sandboxed child only.
+
+Every outcome of the kernel becomes a status in the result; only a bug in the
+harness itself escapes as an exception (the child reports it as infra_error).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import math
+import re
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+
+from runners.harness import compare, timing
+from runners.harness.result import (
+    KERNEL_SOURCE_CAP,
+    SUCCESS_FOR_STAGE,
+    cap_text,
+    new_result,
+    set_error,
+)
+
+DEFAULT_REPEATS = {"cpu": 5, "gpu": 100}
+_PASS_CALL = re.compile(r"\b(?:tilelang|tl|tir|tirx)\.transform\.(\w+)\s*\(")
+_COMPILERS = {"nvcc", "hipcc", "gcc", "g++", "cc", "c++", "clang", "clang++"}
+
+
+class CompileFailure(Exception):
+    """Lowering or building failed; carries the stage and the TileLang pass."""
+
+    def __init__(self, stage: str, exc: BaseException):
+        super().__init__(f"{type(exc).__name__}: {exc}")
+        self.stage = stage
+        self.pass_name = failing_pass(exc)
+        self.missing_compiler = _missing_compiler(exc)
+
+
+def run_stages(
+    job: dict,
+    *,
+    fingerprint: dict,
+    workdir: str,
+    on_stage: Callable[[str], None] = lambda stage: None,
+) -> dict:
+    from runners import kernels
+    from runners.kernels.base import Unsupported
+
+    result = new_result(job)
+    result["fingerprint"] = fingerprint
+    operator = kernels.get(job["operator"])
+    shape, dtype, target = job["shape"], job["dtype"], job["target"]
+    tolerance = operator.tolerances.get(dtype)
+    if tolerance is not None:
+        result["tolerance"] = dataclasses.asdict(tolerance)
+    try:
+        operator.check(shape, dtype, target)
+    except Unsupported as exc:
+        return set_error(result, "unsupported", str(exc))
+
+    started = time.perf_counter()
+    try:
+        kernel, source = _compile(job, operator, workdir, result, on_stage)
+    except CompileFailure as failure:
+        result["stage_reached"] = failure.stage
+        result["timings"]["compile_s"] = time.perf_counter() - started
+        status = "infra_error" if failure.missing_compiler else "compile_error"
+        return set_error(result, status, str(failure), pass_name=failure.pass_name)
+    result["timings"]["compile_s"] = time.perf_counter() - started
+    result["kernel_source"] = cap_text(source or "", KERNEL_SOURCE_CAP)
+    if job["stage"] != "validate":
+        result["status"] = SUCCESS_FOR_STAGE[job["stage"]]
+        return result
+
+    result["stage_reached"] = "validate"
+    on_stage("validate")
+    if tolerance is None:
+        return set_error(
+            result, "infra_error", f"{job['operator']} has no tolerance for {dtype}"
+        )
+    started = time.perf_counter()
+    try:
+        return _validate(job, operator, kernel, tolerance, result)
+    finally:
+        result["timings"]["run_s"] = time.perf_counter() - started
+
+
+def _compile(job: dict, operator, workdir: str, result: dict, on_stage):
+    """Return (kernel or None, device source) for the job's stage."""
+    import tilelang
+    from tilelang import tvm
+
+    shape, dtype, target = job["shape"], job["dtype"], job["target"]
+    result["stage_reached"] = "lower"
+    on_stage("lower")
+    func = None
+    try:
+        if job["source"] is not None:
+            func = _submitted_program(job, workdir)
+        else:
+            func = operator.program(shape, dtype, target)
+        if job["stage"] == "lower" or (
+            job["stage"] == "build" and target["kind"] != "c"
+        ):
+            if job["stage"] == "build":
+                on_stage("build")
+            tvm_target = tvm.target.Target(target)
+            with tvm_target:
+                artifact = tilelang.lower(
+                    func,
+                    target=tvm_target,
+                    enable_device_compile=job["stage"] == "build",
+                )
+            result["stage_reached"] = job["stage"]
+            return None, artifact.kernel_source
+        on_stage("build")
+        kernel = tilelang.compile(func, target=target)
+    except Exception as exc:
+        # No program yet, or a named pass raised: lowering failed. Otherwise
+        # the device compiler (or loading its output) did.
+        lowering = func is None or job["stage"] == "lower" or failing_pass(exc)
+        raise CompileFailure("lower" if lowering else "build", exc) from exc
+    result["stage_reached"] = "build"
+    return kernel, kernel.get_kernel_source()
+
+
+def _submitted_program(job: dict, workdir: str):
+    """Import the submitted text as a module and call its ``program``. It lives
+    in a real file because TileLang reads a kernel's source to parse it."""
+    path = Path(workdir) / "submitted_kernel.py"
+    path.write_text(job["source"])
+    spec = importlib.util.spec_from_file_location("submitted_kernel", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    if not callable(getattr(module, "program", None)):
+        raise TypeError("the submitted source defines no program(shape, dtype, target)")
+    return module.program(job["shape"], job["dtype"], job["target"])
+
+
+def _validate(job: dict, operator, kernel, tolerance, result: dict) -> dict:
+    import torch
+
+    shape, dtype, target = job["shape"], job["dtype"], job["target"]
+    device = device_for(target)
+    if device is None:
+        return set_error(
+            result, "infra_error", f"this runner has no {target['kind']} device"
+        )
+    inputs = operator.make_inputs(shape, dtype, job["seed"], device)
+    out_specs = operator.outputs(shape, dtype)
+    outputs = [
+        torch.full(s.shape, float("nan"), dtype=getattr(torch, s.dtype), device=device)
+        for s in out_specs
+    ]
+    try:
+        kernel(*inputs, *outputs)
+        _synchronize(device)
+    except Exception as exc:
+        return set_error(result, "runtime_error", f"{type(exc).__name__}: {exc}")
+
+    # float64 where the device has it cheaply; the CPU reference stays float32.
+    wide = torch.float32 if device == "cpu" else torch.float64
+    try:
+        references = list(operator.reference(*[x.to(wide) for x in inputs]))
+    except Exception as exc:
+        return set_error(
+            result, "infra_error", f"reference failed: {type(exc).__name__}: {exc}"
+        )
+    if not all(torch.isfinite(r).all() for r in references):
+        return set_error(
+            result, "infra_error", "the reference produced non-finite values"
+        )
+
+    verdict = compare.compare_outputs(
+        [s.name for s in out_specs], outputs, references, tolerance
+    )
+    result["metrics"] = {k: _finite_or_none(v) for k, v in verdict.metrics().items()}
+    problem = verdict.verdict(tolerance)
+    if problem:
+        return set_error(result, "mismatch", problem)
+
+    result["timings"].update(_time_both(job, operator, kernel, inputs, outputs, device))
+    result["status"] = "pass"
+    return result
+
+
+def _time_both(job, operator, kernel, inputs, outputs, device) -> dict:
+    shape, dtype = job["shape"], job["dtype"]
+    if device == "cpu":
+        repeats = job["repeats"] or DEFAULT_REPEATS["cpu"]
+        kernel_ms = timing.time_cpu(
+            lambda i: kernel(*inputs, *outputs), repeats=repeats
+        )
+        reference_ms = timing.time_cpu(
+            lambda i: operator.reference(*inputs), repeats=repeats
+        )
+    else:
+        repeats = job["repeats"] or DEFAULT_REPEATS["gpu"]
+        input_bytes = sum(x.numel() * x.element_size() for x in inputs)
+        sets = [inputs] + [
+            [x.clone() for x in inputs]
+            for _ in range(timing.rotation_sets(input_bytes) - 1)
+        ]
+        kernel_ms = timing.time_gpu(
+            lambda i: kernel(*sets[i % len(sets)], *outputs), repeats=repeats
+        )
+        reference_ms = timing.time_gpu(
+            lambda i: operator.reference(*sets[i % len(sets)]), repeats=repeats
+        )
+    timings = {
+        "kernel_ms": kernel_ms,
+        "reference_ms": reference_ms,
+        "speedup": reference_ms / kernel_ms if kernel_ms > 0 else None,
+    }
+    timings.update(
+        timing.throughput(
+            flops=operator.flops(shape),
+            bytes_moved=operator.bytes_moved(shape, dtype),
+            kernel_ms=kernel_ms,
+        )
+    )
+    return timings
+
+
+def device_for(target: dict) -> str | None:
+    """The torch device a target's kernels run on, if this process has it."""
+    import torch
+
+    kind = target["kind"]
+    if kind == "c":
+        return "cpu"
+    if kind in ("cuda", "hip") and torch.cuda.is_available():
+        is_hip = getattr(torch.version, "hip", None) is not None
+        return "cuda" if is_hip == (kind == "hip") else None
+    if kind == "metal" and torch.backends.mps.is_available():
+        return "mps"
+    return None
+
+
+def _synchronize(device: str) -> None:
+    import torch
+
+    if device == "cuda":
+        torch.cuda.synchronize()
+    elif device == "mps":
+        torch.mps.synchronize()
+
+
+def failing_pass(exc: BaseException) -> str | None:
+    """The TileLang/TVM pass that raised, read from the Python frame that ran
+    it (``tilelang.transform.LayoutInference()(mod)``)."""
+    found = None
+    while exc is not None:
+        for frame in traceback.extract_tb(exc.__traceback__):
+            match = _PASS_CALL.search(frame.line or "")
+            if match:
+                found = match.group(1)
+        exc = exc.__cause__ or exc.__context__
+    return found
+
+
+def _missing_compiler(exc: BaseException) -> bool:
+    while exc is not None:
+        if (
+            isinstance(exc, FileNotFoundError)
+            and Path(str(exc.filename)).name in _COMPILERS
+        ):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def _finite_or_none(value: float) -> float | None:
+    return value if math.isfinite(value) else None
