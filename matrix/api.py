@@ -40,9 +40,18 @@ def broker_status() -> str:
         return f"unreachable ({exc.__class__.__name__})"
 
 
+api.add_router("/", "runners.api.router")
+
+
 @api.get("/health", response={200: Health, 503: Health}, auth=None)
 def health(request):
     """Database and broker reachability; 503 when either is down."""
     body = {"database": database_status(), "broker": broker_status()}
     body["ok"] = body["database"] == "ok" and body["broker"] == "ok"
     return Status(200 if body["ok"] else 503, body)
+
+
+# Routers of other modules register last so their imports see `api` defined.
+from matrix.api_manifest import router as manifest_router  # noqa: E402
+
+api.add_router("/", manifest_router)

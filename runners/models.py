@@ -8,7 +8,6 @@ import hashlib
 
 from django.conf import settings
 from django.db import models
-from django.db.models import Q
 from django.utils import timezone
 
 from matrix.models import AuditEvent, DeviceType, Toolchain, choices_check
@@ -42,12 +41,20 @@ class Runner(models.Model):
     name = models.SlugField(max_length=60, unique=True)
     public_key = models.CharField(max_length=64, help_text="Ed25519 public key, hex")
     state = models.CharField(max_length=8, choices=State.choices, default=State.OFFLINE)
-    health = models.CharField(max_length=12, choices=Health.choices, default=Health.ACTIVE)
+    health = models.CharField(
+        max_length=12, choices=Health.choices, default=Health.ACTIVE
+    )
     inventory = models.JSONField(default=dict, blank=True)
-    device_types = models.ManyToManyField(DeviceType, blank=True, related_name="runners")
-    toolchains = models.ManyToManyField(Toolchain, through="RunnerToolchain", related_name="runners")
+    device_types = models.ManyToManyField(
+        DeviceType, blank=True, related_name="runners"
+    )
+    toolchains = models.ManyToManyField(
+        Toolchain, through="RunnerToolchain", related_name="runners"
+    )
     last_heartbeat = models.DateTimeField(null=True, blank=True)
-    last_sequence = models.BigIntegerField(default=0, help_text="highest heartbeat sequence seen")
+    last_sequence = models.BigIntegerField(
+        default=0, help_text="highest heartbeat sequence seen"
+    )
     revoked_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
@@ -67,6 +74,27 @@ class Runner(models.Model):
     def queue(self) -> str:
         """This runner's own queue, for health probes."""
         return f"runner.{self.name}"
+
+    @property
+    def has_nvcc(self) -> bool:
+        return bool(self.inventory.get("nvcc"))
+
+    def queues(self) -> list[str]:
+        """Every queue this runner's worker consumes: its own, one per
+        (device type, toolchain) it can validate on, and the compile-only
+        queue of each toolchain it hosts."""
+        toolchain_ids = sorted(self.toolchains.values_list("id", flat=True))
+        device_type_ids = sorted(self.device_types.values_list("id", flat=True))
+        names = [self.queue]
+        names += [
+            validate_queue(device_type_id=d, toolchain_id=t)
+            for d in device_type_ids
+            for t in toolchain_ids
+        ]
+        names += [compile_queue(toolchain_id=t) for t in toolchain_ids]
+        if self.has_nvcc:
+            names += [compile_queue(toolchain_id=t, nvcc=True) for t in toolchain_ids]
+        return names
 
     def _change(self, field: str, value: str, *, actor=None, verb: str) -> None:
         before = getattr(self, field)
@@ -100,7 +128,22 @@ class Runner(models.Model):
             return
         self.revoked_at = timezone.now()
         self.save(update_fields=["revoked_at"])
-        AuditEvent.record(actor=by, verb="runner.revoke", obj=self, after={"revoked": True})
+        AuditEvent.record(
+            actor=by, verb="runner.revoke", obj=self, after={"revoked": True}
+        )
+
+
+CONTROL_QUEUE = "control"
+
+
+def validate_queue(*, device_type_id: int, toolchain_id: int) -> str:
+    return f"validate.dt{device_type_id}.tc{toolchain_id}"
+
+
+def compile_queue(*, toolchain_id: int, nvcc: bool = False) -> str:
+    """Compile-only work any runner hosting the toolchain may take; `build`
+    jobs for cuda need nvcc, so they have a queue of their own."""
+    return f"compile.tc{toolchain_id}" + (".nvcc" if nvcc else "")
 
 
 class RunnerToolchain(models.Model):
@@ -109,10 +152,15 @@ class RunnerToolchain(models.Model):
     runner = models.ForeignKey(Runner, on_delete=models.CASCADE)
     toolchain = models.ForeignKey(Toolchain, on_delete=models.PROTECT)
     interpreter = models.CharField(max_length=300)
+    harness_fingerprint = models.CharField(
+        max_length=64, blank=True, help_text="the harness's own hash of this toolchain"
+    )
 
     class Meta:
         constraints = [
-            models.UniqueConstraint(fields=["runner", "toolchain"], name="runner_toolchain_unique")
+            models.UniqueConstraint(
+                fields=["runner", "toolchain"], name="runner_toolchain_unique"
+            )
         ]
 
 
@@ -125,7 +173,11 @@ class RegistrationToken(models.Model):
 
     digest = models.CharField(max_length=64, unique=True)
     created_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
     )
     created_at = models.DateTimeField(auto_now_add=True)
     expires_at = models.DateTimeField()
@@ -136,3 +188,22 @@ class RegistrationToken(models.Model):
 
     def __str__(self) -> str:
         return f"token {self.digest[:8]}…"
+
+
+class Receipt(models.Model):
+    """The signed envelope a result arrived in: its nonce is unique, so a
+    replayed envelope is recognised, and its signature is kept as evidence."""
+
+    result = models.OneToOneField(
+        "matrix.Result", on_delete=models.CASCADE, related_name="receipt"
+    )
+    runner = models.ForeignKey(
+        Runner, on_delete=models.PROTECT, related_name="receipts"
+    )
+    nonce = models.CharField(max_length=64, unique=True)
+    signature = models.CharField(max_length=128)
+    issued_at = models.CharField(max_length=40)
+    received_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"receipt {self.nonce[:8]} from {self.runner_id}"

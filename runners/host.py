@@ -1,0 +1,449 @@
+"""The runner host's side: its key directory, its inventory, and running one
+signed job through the sandboxed harness.
+
+A runner host keeps in its key directory ``runner.key`` (Ed25519, mode 0600,
+never sent) and ``runner.json`` (its name, its queues, the server's public
+key, and the interpreter of each toolchain it hosts), written at
+registration.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import json
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from matrix.models import fingerprint_of
+from runners import signing
+
+log = logging.getLogger(__name__)
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+RUNNER_DIR_ENV = "TILEMATRIX_RUNNER_DIR"
+HARNESS_ENV = "TILEMATRIX_HARNESS"
+DEFAULT_HARNESS = "runners.harness.sandbox:run_job"
+INFRA_RETRIES = 3
+INFRA_BACKOFF_S = 2.0
+PROBE_TIMEOUT_S = 120
+
+
+class HostError(RuntimeError):
+    """The host cannot act as a runner; the message says what to fix."""
+
+
+def runner_dir(explicit: str | os.PathLike | None = None) -> Path:
+    from django.conf import settings
+
+    return Path(
+        explicit or os.environ.get(RUNNER_DIR_ENV) or Path(settings.VAR_DIR) / "runner"
+    )
+
+
+@dataclass
+class HostConfig:
+    directory: Path
+    name: str
+    server: str
+    server_public_key: str
+    queues: list[str]
+    toolchains: dict  # server fingerprint -> {"interpreter", "name", "id"}
+
+    @property
+    def key(self):
+        return signing.key_read(self.directory / "runner.key")
+
+    @classmethod
+    def load(cls, directory: Path) -> HostConfig:
+        path = directory / "runner.json"
+        if not path.exists():
+            raise HostError(
+                f"{path} does not exist: register first with "
+                "`manage.py runner register --server URL --token TOKEN --name NAME`"
+            )
+        data = json.loads(path.read_text())
+        return cls(directory=directory, **data)
+
+    def save(self) -> None:
+        data = {
+            "name": self.name,
+            "server": self.server,
+            "server_public_key": self.server_public_key,
+            "queues": self.queues,
+            "toolchains": self.toolchains,
+        }
+        (self.directory / "runner.json").write_text(json.dumps(data, indent=2) + "\n")
+
+
+# Inventory --------------------------------------------------------------
+
+
+def _run(argv: list[str], timeout: float = 20) -> str | None:
+    try:
+        done = subprocess.run(
+            argv, capture_output=True, text=True, timeout=timeout, check=True
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout
+
+
+def _nvidia_devices() -> list[dict]:
+    if not shutil.which("nvidia-smi"):
+        return []
+    out = _run(
+        [
+            "nvidia-smi",
+            "--query-gpu=name,memory.total,compute_cap",
+            "--format=csv,noheader,nounits",
+        ]
+    )
+    devices = []
+    for line in (out or "").splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) != 3:
+            continue
+        name, memory_mib, cap = parts
+        model = name.removeprefix("NVIDIA ").strip()
+        arch = "sm_" + cap.replace(".", "")
+        # Hopper kernels use the arch-specific features of sm_90a.
+        arch = "sm_90a" if arch == "sm_90" else arch
+        memory = (
+            int(float(memory_mib) / 1024)
+            if memory_mib.replace(".", "").isdigit()
+            else None
+        )
+        devices.append(
+            {
+                "vendor": "NVIDIA",
+                "model": model,
+                "arch": arch,
+                "backend": "cuda",
+                "memory_gb": memory,
+            }
+        )
+    return devices
+
+
+def _rocm_devices() -> list[dict]:
+    if not shutil.which("rocm-smi"):
+        return []
+    out = _run(["rocm-smi", "--showproductname", "--json"])
+    try:
+        cards = json.loads(out or "{}")
+    except ValueError:
+        return []
+    devices = []
+    for card in cards.values():
+        if not isinstance(card, dict):
+            continue
+        model = card.get("Card series") or card.get("Card SKU") or "GPU"
+        arch = card.get("GFX Version", "")
+        devices.append(
+            {
+                "vendor": "AMD",
+                "model": model,
+                "arch": arch,
+                "backend": "hip",
+                "memory_gb": None,
+            }
+        )
+    return devices
+
+
+def _torch_devices(interpreter: str) -> list[dict]:
+    """GPUs torch sees when no vendor tool is installed (a container with
+    only the driver libraries)."""
+    code = (
+        "import json, torch\n"
+        "out = []\n"
+        "if torch.cuda.is_available():\n"
+        "    for i in range(torch.cuda.device_count()):\n"
+        "        p = torch.cuda.get_device_properties(i)\n"
+        "        out.append([p.name, p.major, p.minor, p.total_memory])\n"
+        "print(json.dumps(out))\n"
+    )
+    out = _run([interpreter, "-c", code], timeout=PROBE_TIMEOUT_S)
+    try:
+        found = json.loads((out or "[]").strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return []
+    return [
+        {
+            "vendor": "NVIDIA",
+            "model": name.removeprefix("NVIDIA ").strip(),
+            "arch": "sm_90a" if (major, minor) == (9, 0) else f"sm_{major}{minor}",
+            "backend": "cuda",
+            "memory_gb": int(memory / 2**30),
+        }
+        for name, major, minor, memory in found
+    ]
+
+
+def cpu_device() -> dict:
+    machine = platform.machine().lower()
+    vendor = "x86-64" if machine in {"x86_64", "amd64"} else machine or "cpu"
+    return {
+        "vendor": vendor,
+        "model": "CPU",
+        "arch": "",
+        "backend": "c",
+        "memory_gb": None,
+    }
+
+
+def toolchain_probe(interpreter: str) -> dict:
+    """The toolchain an interpreter provides, fingerprinted by the harness
+    inside that interpreter (its packages, not this process's)."""
+    code = (
+        "import json, sys\n"
+        f"sys.path.insert(0, {str(REPO_ROOT)!r})\n"
+        "from runners.harness.fingerprint import fingerprint\n"
+        "print(json.dumps(fingerprint()))\n"
+    )
+    out = _run([interpreter, "-c", code], timeout=PROBE_TIMEOUT_S)
+    try:
+        found = json.loads((out or "").strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        raise HostError(f"cannot fingerprint the toolchain of {interpreter}") from None
+    components = found["components"]
+    server_fp = fingerprint_of({k: components.get(k) for k in _toolchain_keys()})
+    return {
+        "name": f"tilelang-{components.get('tilelang')}-{server_fp[:8]}",
+        "interpreter": interpreter,
+        "components": components,
+        "fingerprint": found["hash"],
+    }
+
+
+def _toolchain_keys():
+    from runners.services import TOOLCHAIN_KEYS
+
+    return TOOLCHAIN_KEYS
+
+
+def inventory_probe(interpreters: list[str]) -> dict:
+    devices = _nvidia_devices() + _rocm_devices()
+    if not devices:
+        devices = _torch_devices(interpreters[0])
+    devices.append(cpu_device())
+    toolchains = [toolchain_probe(i) for i in interpreters]
+    return {
+        "devices": devices,
+        "toolchains": toolchains,
+        "nvcc": bool(shutil.which("nvcc"))
+        or any(t["components"].get("nvcc") for t in toolchains),
+        "host": {"hostname": platform.node(), "python": platform.python_version()},
+    }
+
+
+# Executing a job --------------------------------------------------------
+
+
+def library_source_sha256(operator: str) -> str | None:
+    """The sha256 of this host's copy of a library kernel module, read
+    without importing it (importing would run kernel code unsandboxed)."""
+    spec = importlib.util.find_spec(f"runners.kernels.{operator}")
+    if spec is None or not spec.origin:
+        return None
+    return hashlib.sha256(Path(spec.origin).read_text().encode()).hexdigest()
+
+
+def harness_function():
+    target = os.environ.get(HARNESS_ENV) or DEFAULT_HARNESS
+    module, _, name = target.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def infra_result(job: dict, message: str) -> dict:
+    return {
+        "status": "infra_error",
+        "stage_reached": None,
+        "error": {
+            "signature": hashlib.sha256(message.encode()).hexdigest()[:16],
+            "message": message,
+        },
+        "operator": job.get("operator"),
+        "stage": job.get("stage"),
+    }
+
+
+def job_run(*, job: dict, interpreter: str, cache_dir: Path, timeout_s: float) -> dict:
+    """Run one job in the sandboxed harness. An infra_error (the sandbox's
+    trouble, never the kernel's) is retried with backoff; any other status is
+    an answer and is returned at once."""
+    run_job = harness_function()
+    harness_job = {
+        k: job[k]
+        for k in (
+            "operator",
+            "shape",
+            "dtype",
+            "target",
+            "stage",
+            "seed",
+            "source_sha256",
+        )
+    }
+    result = None
+    for attempt in range(INFRA_RETRIES):
+        try:
+            result = run_job(
+                harness_job,
+                interpreter=interpreter,
+                cache_dir=str(cache_dir),
+                timeout_s=timeout_s,
+            )
+        except Exception as exc:  # the harness must not take the worker down
+            log.exception("harness raised for job %s", job.get("job"))
+            result = infra_result(job, f"harness raised {exc.__class__.__name__}")
+        if result.get("status") != "infra_error":
+            return result
+        time.sleep(INFRA_BACKOFF_S * 2**attempt)
+    return result
+
+
+def job_verify(*, envelope, config: HostConfig) -> dict:
+    """The payload of a job the server signed, or EnvelopeError."""
+    payload = signing.envelope_verify(envelope, public_key=config.server_public_key)
+    if envelope["signer"] != signing.SERVER_SIGNER or payload.get("kind") != "job":
+        raise signing.EnvelopeError("not a job signed by the server")
+    for field in ("job", "attempt"):
+        if not isinstance(payload.get(field), int):
+            raise signing.EnvelopeError(f"job payload lacks an integer {field}")
+    return payload
+
+
+def python_for(config: HostConfig, toolchain_fingerprint: str) -> str | None:
+    hosted = config.toolchains.get(toolchain_fingerprint)
+    return hosted["interpreter"] if hosted else None
+
+
+def default_interpreters() -> list[str]:
+    return [sys.executable]
+
+
+def outbox_dir(config: HostConfig) -> Path:
+    path = config.directory / "outbox"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def result_send(envelope: dict) -> None:
+    """Hand a signed result to the control queue; kept in the outbox until
+    the job is seen finished, so a broker that loses it (a restart without
+    persistence) gets it again on reconnect."""
+    from runners.tasks import ingest_result
+
+    ingest_result.apply_async(
+        args=[envelope],
+        queue="control",
+        retry=True,
+        retry_policy={
+            "max_retries": 60,
+            "interval_start": 0.5,
+            "interval_step": 0.5,
+            "interval_max": 5,
+        },
+    )
+
+
+def job_execute(*, envelope, config: HostConfig, timeout_s: float) -> str:
+    """Verify, claim, run and report one job; returns what happened, for
+    the log. Raises EnvelopeError for a message that must be dropped."""
+    from runners.models import Runner
+    from runners.services import job_claim, result_envelope
+
+    job = job_verify(envelope=envelope, config=config)
+    interpreter = python_for(config, job.get("toolchain"))
+    if interpreter is None:
+        return f"job {job['job']}: toolchain not hosted here, left for another runner"
+    runner = Runner.objects.get(name=config.name)
+    if not job_claim(job_id=job["job"], attempt=job["attempt"], runner=runner):
+        return f"job {job['job']} attempt {job['attempt']}: already taken or superseded"
+    local = library_source_sha256(str(job.get("operator")))
+    if local != job.get("source_sha256"):
+        result = infra_result(
+            job,
+            "this runner's kernel library differs from the job's revision "
+            f"(local {str(local)[:12]}, job {str(job.get('source_sha256'))[:12]}): "
+            "update the runner's checkout",
+        )
+    else:
+        cache_dir = config.directory / "kernel-cache" / job["toolchain"][:16]
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        result = job_run(
+            job=job, interpreter=interpreter, cache_dir=cache_dir, timeout_s=timeout_s
+        )
+    signed = result_envelope(
+        job=job, result=result, runner_name=config.name, key=config.key
+    )
+    (outbox_dir(config) / f"{job['job']}-{job['attempt']}.json").write_text(
+        json.dumps(signed)
+    )
+    result_send(signed)
+    return f"job {job['job']} attempt {job['attempt']}: {result.get('status')}"
+
+
+def outbox_flush(*, config: HostConfig) -> int:
+    """Send again the results of jobs still running for this runner at the
+    same attempt; forget the rest. Returns how many were sent."""
+    from matrix.models import JobState, ValidationJob
+
+    entries = {}
+    for path in outbox_dir(config).glob("*.json"):
+        job_id, _, attempt = path.stem.partition("-")
+        if job_id.isdigit() and attempt.isdigit():
+            entries[int(job_id), int(attempt)] = path
+    waiting = set(
+        ValidationJob.objects.filter(
+            pk__in={j for j, _ in entries},
+            state=JobState.RUNNING,
+            runner__name=config.name,
+        ).values_list("pk", "attempt")
+    )
+    sent = 0
+    for key, path in entries.items():
+        if key in waiting:
+            result_send(json.loads(path.read_text()))
+            sent += 1
+        else:
+            path.unlink(missing_ok=True)
+    return sent
+
+
+def bundle_job_execute(*, envelope, config: HostConfig) -> dict:
+    """Run one job of an offline bundle and return its signed result. The
+    job was assigned to this runner when the bundle was made, so there is
+    nothing to claim."""
+    from runners.services import result_envelope
+
+    job = job_verify(envelope=envelope, config=config)
+    interpreter = python_for(config, job.get("toolchain"))
+    if interpreter is None:
+        result = infra_result(job, "this runner does not host the job's toolchain")
+    elif library_source_sha256(str(job.get("operator"))) != job.get("source_sha256"):
+        result = infra_result(
+            job, "this runner's kernel library differs from the job's revision"
+        )
+    else:
+        cache_dir = config.directory / "kernel-cache" / job["toolchain"][:16]
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        result = job_run(
+            job=job,
+            interpreter=interpreter,
+            cache_dir=cache_dir,
+            timeout_s=float(os.environ.get("TILEMATRIX_JOB_TIMEOUT_S", 540)),
+        )
+    return result_envelope(
+        job=job, result=result, runner_name=config.name, key=config.key
+    )

@@ -1,0 +1,298 @@
+"""`manage.py runner ...`: registration tokens, registering this host,
+running its worker, offline bundles and revocation."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import urllib.error
+import urllib.request
+from datetime import timedelta
+from pathlib import Path
+
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.core.management.base import BaseCommand, CommandError
+
+from runners import host, services, signing
+
+DURATION = re.compile(r"^(\d+)([smhd])$")
+UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
+
+
+def duration(text: str) -> timedelta:
+    match = DURATION.match(text.strip())
+    if not match:
+        raise CommandError(
+            f"--expires takes a number and s/m/h/d, like 1h; got {text!r}"
+        )
+    return timedelta(**{UNITS[match[2]]: int(match[1])})
+
+
+def post_json(url: str, body: dict, timeout: float = 60) -> tuple[int, dict]:
+    request = urllib.request.Request(
+        url,
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+        method="POST",
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status, json.loads(response.read() or b"{}")
+    except urllib.error.HTTPError as exc:
+        try:
+            return exc.code, json.loads(exc.read() or b"{}")
+        except ValueError:
+            return exc.code, {"detail": exc.reason}
+    except (urllib.error.URLError, OSError) as exc:
+        raise CommandError(f"cannot reach {url}: {exc}") from None
+
+
+def problem(reply: dict) -> str:
+    detail = reply.get("detail")
+    if isinstance(detail, list):  # schema errors
+        return "; ".join(
+            f"{'.'.join(str(p) for p in d.get('loc', []))}: {d.get('msg')}"
+            for d in detail
+        )
+    return str(detail or reply)
+
+
+class Command(BaseCommand):
+    help = "Runner hosts: token create, register, work, queues, execute-bundle, upload, bundle, revoke."
+
+    def add_arguments(self, parser):
+        sub = parser.add_subparsers(dest="action", required=True)
+
+        token = sub.add_parser("token", help="registration tokens")
+        token_sub = token.add_subparsers(dest="token_action", required=True)
+        create = token_sub.add_parser("create", help="print a new single-use token")
+        create.add_argument("--expires", default="1h", help="lifetime: 30m, 1h, 2d")
+
+        register = sub.add_parser("register", help="register this host with a server")
+        register.add_argument("--server", required=True, help="http://HOST:PORT")
+        register.add_argument("--token", required=True)
+        register.add_argument("--name", required=True)
+        register.add_argument("--key-dir", help="where runner.key and runner.json live")
+        register.add_argument(
+            "--python",
+            action="append",
+            dest="interpreters",
+            help="a toolchain interpreter this host offers (repeatable; default: this one)",
+        )
+
+        for name, text in (
+            ("work", "run this host's Celery worker and heartbeats"),
+            ("queues", "print this host's queues, comma-separated"),
+        ):
+            p = sub.add_parser(name, help=text)
+            p.add_argument("--key-dir")
+            if name == "work":
+                p.add_argument("--concurrency", type=int, default=1)
+                p.add_argument("--loglevel", default="info")
+                p.add_argument(
+                    "--also-control",
+                    action="store_true",
+                    help="serve the control queue too (single-host demo)",
+                )
+
+        execute = sub.add_parser(
+            "execute-bundle", help="run signed jobs with no broker"
+        )
+        execute.add_argument("jobs")
+        execute.add_argument("--out", required=True)
+        execute.add_argument("--key-dir")
+
+        upload = sub.add_parser("upload", help="import a results bundle")
+        upload.add_argument("results")
+        upload.add_argument(
+            "--server", help="default: the server this host registered with"
+        )
+        upload.add_argument("--key-dir")
+
+        bundle = sub.add_parser("bundle", help="plan signed jobs for an offline runner")
+        bundle.add_argument("name")
+        bundle.add_argument("--out", required=True)
+        bundle.add_argument("--operator")
+        bundle.add_argument("--device-type")
+        bundle.add_argument("--toolchain")
+        bundle.add_argument("--served-only", action="store_true")
+        bundle.add_argument("--missing-only", action="store_true")
+
+        revoke = sub.add_parser(
+            "revoke", help="refuse a runner's next heartbeat and result"
+        )
+        revoke.add_argument("name")
+
+    def handle(self, *args, action, **options):
+        handler = getattr(self, "do_" + action.replace("-", "_"))
+        handler(**options)
+
+    def do_token(self, *, token_action, expires, **_):
+        token = services.token_create(expires=duration(expires))
+        self.stdout.write(f"registration token, single use, expires in {expires}:")
+        self.stdout.write(token)
+
+    def do_register(self, *, server, token, name, key_dir, interpreters, **_):
+        directory = host.runner_dir(key_dir)
+        directory.mkdir(parents=True, exist_ok=True)
+        key = signing.key_load_or_create(directory / "runner.key")
+        interpreters = interpreters or host.default_interpreters()
+        try:
+            inventory = host.inventory_probe(interpreters)
+        except host.HostError as exc:
+            raise CommandError(str(exc)) from None
+        status, reply = post_json(
+            server.rstrip("/") + "/api/v1/runners/register",
+            {
+                "token": token,
+                "name": name,
+                "public_key": signing.public_key_hex(key),
+                "inventory": inventory,
+            },
+        )
+        if status != 201:
+            raise CommandError(f"registration refused ({status}): {problem(reply)}")
+        config = host.HostConfig(
+            directory=directory,
+            name=reply["name"],
+            server=server.rstrip("/"),
+            server_public_key=reply["server_public_key"],
+            queues=reply["queues"],
+            toolchains={
+                t["fingerprint"]: {
+                    "interpreter": t["interpreter"],
+                    "name": t["name"],
+                    "id": t["id"],
+                }
+                for t in reply["toolchains"]
+            },
+        )
+        config.save()
+        devices = ", ".join(f"{d['vendor']} {d['model']}" for d in inventory["devices"])
+        self.stdout.write(
+            f"registered runner {reply['name']} (id {reply['id']}): {devices}; "
+            f"queues {','.join(reply['queues'])}"
+        )
+
+    def _config(self, key_dir) -> host.HostConfig:
+        try:
+            return host.HostConfig.load(host.runner_dir(key_dir))
+        except host.HostError as exc:
+            raise CommandError(str(exc)) from None
+
+    def _queues(self, config: host.HostConfig) -> list[str]:
+        from runners.models import Runner
+
+        runner = Runner.objects.filter(name=config.name).first()
+        # The server's view wins: device types or toolchains may have changed.
+        return runner.queues() if runner else config.queues
+
+    def do_queues(self, *, key_dir, **_):
+        self.stdout.write(",".join(self._queues(self._config(key_dir))))
+
+    def do_work(self, *, key_dir, concurrency, loglevel, also_control, **_):
+        from matrix.celery import app
+
+        config = self._config(key_dir)
+        os.environ[host.RUNNER_DIR_ENV] = str(config.directory)
+        queues = self._queues(config) + (["control"] if also_control else [])
+        app.worker_main(
+            [
+                "worker",
+                f"--queues={','.join(queues)}",
+                f"--hostname={config.name}@%h",
+                f"--concurrency={concurrency}",
+                f"--loglevel={loglevel}",
+                "--without-gossip",
+                "--without-mingle",
+            ]
+        )
+
+    def do_execute_bundle(self, *, jobs, out, key_dir, **_):
+        config = self._config(key_dir)
+        try:
+            bundle = json.loads(Path(jobs).read_text())
+        except (OSError, ValueError) as exc:
+            raise CommandError(f"cannot read {jobs}: {exc}") from None
+        envelopes = bundle.get("jobs") if isinstance(bundle, dict) else None
+        if not isinstance(envelopes, list):
+            raise CommandError(f'{jobs} is not a jobs bundle ({{"jobs": [...]}})')
+        results, skipped = [], 0
+        for i, envelope in enumerate(envelopes, start=1):
+            try:
+                signed = host.bundle_job_execute(envelope=envelope, config=config)
+            except signing.EnvelopeError as exc:
+                self.stderr.write(f"job {i}: skipped, {exc}")
+                skipped += 1
+                continue
+            results.append(signed)
+            status = signed["payload"]["result"].get("status")
+            self.stdout.write(
+                f"[{i}/{len(envelopes)}] job {signed['payload']['job']}: {status}"
+            )
+        Path(out).write_text(json.dumps({"results": results}) + "\n")
+        self.stdout.write(f"{len(results)} signed results in {out}; {skipped} skipped")
+        if skipped:
+            sys.exit(1)
+
+    def do_upload(self, *, results, server, key_dir, **_):
+        if server is None:
+            server = self._config(key_dir).server
+        try:
+            bundle = json.loads(Path(results).read_text())
+        except (OSError, ValueError) as exc:
+            raise CommandError(f"cannot read {results}: {exc}") from None
+        status, reply = post_json(
+            server.rstrip("/") + "/api/v1/results", bundle, timeout=600
+        )
+        if status != 200:
+            raise CommandError(f"upload refused ({status}): {problem(reply)}")
+        self.stdout.write(
+            f"{reply['stored']} stored, {reply['duplicate']} already stored, "
+            f"{len(reply['refused'])} refused"
+        )
+        for refusal in reply["refused"]:
+            self.stderr.write(f"  result {refusal['index']}: {refusal['reason']}")
+        if reply["refused"]:
+            sys.exit(1)
+
+    def do_bundle(
+        self,
+        *,
+        name,
+        out,
+        operator,
+        device_type,
+        toolchain,
+        served_only,
+        missing_only,
+        **_,
+    ):
+        cells = services.cells_select(
+            operator=operator,
+            device_type=device_type,
+            toolchain=toolchain,
+            served_only=served_only,
+            missing_only=missing_only,
+        )
+        try:
+            sweep, envelopes = services.bundle_plan(runner_name=name, cells=cells)
+        except (PermissionDenied, ValidationError) as exc:
+            raise CommandError(
+                "; ".join(getattr(exc, "messages", [str(exc)]))
+            ) from None
+        Path(out).write_text(json.dumps({"sweep": sweep.pk, "jobs": envelopes}) + "\n")
+        self.stdout.write(
+            f"sweep {sweep.pk}: {len(envelopes)} signed jobs for {name} in {out}"
+        )
+
+    def do_revoke(self, *, name, **_):
+        try:
+            services.runner_revoke(name=name)
+        except ValidationError as exc:
+            raise CommandError("; ".join(exc.messages)) from None
+        self.stdout.write(
+            f"runner {name} revoked: its next heartbeat and result are refused"
+        )

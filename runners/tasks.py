@@ -1,0 +1,95 @@
+"""Celery tasks: thin wrappers that take a JSON envelope and call a service.
+
+``runners.execute_job`` runs on a runner worker (queues from
+``Runner.queues()``); ``runners.ingest_result``, ``runners.heartbeat`` and
+``runners.reap`` run on the control worker (queue ``control``). A message
+that cannot be trusted or understood is dropped with a log line: raising
+would only make the broker deliver it again.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from celery import shared_task
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.db import DatabaseError
+
+from runners import host, services, signing
+
+log = logging.getLogger(__name__)
+
+CONTROL = "control"
+
+
+def job_timeout_s() -> float:
+    # Inside the task's soft limit, so the harness reports a timeout itself.
+    return float(os.environ.get("TILEMATRIX_JOB_TIMEOUT_S", 540))
+
+
+@shared_task(name="runners.execute_job", queue="compile", acks_late=True)
+def execute_job(envelope):
+    try:
+        config = host.HostConfig.load(host.runner_dir())
+    except host.HostError as exc:
+        log.error("dropped job message on a worker that is not a runner: %s", exc)
+        return
+    try:
+        outcome = host.job_execute(
+            envelope=envelope, config=config, timeout_s=job_timeout_s()
+        )
+    except signing.EnvelopeError as exc:
+        log.warning("dropped job message: %s", exc)
+        return
+    log.info("%s", outcome)
+
+
+@shared_task(
+    name="runners.ingest_result",
+    queue=CONTROL,
+    autoretry_for=(DatabaseError,),
+    retry_backoff=True,
+    retry_backoff_max=60,
+    max_retries=5,
+)
+def ingest_result(envelope):
+    try:
+        result, created = services.result_ingest(envelope=envelope)
+    except (PermissionDenied, ValidationError) as exc:
+        reason = "; ".join(getattr(exc, "messages", [])) or str(exc)
+        log.warning("refused result from %r: %s", _signer(envelope), reason)
+        return
+    log.info(
+        "result %s for job %s attempt %s %s",
+        result.pk,
+        result.job_id,
+        result.attempt,
+        "stored" if created else "already stored",
+    )
+
+
+@shared_task(
+    name="runners.heartbeat",
+    queue=CONTROL,
+    autoretry_for=(DatabaseError,),
+    retry_backoff=True,
+    max_retries=3,
+)
+def heartbeat(envelope):
+    try:
+        services.runner_heartbeat(envelope=envelope)
+    except (PermissionDenied, ValidationError) as exc:
+        reason = "; ".join(getattr(exc, "messages", [])) or str(exc)
+        log.warning("refused heartbeat from %r: %s", _signer(envelope), reason)
+
+
+@shared_task(name="runners.reap", queue=CONTROL)
+def reap():
+    counts = services.runner_reap()
+    if any(counts.values()):
+        log.info("reaper: %s", counts)
+
+
+def _signer(envelope) -> str:
+    return envelope.get("signer", "?") if isinstance(envelope, dict) else "?"

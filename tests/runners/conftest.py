@@ -1,0 +1,139 @@
+"""Runner fixtures: keys, a CPU runner's inventory, registered runners, and
+signing helpers that play the runner's side of the protocol."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from matrix.models import DeviceType, Shape, Toolchain
+from runners import services, signing
+
+CPU_COMPONENTS = {
+    "tilelang": "0.1.15",
+    "apache_tvm_ffi": "0.1.0",
+    "torch": "2.13.0+cpu",
+    "python": "CPython 3.11.9",
+    "platform": "Linux-x86_64",
+}
+
+
+@pytest.fixture(autouse=True)
+def server_key_file(tmp_path, monkeypatch):
+    """A server key per test, so no test signs with the repository's."""
+    monkeypatch.setenv("TILEMATRIX_SERVER_KEY_FILE", str(tmp_path / "server.key"))
+
+
+def cpu_inventory(**toolchain) -> dict:
+    return {
+        "devices": [
+            {
+                "vendor": "x86-64",
+                "model": "CPU",
+                "arch": "",
+                "backend": "c",
+                "memory_gb": None,
+            }
+        ],
+        "toolchains": [
+            {
+                "name": "tilelang-0.1.15-cpu",
+                "interpreter": "/usr/bin/python3",
+                "components": CPU_COMPONENTS,
+                "fingerprint": "a" * 64,
+                **toolchain,
+            }
+        ],
+        "nvcc": False,
+        "host": {"hostname": "cpu-box"},
+    }
+
+
+class RunnerHand:
+    """A registered runner and its private key: signs what a runner sends."""
+
+    def __init__(self, runner, key):
+        self.runner, self.key = runner, key
+        self.sequence = 0
+
+    @property
+    def name(self) -> str:
+        return self.runner.name
+
+    def heartbeat(self, state="online", sequence=None) -> dict:
+        self.sequence = sequence if sequence is not None else self.sequence + 1
+        return services.heartbeat_envelope(
+            runner_name=self.name, sequence=self.sequence, state=state, key=self.key
+        )
+
+    def result(self, job, status="lowered", **fields) -> dict:
+        result = {
+            "status": status,
+            "stage_reached": "lower",
+            "metrics": {"rel_err": None, "max_abs_err": None, "mismatch_ratio": None},
+            "timings": {"compile_s": 0.5, "kernel_ms": None, "reference_ms": None},
+            "error": None,
+            "fingerprint": {"hash": "a" * 64, "components": CPU_COMPONENTS},
+            **fields,
+        }
+        return services.result_envelope(
+            job={"job": job.pk, "attempt": job.attempt},
+            result=result,
+            runner_name=self.name,
+            key=self.key,
+        )
+
+
+@pytest.fixture
+def register(catalog):
+    """Register a runner by name; returns a RunnerHand."""
+
+    def register(name="cpu-1", inventory=None, online=True):
+        key = Ed25519PrivateKey.generate()
+        token = services.token_create(expires=timedelta(hours=1))
+        runner = services.runner_register(
+            token=token,
+            name=name,
+            public_key=signing.public_key_hex(key),
+            inventory=inventory or cpu_inventory(),
+        )
+        hand = RunnerHand(runner, key)
+        if online:
+            services.runner_heartbeat(envelope=hand.heartbeat())
+            runner.refresh_from_db()
+        return hand
+
+    return register
+
+
+@pytest.fixture
+def cpu_runner(register):
+    return register()
+
+
+@pytest.fixture
+def cpu_cells(catalog):
+    """The float32 cpu-smoke shapes on the CPU device type, with the CPU
+    toolchain: the cells a CPU runner validates for real."""
+
+    def cells():
+        cpu = DeviceType.objects.get(backend="c")
+        toolchain = Toolchain.objects.get(name="tilelang-0.1.15-cpu")
+        shapes = Shape.objects.filter(source_profile="cpu-smoke").order_by("pk")
+        return [(s, cpu, toolchain) for s in shapes]
+
+    return cells
+
+
+@pytest.fixture
+def running_job(cpu_runner, cpu_cells):
+    """One job planned and claimed by the CPU runner."""
+    sweep = services.sweep_plan(cells=cpu_cells()[:1])
+    job = sweep.jobs.get()
+    assert services.job_claim(
+        job_id=job.pk, attempt=job.attempt, runner=cpu_runner.runner
+    )
+    job.refresh_from_db()
+    return job

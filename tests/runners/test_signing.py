@@ -1,0 +1,105 @@
+from __future__ import annotations
+
+import copy
+import os
+import stat
+
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from runners import signing
+
+
+@pytest.fixture
+def key():
+    return Ed25519PrivateKey.generate()
+
+
+def test_a_signed_envelope_verifies_and_returns_its_payload(key):
+    envelope = signing.envelope_sign(payload={"job": 1}, signer="cpu-1", key=key)
+    assert set(envelope) == {"payload", "signer", "nonce", "issued_at", "signature"}
+    public = signing.public_key_hex(key)
+    assert signing.envelope_verify(envelope, public_key=public) == {"job": 1}
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("payload", {"job": 2}),
+        ("signer", "cpu-2"),
+        ("nonce", "0" * 32),
+        ("issued_at", "2020-01-01T00:00:00+00:00"),
+    ],
+)
+def test_it_refuses_an_envelope_altered_after_signing(key, field, value):
+    envelope = signing.envelope_sign(payload={"job": 1}, signer="cpu-1", key=key)
+    altered = copy.deepcopy(envelope)
+    altered[field] = value
+    with pytest.raises(signing.EnvelopeError, match="bad signature"):
+        signing.envelope_verify(altered, public_key=signing.public_key_hex(key))
+
+
+def test_it_refuses_an_envelope_signed_by_another_key(key):
+    forged = signing.envelope_sign(
+        payload={"job": 1}, signer="cpu-1", key=Ed25519PrivateKey.generate()
+    )
+    with pytest.raises(signing.EnvelopeError, match="bad signature"):
+        signing.envelope_verify(forged, public_key=signing.public_key_hex(key))
+
+
+@pytest.mark.parametrize(
+    "envelope, reason",
+    [
+        ("text", "JSON object"),
+        ({"payload": {}}, "missing"),
+        (
+            {
+                "payload": [],
+                "signer": "a",
+                "nonce": "b",
+                "issued_at": "c",
+                "signature": "d",
+            },
+            "payload must be an object",
+        ),
+        (
+            {
+                "payload": {},
+                "signer": "a",
+                "nonce": "b",
+                "issued_at": "c",
+                "signature": "zz",
+            },
+            "not hex",
+        ),
+    ],
+)
+def test_it_names_what_is_wrong_with_a_malformed_envelope(key, envelope, reason):
+    with pytest.raises(signing.EnvelopeError, match=reason):
+        signing.envelope_verify(envelope, public_key=signing.public_key_hex(key))
+
+
+def test_it_refuses_an_envelope_older_than_the_limit(key, monkeypatch):
+    monkeypatch.setattr(signing, "now_iso", lambda: "2020-01-01T00:00:00+00:00")
+    old = signing.envelope_sign(payload={}, signer="cpu-1", key=key)
+    with pytest.raises(signing.EnvelopeError, match="expired"):
+        signing.envelope_verify(
+            old, public_key=signing.public_key_hex(key), max_age_s=60
+        )
+
+
+def test_the_server_key_is_made_once_with_owner_only_permissions(tmp_path, monkeypatch):
+    path = tmp_path / "keys" / "server.key"
+    monkeypatch.setenv("TILEMATRIX_SERVER_KEY_FILE", str(path))
+    first = signing.server_public_key()
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    signing._server_keys.clear()
+    assert signing.server_public_key() == first
+
+
+def test_it_refuses_a_private_key_others_can_read(tmp_path, key):
+    path = tmp_path / "runner.key"
+    signing.key_write(path, key)
+    path.chmod(0o644)
+    with pytest.raises(PermissionError, match="chmod 600"):
+        signing.key_read(path)
