@@ -1,0 +1,85 @@
+from __future__ import annotations
+
+import json
+
+import pytest
+from django.urls import reverse
+
+pytestmark = pytest.mark.django_db
+
+
+def cell_url(shape, backend, device_types, name="cell"):
+    return reverse(name, args=[shape.pk, device_types[backend].pk])
+
+
+def test_it_shows_the_evidence_of_the_latest_result(client, results, device_types):
+    response = client.get(cell_url(results["top"], "c", device_types))
+    assert response.status_code == 200
+    body = response.content.decode()
+    assert "k_main" in body  # generated kernel source
+    assert "float16 accumulates in float32" in body  # tolerance reason
+    assert "f" * 64 in body  # fingerprint
+    assert "python -m runners.harness job.json" in body
+    assert "<svg" in body and "<polyline" in body
+
+
+def test_history_spans_toolchains(client, results, device_types):
+    response = client.get(cell_url(results["top"], "c", device_types))
+    names = {r.toolchain.name for r in response.context["history"]}
+    assert names == {"tl-0.1.13", "tl-0.1.15"}
+
+
+def test_an_error_names_how_many_other_cells_share_its_signature(
+    client, results, device_types
+):
+    response = client.get(cell_url(results["second"], "cuda", device_types))
+    body = response.content.decode()
+    assert response.context["shared"] == 1
+    assert "shared by" in body and "1 other cell" in body
+    assert "tile shape does not divide M" in body
+
+
+def test_an_older_toolchain_reads_as_stale(client, results, device_types):
+    response = client.get(
+        cell_url(results["top"], "c", device_types), {"toolchain": "tl-0.1.13"}
+    )
+    assert response.context["stale"] is True
+
+
+def test_the_job_download_reproduces_the_cell(client, results, device_types):
+    top = results["top"]
+    response = client.get(cell_url(top, "c", device_types, "cell-job"))
+    assert response["Content-Disposition"] == 'attachment; filename="job.json"'
+    job = json.loads(response.content)
+    assert job["operator"] == top.operator.name
+    assert job["shape"] == top.dims and job["dtype"] == top.dtype
+    assert job["target"] == {"kind": "c"}
+
+
+def test_a_cell_never_run_still_offers_a_job(client, results, device_types):
+    response = client.get(cell_url(results["second"], "metal", device_types))
+    assert response.status_code == 200
+    assert "never been run" in response.content.decode()
+
+
+def test_an_unknown_cell_is_404(client, results, device_types):
+    assert client.get(reverse("cell", args=[999999, 1])).status_code == 404
+
+
+def test_an_outsider_can_read_a_cell(client, outsider, results, device_types):
+    client.force_login(outsider)
+    assert client.get(cell_url(results["top"], "c", device_types)).status_code == 200
+
+
+def test_it_refuses_post(client, owner, results, device_types):
+    client.force_login(owner)
+    assert client.post(cell_url(results["top"], "c", device_types)).status_code == 405
+    url = cell_url(results["top"], "c", device_types, "cell-job")
+    assert client.post(url).status_code == 405
+
+
+def test_a_cell_page_stays_within_ten_queries(
+    client, results, device_types, django_assert_max_num_queries
+):
+    with django_assert_max_num_queries(10):
+        client.get(cell_url(results["second"], "cuda", device_types))

@@ -1,0 +1,43 @@
+from __future__ import annotations
+
+import pytest
+from django.urls import reverse
+
+from tests.ui.conftest import SIGNATURE
+
+pytestmark = pytest.mark.django_db
+
+
+def test_failures_are_grouped_by_signature_with_the_cells_they_touch(client, results):
+    response = client.get(reverse("errors"))
+    assert response.status_code == 200
+    (group,) = response.context["groups"]
+    assert group.signature == SIGNATURE and group.count == 2
+    touched = {c.shape_id for c in group.cells}
+    assert touched == {results["second"].pk, results["third"].pk}
+    body = response.content.decode()
+    assert f'id="sig-{SIGNATURE}"' in body
+    assert "tile shape does not divide M" in body
+
+
+def test_an_older_toolchain_has_no_failures(client, results):
+    response = client.get(reverse("errors"), {"toolchain": "tl-0.1.13"})
+    assert response.context["groups"] == []
+    assert "No failing cells" in response.content.decode()
+
+
+def test_errors_page_stays_within_ten_queries(
+    client, results, django_assert_max_num_queries
+):
+    with django_assert_max_num_queries(10):
+        client.get(reverse("errors"))
+
+
+def test_an_outsider_can_read_error_groups(client, outsider, results):
+    client.force_login(outsider)
+    assert client.get(reverse("errors")).status_code == 200
+
+
+def test_it_refuses_post(client, owner):
+    client.force_login(owner)
+    assert client.post(reverse("errors")).status_code == 405

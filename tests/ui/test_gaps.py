@@ -1,0 +1,122 @@
+from __future__ import annotations
+
+from unittest import mock
+
+import pytest
+from django.urls import reverse
+
+from matrix.models import JobState, Shape, Sweep, ValidationJob
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(autouse=True)
+def no_broker():
+    """Planning publishes on commit; these tests look at the plan only."""
+    with mock.patch("runners.services.jobs_publish"):
+        yield
+
+
+def test_gaps_rank_heavier_served_cells_on_priority_backends_first(client, results):
+    response = client.get(reverse("gaps"))
+    assert response.status_code == 200
+    gaps = response.context["gaps"]
+    scores = [g.score for g in gaps]
+    assert scores == sorted(scores, reverse=True)
+    assert gaps[0].device_type.backend == "cuda"
+    assert all(g.shape.served for g in gaps)
+
+
+def test_gaps_name_each_reason(client, results, cpu_runner):
+    gaps = client.get(reverse("gaps")).context["gaps"]
+    by_cell = {(g.shape.pk, g.device_type.backend): g.reasons for g in gaps}
+    assert "failing" in by_cell[results["second"].pk, "cuda"]
+    assert "stale" in by_cell[results["fourth"].pk, "hip"]
+    assert "missing" in by_cell[results["second"].pk, "c"]
+    assert by_cell[results["top"].pk, "cuda"] == ["no runner"]
+    # The top shape passes on the CPU column and a runner is online for it.
+    assert (results["top"].pk, "c") not in by_cell
+
+
+def test_gaps_page_stays_within_ten_queries(
+    client, results, cpu_runner, django_assert_max_num_queries, sweeper
+):
+    client.force_login(sweeper)
+    with django_assert_max_num_queries(10):
+        client.get(reverse("gaps"))
+
+
+def test_run_missing_plans_exactly_the_runnable_gaps(client, results, sweeper):
+    client.force_login(sweeper)
+    gaps = client.get(reverse("gaps"), {"backend": "c"}).context["runnable"]
+    response = client.post(
+        reverse("gaps-run"), {"backend": "c"}, HTTP_HX_REQUEST="true"
+    )
+    assert response.status_code == 200
+    sweep = Sweep.objects.get()
+    planned = set(sweep.jobs.values_list("shape_id", "device_type_id"))
+    assert planned == {(g.shape.pk, g.device_type.pk) for g in gaps}
+    assert sweep.created_by == sweeper
+    body = response.content.decode()
+    assert "<progress" in body and 'hx-trigger="every 2s"' in body
+
+
+def test_run_missing_needs_the_add_sweep_permission(client, results, outsider):
+    client.force_login(outsider)
+    response = client.post(reverse("gaps-run"), {"backend": "c"})
+    assert response.status_code == 403
+    assert not Sweep.objects.exists()
+
+
+def test_run_missing_asks_anonymous_users_to_log_in(client, results):
+    response = client.post(reverse("gaps-run"))
+    assert response.status_code == 302 and "/login/" in response["Location"]
+
+
+def test_run_missing_refuses_get(client, sweeper):
+    client.force_login(sweeper)
+    assert client.get(reverse("gaps-run")).status_code == 405
+
+
+def test_the_run_button_is_confirmed_and_hidden_from_outsiders(
+    client, results, sweeper, outsider
+):
+    client.force_login(sweeper)
+    assert "hx-confirm" in client.get(reverse("gaps")).content.decode()
+    client.force_login(outsider)
+    assert "Run missing" not in client.get(reverse("gaps")).content.decode()
+
+
+def test_progress_polling_stops_with_286_when_the_sweep_ends(client, results):
+    shape = Shape.objects.first()
+    sweep = Sweep.objects.create(total=1)
+    job = ValidationJob.objects.create(
+        revision=shape.operator.revisions.get(is_current=True),
+        shape=shape,
+        device_type_id=results["top"].cells.first().device_type_id,
+        toolchain_id=results["top"].cells.first().toolchain_id,
+        sweep=sweep,
+    )
+    url = reverse("sweep", args=[sweep.pk])
+    running = client.get(url, HTTP_HX_REQUEST="true")
+    assert running.status_code == 200
+    assert 'hx-trigger="every 2s"' in running.content.decode()
+    ValidationJob.objects.filter(pk=job.pk).update(state=JobState.DONE)
+    done = client.get(url, HTTP_HX_REQUEST="true")
+    assert done.status_code == 286
+    body = done.content.decode()
+    assert "finished" in body and "1 done" in body and "every 2s" not in body
+
+
+def test_the_sweep_page_renders_in_full_without_htmx(client, results):
+    sweep = Sweep.objects.create(total=0)
+    response = client.get(reverse("sweep", args=[sweep.pk]))
+    assert response.status_code == 200
+    assert "<html" in response.content.decode()
+
+
+def test_sweep_page_refuses_post(client, owner):
+    client.force_login(owner)
+    sweep = Sweep.objects.create(total=0)
+    assert client.post(reverse("sweep", args=[sweep.pk])).status_code == 405
+    assert client.post(reverse("gaps")).status_code == 405

@@ -1,0 +1,130 @@
+from __future__ import annotations
+
+import re
+
+import pytest
+from django.contrib.auth.models import Permission
+from django.urls import reverse
+
+from matrix.models import AuditEvent, Shape, ValidationJob
+from runners.models import RegistrationToken, Runner, token_digest, validate_queue
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def runner_admin(django_user_model):
+    user = django_user_model.objects.create_user("labadmin", password="lab-pass-123")
+    user.user_permissions.add(
+        *Permission.objects.filter(
+            codename__in=["change_runner", "add_registrationtoken"]
+        )
+    )
+    return user
+
+
+def test_it_lists_runners_with_devices_toolchains_and_queue_depth(
+    client, cpu_runner, device_types, toolchains
+):
+    shape = Shape.objects.first()
+    ValidationJob.objects.create(
+        revision=shape.operator.revisions.get(is_current=True),
+        shape=shape,
+        device_type=device_types["c"],
+        toolchain=toolchains[1],
+        queue=validate_queue(
+            device_type_id=device_types["c"].pk, toolchain_id=toolchains[1].pk
+        ),
+    )
+    response = client.get(reverse("runners"))
+    (row,) = response.context["rows"]
+    assert row["queued"] == 1 and row["running"] == 0
+    body = response.content.decode()
+    assert "cpu-host" in body and "online" in body and "tl-0.1.15" in body
+    assert "x86-64 CPU" in body
+
+
+def test_runners_page_stays_within_ten_queries(
+    client, cpu_runner, runner_admin, django_assert_max_num_queries
+):
+    client.force_login(runner_admin)
+    with django_assert_max_num_queries(10):
+        client.get(reverse("runners"))
+
+
+def test_a_token_is_shown_once_with_the_command_and_stored_hashed(client, runner_admin):
+    client.force_login(runner_admin)
+    response = client.post(reverse("runner-token"), HTTP_HX_REQUEST="true")
+    assert response.status_code == 200
+    assert response["Cache-Control"] == "no-store"
+    body = response.content.decode()
+    token = re.search(r"--token (\S+)", body).group(1)
+    assert "manage.py runner register" in body
+    assert RegistrationToken.objects.filter(digest=token_digest(token)).exists()
+    assert token not in client.get(reverse("runners")).content.decode()
+
+
+def test_maintenance_toggles_and_is_audited(client, cpu_runner, runner_admin):
+    client.force_login(runner_admin)
+    url = reverse("runner-health", args=[cpu_runner.pk])
+    response = client.post(url, {"health": "maintenance"}, HTTP_HX_REQUEST="true")
+    assert response.status_code == 200
+    assert "End maintenance" in response.content.decode()
+    cpu_runner.refresh_from_db()
+    assert cpu_runner.health == Runner.Health.MAINTENANCE
+    assert AuditEvent.objects.filter(
+        verb="runner.maintenance", actor=runner_admin
+    ).exists()
+    client.post(url, {"health": "active"})
+    cpu_runner.refresh_from_db()
+    assert cpu_runner.health == Runner.Health.ACTIVE
+
+
+def test_an_unknown_health_is_refused(client, cpu_runner, runner_admin):
+    client.force_login(runner_admin)
+    url = reverse("runner-health", args=[cpu_runner.pk])
+    assert client.post(url, {"health": "retired-ish"}).status_code == 400
+
+
+def test_revoke_takes_the_runner_out_of_routing(client, cpu_runner, runner_admin):
+    client.force_login(runner_admin)
+    response = client.post(
+        reverse("runner-revoke", args=[cpu_runner.pk]), HTTP_HX_REQUEST="true"
+    )
+    assert response.status_code == 200 and "revoked" in response.content.decode()
+    assert not Runner.objects.online().filter(pk=cpu_runner.pk).exists()
+
+
+@pytest.mark.parametrize(
+    "name,data",
+    [
+        ("runner-token", None),
+        ("runner-health", {"health": "maintenance"}),
+        ("runner-revoke", None),
+    ],
+)
+def test_an_outsider_can_change_nothing(client, outsider, cpu_runner, name, data):
+    client.force_login(outsider)
+    args = [] if name == "runner-token" else [cpu_runner.pk]
+    assert client.post(reverse(name, args=args), data or {}).status_code == 403
+    cpu_runner.refresh_from_db()
+    assert cpu_runner.health == Runner.Health.ACTIVE and cpu_runner.revoked_at is None
+    assert not RegistrationToken.objects.exists()
+
+
+def test_an_outsider_sees_no_controls(client, outsider, cpu_runner):
+    client.force_login(outsider)
+    body = client.get(reverse("runners")).content.decode()
+    assert "Register a runner" not in body and "Revoke" not in body
+
+
+@pytest.mark.parametrize("name", ["runner-token", "runner-health", "runner-revoke"])
+def test_changes_refuse_get(client, runner_admin, cpu_runner, name):
+    client.force_login(runner_admin)
+    args = [] if name == "runner-token" else [cpu_runner.pk]
+    assert client.get(reverse(name, args=args)).status_code == 405
+
+
+def test_the_list_refuses_post(client, runner_admin):
+    client.force_login(runner_admin)
+    assert client.post(reverse("runners")).status_code == 405
