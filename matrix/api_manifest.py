@@ -1,0 +1,35 @@
+"""GET /api/v1/manifest: the approved kernel table production code reads."""
+
+from __future__ import annotations
+
+from django.db.models import Q
+from ninja import Router
+from ninja.errors import HttpError
+
+from matrix.gate.manifest import manifest_for
+from matrix.models import Toolchain
+
+router = Router(tags=["manifest"])
+
+
+def toolchain_lookup(ref: str | None) -> Toolchain:
+    """A toolchain by name or fingerprint; the current one when ``ref`` is empty."""
+    if not ref:
+        toolchain = Toolchain.objects.filter(is_current=True).first()
+        if toolchain is None:
+            raise LookupError("no toolchain is current; name one with ?toolchain=")
+        return toolchain
+    toolchain = Toolchain.objects.filter(Q(name=ref) | Q(fingerprint=ref)).first()
+    if toolchain is None:
+        raise LookupError(f"no toolchain named or fingerprinted {ref!r}")
+    return toolchain
+
+
+@router.get("/manifest")
+def manifest(request, toolchain: str | None = None):
+    """The approved (operator, dtype, device type, shape rule) → tilelang or
+    reference table for a toolchain (name or fingerprint; default: current)."""
+    try:
+        return manifest_for(toolchain=toolchain_lookup(toolchain))
+    except LookupError as exc:
+        raise HttpError(404, str(exc)) from None

@@ -1,0 +1,98 @@
+"""The manifest: the approved (operator, dtype, device type, shape rule) ->
+``tilelang`` | ``reference`` table that ``runners.dispatch`` reads."""
+
+from __future__ import annotations
+
+from django.utils import timezone
+
+from matrix.gate.diff import Diff
+from matrix.gate.models import ManifestEntry, ProposalState, UpgradeProposal
+from matrix.models import Status, Toolchain
+
+FORMAT = "tilematrix-manifest/1"
+
+
+def manifest_entries_write(*, proposal: UpgradeProposal, diff: Diff) -> int:
+    """Replace the proposal's rows with one per cell of its diff: TileLang
+    only where the candidate passed, the reference elsewhere, with why."""
+    proposal.manifest_entries.all().delete()
+    entries = []
+    for row in diff.rows:
+        if row.candidate_status == Status.PASS:
+            choice = ManifestEntry.Choice.TILELANG
+            reason = f"validated: pass on {proposal.candidate.name}"
+        elif row.candidate_status is None:
+            choice = ManifestEntry.Choice.REFERENCE
+            reason = f"not validated on {proposal.candidate.name}"
+        else:
+            choice = ManifestEntry.Choice.REFERENCE
+            reason = f"{row.candidate_status} on {proposal.candidate.name}"
+        entries.append(
+            ManifestEntry(
+                proposal=proposal,
+                toolchain=proposal.candidate,
+                device_type_id=row.device_type_id,
+                shape_id=row.shape_id,
+                operator=row.operator,
+                dtype=row.dtype,
+                dims=row.dims,
+                choice=choice,
+                reason=reason,
+                revision_sha256=row.candidate_revision_sha256,
+                result_id=row.candidate_result_id,
+            )
+        )
+    ManifestEntry.objects.bulk_create(entries)
+    return len(entries)
+
+
+def manifest_for(*, toolchain: Toolchain) -> dict:
+    """The table for one toolchain. Where several approved proposals cover
+    the same cell, the most recently approved one speaks for it."""
+    entries = (
+        ManifestEntry.objects.filter(
+            toolchain=toolchain,
+            proposal__state__in=[ProposalState.APPROVED, ProposalState.ROLLED_OUT],
+        )
+        .select_related("device_type", "proposal")
+        .order_by("-proposal__approved_at", "-proposal_id")
+    )
+    seen = set()
+    rows = []
+    for entry in entries:
+        key = (entry.device_type_id, entry.shape_id)
+        if key in seen:
+            continue
+        seen.add(key)
+        dt = entry.device_type
+        rows.append(
+            {
+                "operator": entry.operator,
+                "dtype": entry.dtype,
+                "device_type": str(dt),
+                "backend": dt.backend,
+                "shape_rule": {"dims": entry.dims},
+                "choice": entry.choice,
+                "reason": entry.reason,
+                "kernel_sha256": entry.revision_sha256,
+                "proposal": entry.proposal_id,
+            }
+        )
+    rows.sort(
+        key=lambda r: (
+            r["operator"],
+            r["dtype"],
+            r["device_type"],
+            str(r["shape_rule"]),
+        )
+    )
+    return {
+        "format": FORMAT,
+        "toolchain": {
+            "name": toolchain.name,
+            "fingerprint": toolchain.fingerprint,
+            "tilelang_version": toolchain.tilelang_version,
+        },
+        "generated_at": timezone.now().isoformat(),
+        "entries": rows,
+    }

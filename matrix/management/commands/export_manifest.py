@@ -1,0 +1,39 @@
+"""Write the approved manifest of a toolchain as JSON."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from django.core.management.base import BaseCommand, CommandError
+
+from matrix.api_manifest import toolchain_lookup
+from matrix.gate.manifest import manifest_for
+
+
+class Command(BaseCommand):
+    help = (
+        "Print (or write with --out) the approved (operator, dtype, device type, "
+        "shape rule) -> tilelang|reference table for a toolchain."
+    )
+
+    def add_arguments(self, parser):
+        parser.add_argument(
+            "--toolchain", help="name or fingerprint; default: the current toolchain"
+        )
+        parser.add_argument("--out", help="file to write instead of standard output")
+
+    def handle(self, *args, toolchain=None, out=None, **options):
+        try:
+            manifest = manifest_for(toolchain=toolchain_lookup(toolchain))
+        except LookupError as exc:
+            raise CommandError(str(exc)) from None
+        text = json.dumps(manifest, indent=2, sort_keys=True) + "\n"
+        if out:
+            Path(out).write_text(text)
+            self.stderr.write(
+                f"wrote {len(manifest['entries'])} entries for "
+                f"{manifest['toolchain']['name']} to {out}"
+            )
+        else:
+            self.stdout.write(text, ending="")

@@ -1,0 +1,160 @@
+"""A small gate world: two toolchains, a CPU and a CUDA device type, served
+softmax and gemm shapes, a reviewer group of three, and a proposer.
+
+Results are written the way ingest leaves them (job, result, cell) so the
+gate reads exactly what it reads in production."""
+
+from __future__ import annotations
+
+import hashlib
+from itertools import count
+
+import pytest
+from django.contrib.auth.models import Group, Permission
+from django.utils import timezone
+
+from matrix.models import (
+    Cell,
+    DeviceType,
+    KernelRevision,
+    Operator,
+    Result,
+    Shape,
+    Status,
+    ValidationJob,
+)
+from matrix.services import toolchain_register
+
+_seeds = count(1)
+
+
+@pytest.fixture(autouse=True)
+def fast_password_hashing(settings):
+    """Each world makes six users; PBKDF2 at full strength would dominate."""
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+@pytest.fixture
+def world(db, owner, reviewer, django_user_model):
+    cpu = DeviceType.objects.create(vendor="x86-64", model="CPU", backend="c")
+    h200 = DeviceType.objects.create(
+        vendor="NVIDIA", model="H200", arch="sm_90a", backend="cuda"
+    )
+    operators = {}
+    for name, dims in (("softmax", ["M", "N"]), ("gemm", ["M", "N", "K"])):
+        op = Operator.objects.create(name=name, dims=dims)
+        KernelRevision.objects.create(
+            operator=op,
+            source_sha256=hashlib.sha256(name.encode()).hexdigest(),
+            origin="library",
+            review_state="approved",
+            is_current=True,
+        )
+        operators[name] = op
+    shapes = {
+        "softmax": Shape.objects.create(
+            operator=operators["softmax"],
+            dims={"M": 64, "N": 256},
+            dtype="float32",
+            served=True,
+            weight=2.0,
+        ),
+        "gemm": Shape.objects.create(
+            operator=operators["gemm"],
+            dims={"M": 64, "N": 64, "K": 64},
+            dtype="float32",
+            served=True,
+            weight=1.0,
+        ),
+        "unserved": Shape.objects.create(
+            operator=operators["softmax"],
+            dims={"M": 7, "N": 33},
+            dtype="float32",
+            served=False,
+        ),
+    }
+    old = toolchain_register(
+        name="tilelang-0.1.13", components={"tilelang": "0.1.13"}, current=True
+    )
+    new = toolchain_register(name="tilelang-0.1.15", components={"tilelang": "0.1.15"})
+    group = Group.objects.create(name="reviewer")
+    reviewers = [reviewer] + [
+        django_user_model.objects.create_user(f"reviewer{i}", password="pw-123456")
+        for i in (2, 3)
+    ]
+    group.user_set.add(*reviewers)
+    owner.user_permissions.add(Permission.objects.get(codename="propose_upgrade"))
+    # The proposer is a reviewer too, so only the self-approval rule stops them.
+    group.user_set.add(owner)
+    return World(
+        cpu=cpu,
+        h200=h200,
+        shapes=shapes,
+        old=old,
+        new=new,
+        owner=django_user_model.objects.get(pk=owner.pk),
+        reviewers=reviewers,
+    )
+
+
+class World:
+    def __init__(self, **kw):
+        self.__dict__.update(kw)
+
+    def record(
+        self, shape, device_type, toolchain, status, kernel_ms=1.0, samples=None
+    ):
+        """One finished job's result and the cell it updates."""
+        return record_result(
+            shape=self.shapes[shape] if isinstance(shape, str) else shape,
+            device_type=device_type,
+            toolchain=toolchain,
+            status=status,
+            kernel_ms=kernel_ms,
+            samples=samples,
+        )
+
+    def green(self, toolchain, device_types=None, kernel_ms=1.0, samples=None):
+        """Every served cell passes on ``toolchain``."""
+        for dt in device_types or [self.cpu]:
+            for shape in ("softmax", "gemm"):
+                self.record(shape, dt, toolchain, Status.PASS, kernel_ms, samples)
+
+
+def record_result(*, shape, device_type, toolchain, status, kernel_ms, samples):
+    revision = shape.operator.current_revision
+    job = ValidationJob.objects.create(
+        revision=revision,
+        shape=shape,
+        device_type=device_type,
+        toolchain=toolchain,
+        state=ValidationJob.State.DONE,
+        seed=next(_seeds),
+    )
+    passed = status == Status.PASS
+    result = Result.objects.create(
+        job=job,
+        attempt=1,
+        revision=revision,
+        shape=shape,
+        device_type=device_type,
+        toolchain=toolchain,
+        status=status,
+        kernel_ms=kernel_ms if passed else None,
+        error_message="" if passed else f"{status} in the kernel",
+        fingerprint=toolchain.fingerprint,
+        details={"kernel_ms_samples": samples} if samples else {},
+    )
+    Cell.objects.update_or_create(
+        shape=shape,
+        device_type=device_type,
+        toolchain=toolchain,
+        defaults={
+            "revision": revision,
+            "result": result,
+            "status": status,
+            "kernel_ms": result.kernel_ms,
+            "updated_at": timezone.now(),
+        },
+    )
+    return result
