@@ -138,10 +138,22 @@ def backend_groups(device_types: list[DeviceType]) -> list[tuple[str, int]]:
     return groups
 
 
-def current_revisions() -> dict[int, int]:
-    """operator id -> id of its current kernel revision."""
-    return dict(
-        KernelRevision.objects.filter(is_current=True).values_list("operator_id", "id")
+class Revisions(dict):
+    """operator id -> its current revision id, and, for every revision, the
+    operator it belongs to: one query over the (small) revision table."""
+
+    def __init__(self, rows):
+        super().__init__()
+        self.operator_of: dict[int, int] = {}
+        for rev_id, op_id, is_current in rows:
+            self.operator_of[rev_id] = op_id
+            if is_current:
+                self[op_id] = rev_id
+
+
+def current_revisions() -> Revisions:
+    return Revisions(
+        KernelRevision.objects.values_list("id", "operator_id", "is_current")
     )
 
 
@@ -215,44 +227,57 @@ class MatrixSummary:
     total: Tally
 
 
-def matrix_summary(
-    filters: MatrixFilters, device_types: list[DeviceType], revisions: dict[int, int]
-) -> MatrixSummary:
-    """One row per operator with per-device-type tallies: two grouped queries
-    over Cell and Shape, whatever the size of the matrix."""
-    operators = list(Operator.objects.only("id", "name", "dims"))
-    shape_counts = dict(
-        Shape.objects.filter(filters.shape_q())
-        .values_list("operator_id")
+def cell_groups(filters: MatrixFilters, device_types: list[DeviceType]):
+    """(revision id, device type id, status, count) over the latest result of
+    every cell: one grouped query on Cell. A revision belongs to one
+    operator, so grouping by it avoids joining Shape unless a shape filter
+    asks for it."""
+    if filters.toolchain is None or not device_types:
+        return []
+    return (
+        Cell.objects.filter(
+            filters.shape_q("shape__"),
+            toolchain=filters.toolchain,
+            device_type_id__in=[d.id for d in device_types],
+        )
+        .values_list("revision_id", "device_type_id", "status")
         .annotate(n=Count("id"))
         .order_by()
+    )
+
+
+def matrix_summary(
+    filters: MatrixFilters,
+    device_types: list[DeviceType],
+    revisions: Revisions,
+    groups=None,
+) -> MatrixSummary:
+    """One row per operator with per-device-type tallies: two queries
+    (operators with their shape counts, cell groups), whatever the size of
+    the matrix. ``groups`` replaces the cell groups, so a benchmark can
+    compare sources."""
+    shape_q = filters.shape_q("shapes__")
+    operators = list(
+        Operator.objects.only("id", "name", "dims").annotate(
+            shape_count=Count("shapes", filter=shape_q or None)
+        )
     )
     dt_index = {d.id: i for i, d in enumerate(device_types)}
     grid: dict[int, list[Tally]] = {
         op.id: [Tally() for _ in device_types] for op in operators
     }
     tc = filters.toolchain
-    if tc is not None and device_types:
-        grouped = (
-            Cell.objects.filter(
-                filters.shape_q("shape__"),
-                toolchain=tc,
-                device_type_id__in=list(dt_index),
-            )
-            .values_list(
-                "shape__operator_id", "device_type_id", "status", "revision_id"
-            )
-            .annotate(n=Count("id"))
-            .order_by()
-        )
-        for op_id, dt_id, status, rev_id, n in grouped:
-            stale = not tc.is_current or rev_id != revisions.get(op_id)
-            grid[op_id][dt_index[dt_id]].add(status, n, stale)
+    if groups is None:
+        groups = cell_groups(filters, device_types)
+    for rev_id, dt_id, status, n in groups:
+        op_id = revisions.operator_of[rev_id]
+        stale = not tc.is_current or rev_id != revisions.get(op_id)
+        grid[op_id][dt_index[dt_id]].add(status, n, stale)
     columns = [Tally() for _ in device_types]
     total = Tally()
     rows = []
     for op in operators:
-        shapes = shape_counts.get(op.id, 0)
+        shapes = op.shape_count
         if not shapes:
             continue
         tally = Tally()
@@ -325,7 +350,7 @@ def operator_rows(
     operator: Operator,
     filters: MatrixFilters,
     device_types: list[DeviceType],
-    revisions: dict[int, int],
+    revisions: Revisions,
     limit: int,
 ) -> tuple[list[ShapeRow], bool]:
     """Shape × dtype rows of one operator, served first by weight, with one

@@ -38,7 +38,7 @@ def matrix_page(request):
         row = next((r for r in summary.rows if r.operator.name == name), None)
         if row is None:
             raise Http404("no such operator under these filters")
-        context = _context(
+        context = matrix_context(
             filters,
             toolchains,
             summary,
@@ -48,7 +48,7 @@ def matrix_page(request):
         )
         context["row"] = row
         return render(request, "matrix/matrix.html#operator-body", context)
-    context = _context(filters, toolchains, summary, revisions, open_name, limit)
+    context = matrix_context(filters, toolchains, summary, revisions, open_name, limit)
     template = "matrix/matrix.html"
     if target == "matrix":
         template += "#matrix-table"
@@ -62,7 +62,7 @@ def _row_limit(raw: str | None) -> int:
         return ROWS
 
 
-def _context(filters, toolchains, summary, revisions, open_name, limit):
+def matrix_context(filters, toolchains, summary, revisions, open_name, limit):
     expanded = {}
     for row in summary.rows:
         if row.operator.name == open_name:
