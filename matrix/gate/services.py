@@ -410,7 +410,7 @@ def _decide(*, proposal, by, comment: str, decision: str) -> Approval:
         ProposalState.APPROVED,
     ):
         raise ValidationError(
-            f"cannot approve while {proposal.get_state_display()}: "
+            f"cannot approve while {proposal.state.replace('_', ' ')}: "
             + "; ".join(proposal.blocking_reasons)
         )
     for previous in proposal.approvals.filter(reviewer=by, voided=False):
@@ -524,7 +524,7 @@ def proposal_rollout(*, proposal: UpgradeProposal, by) -> UpgradeProposal:
     if proposal.state != ProposalState.APPROVED:
         raise ValidationError(
             f"only an approved proposal rolls out; this one is "
-            f"{proposal.get_state_display()}"
+            f"{proposal.state.replace('_', ' ')}"
         )
     before = proposal.snapshot()
     previous = list(
