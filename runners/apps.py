@@ -11,9 +11,11 @@ class RunnersConfig(AppConfig):
 
     def ready(self):
         from matrix.celery import app
+        from runners.tasks import ROUTES
         from runners.worker import RunnerHost
 
         app.steps["consumer"].add(RunnerHost)
+        app.conf.task_routes = {**(app.conf.task_routes or {}), **ROUTES}
         reap_every = float(os.environ.get("TILEMATRIX_REAP_S", 30))
         app.conf.beat_schedule = {
             **(app.conf.beat_schedule or {}),

@@ -163,6 +163,9 @@ class RunnerToolchain(models.Model):
             )
         ]
 
+    def __str__(self) -> str:
+        return f"{self.toolchain} on {self.runner}"
+
 
 def token_digest(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()

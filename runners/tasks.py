@@ -21,6 +21,13 @@ from runners import host, services, signing
 log = logging.getLogger(__name__)
 
 CONTROL = "control"
+# Runner tasks carry their queue at send time (it depends on the cell);
+# control tasks always go to the control worker.
+ROUTES = {
+    "runners.ingest_result": {"queue": CONTROL},
+    "runners.heartbeat": {"queue": CONTROL},
+    "runners.reap": {"queue": CONTROL},
+}
 
 
 def job_timeout_s() -> float:
@@ -28,7 +35,7 @@ def job_timeout_s() -> float:
     return float(os.environ.get("TILEMATRIX_JOB_TIMEOUT_S", 540))
 
 
-@shared_task(name="runners.execute_job", queue="compile", acks_late=True)
+@shared_task(name="runners.execute_job", acks_late=True)
 def execute_job(envelope):
     try:
         config = host.HostConfig.load(host.runner_dir())
@@ -47,7 +54,6 @@ def execute_job(envelope):
 
 @shared_task(
     name="runners.ingest_result",
-    queue=CONTROL,
     autoretry_for=(DatabaseError,),
     retry_backoff=True,
     retry_backoff_max=60,
@@ -71,7 +77,6 @@ def ingest_result(envelope):
 
 @shared_task(
     name="runners.heartbeat",
-    queue=CONTROL,
     autoretry_for=(DatabaseError,),
     retry_backoff=True,
     max_retries=3,
@@ -84,7 +89,7 @@ def heartbeat(envelope):
         log.warning("refused heartbeat from %r: %s", _signer(envelope), reason)
 
 
-@shared_task(name="runners.reap", queue=CONTROL)
+@shared_task(name="runners.reap")
 def reap():
     counts = services.runner_reap()
     if any(counts.values()):

@@ -137,3 +137,45 @@ def running_job(cpu_runner, cpu_cells):
     )
     job.refresh_from_db()
     return job
+
+
+@pytest.fixture
+def host_dir(cpu_runner, tmp_path, monkeypatch):
+    """The CPU runner's key directory, as `runner register` leaves it, with
+    the harness replaced by its edge double."""
+    import sys
+
+    from runners import host
+
+    directory = tmp_path / "runner"
+    signing.key_write(directory / "runner.key", cpu_runner.key)
+    toolchain = cpu_runner.runner.toolchains.get()
+    config = host.HostConfig(
+        directory=directory,
+        name=cpu_runner.name,
+        server="http://testserver",
+        server_public_key=signing.server_public_key(),
+        queues=cpu_runner.runner.queues(),
+        toolchains={
+            toolchain.fingerprint: {
+                "interpreter": sys.executable,
+                "name": toolchain.name,
+                "id": toolchain.pk,
+            }
+        },
+    )
+    config.save()
+    monkeypatch.setenv(host.RUNNER_DIR_ENV, str(directory))
+    monkeypatch.setenv(host.HARNESS_ENV, "tests.runners.edge_harness:run_job")
+    return config
+
+
+@pytest.fixture
+def eager_celery():
+    """Tasks sent from a task run in place, so one test sees the whole
+    chain without a broker."""
+    from matrix.celery import app
+
+    app.conf.task_always_eager = True
+    yield app
+    app.conf.task_always_eager = False

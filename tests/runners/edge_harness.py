@@ -1,0 +1,32 @@
+"""Edge double of the sandboxed harness (runners.harness.sandbox.run_job)
+for tests about messaging, not kernels: it answers like the harness would
+for a CPU host, after TILEMATRIX_EDGE_HARNESS_DELAY_S seconds, without
+starting TileLang. Selected with TILEMATRIX_HARNESS=tests.runners.edge_harness:run_job."""
+
+from __future__ import annotations
+
+import os
+import time
+
+SUCCESS = {"lower": "lowered", "build": "built", "validate": "pass"}
+
+
+def run_job(
+    job: dict,
+    *,
+    interpreter: str,
+    cache_dir: str,
+    timeout_s: float,
+    trusted: bool = True,
+) -> dict:
+    time.sleep(float(os.environ.get("TILEMATRIX_EDGE_HARNESS_DELAY_S", "0")))
+    return {
+        "status": SUCCESS[job["stage"]],
+        "stage_reached": job["stage"],
+        "metrics": {"rel_err": 0.0, "max_abs_err": 0.0, "mismatch_ratio": 0.0},
+        "timings": {"compile_s": 0.01, "kernel_ms": 0.1, "reference_ms": 0.2},
+        "error": None,
+        "fingerprint": {"hash": "e" * 64, "components": {}},
+        "operator": job["operator"],
+        "stage": job["stage"],
+    }

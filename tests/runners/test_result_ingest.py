@@ -1,0 +1,137 @@
+from __future__ import annotations
+
+import copy
+
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from django.core.exceptions import PermissionDenied, ValidationError
+
+from matrix.models import Cell, JobState, Result, Status
+from runners import services
+
+
+def test_a_result_is_stored_with_its_receipt_and_the_cell_points_at_it(
+    cpu_runner, running_job
+):
+    envelope = cpu_runner.result(
+        running_job, status="pass", timings={"kernel_ms": 0.2, "reference_ms": 0.4}
+    )
+    result, created = services.result_ingest(envelope=envelope)
+    assert created
+    assert result.status == Status.PASS and result.kernel_ms == 0.2
+    assert result.receipt.signature == envelope["signature"]
+    cell = Cell.objects.get()
+    assert (cell.result, cell.status, cell.kernel_ms) == (result, Status.PASS, 0.2)
+    running_job.refresh_from_db()
+    assert running_job.state == JobState.DONE and running_job.finished_at
+
+
+def test_a_second_copy_of_the_same_attempt_stores_nothing_new(cpu_runner, running_job):
+    first, _ = services.result_ingest(envelope=cpu_runner.result(running_job))
+    again, created = services.result_ingest(
+        envelope=cpu_runner.result(running_job, status="pass")
+    )
+    assert not created and again.pk == first.pk
+    assert Result.objects.count() == 1
+    assert Cell.objects.get().status == Status.LOWERED
+
+
+def test_a_replayed_envelope_is_refused(cpu_runner, running_job):
+    envelope = cpu_runner.result(running_job)
+    services.result_ingest(envelope=envelope)
+    with pytest.raises(services.Conflict, match="replayed envelope"):
+        services.result_ingest(envelope=envelope)
+    assert Result.objects.count() == 1
+
+
+def test_an_altered_result_is_refused(cpu_runner, running_job):
+    envelope = cpu_runner.result(running_job, status="compile_error")
+    altered = copy.deepcopy(envelope)
+    altered["payload"]["result"]["status"] = "pass"
+    with pytest.raises(PermissionDenied, match="bad signature"):
+        services.result_ingest(envelope=altered)
+    assert not Result.objects.exists()
+
+
+def test_a_forged_result_is_refused(cpu_runner, running_job):
+    cpu_runner.key = Ed25519PrivateKey.generate()
+    with pytest.raises(PermissionDenied, match="bad signature"):
+        services.result_ingest(envelope=cpu_runner.result(running_job))
+    assert not Cell.objects.exists()
+
+
+def test_a_revoked_runner_is_refused(cpu_runner, running_job):
+    services.runner_revoke(name=cpu_runner.name)
+    with pytest.raises(PermissionDenied, match="revoked"):
+        services.result_ingest(envelope=cpu_runner.result(running_job))
+
+
+def test_a_result_for_a_job_of_another_runner_is_refused(
+    register, cpu_runner, running_job
+):
+    intruder = register(name="cpu-2")
+    with pytest.raises(PermissionDenied, match="not assigned to runner 'cpu-2'"):
+        services.result_ingest(envelope=intruder.result(running_job))
+    assert not Result.objects.exists()
+
+
+def test_a_result_for_a_superseded_attempt_is_refused(cpu_runner, running_job):
+    stale = cpu_runner.result(running_job)
+    services.jobs_requeue(jobs=[running_job], reason="test")
+    running_job.refresh_from_db()
+    assert services.job_claim(
+        job_id=running_job.pk, attempt=2, runner=cpu_runner.runner
+    )
+    with pytest.raises(services.Conflict, match="no longer running"):
+        services.result_ingest(envelope=stale)
+
+
+def test_an_unknown_status_is_refused(cpu_runner, running_job):
+    with pytest.raises(ValidationError, match="unknown result status"):
+        services.result_ingest(envelope=cpu_runner.result(running_job, status="great"))
+
+
+def test_the_harness_error_is_stored_with_its_signature(cpu_runner, running_job):
+    error = {"signature": "c0ffee", "message": "LayoutInference failed for T.gemm"}
+    result, _ = services.result_ingest(
+        envelope=cpu_runner.result(running_job, status="compile_error", error=error)
+    )
+    assert (result.error_signature, result.error_message) == (
+        "c0ffee",
+        error["message"],
+    )
+    assert Cell.objects.get().error_signature == "c0ffee"
+
+
+def test_an_infra_error_never_hides_an_answer_already_in_the_cell(
+    cpu_runner, running_job, cpu_cells
+):
+    services.result_ingest(envelope=cpu_runner.result(running_job, status="pass"))
+    job = services.sweep_plan(cells=cpu_cells()[:1]).jobs.get()
+    services.job_claim(job_id=job.pk, attempt=1, runner=cpu_runner.runner)
+    services.result_ingest(envelope=cpu_runner.result(job, status="infra_error"))
+    job.refresh_from_db()
+    assert job.state == JobState.FAILED
+    assert Cell.objects.get().status == Status.PASS
+
+
+def test_a_batch_stores_the_good_results_and_names_each_refusal(
+    cpu_runner, cpu_cells, register
+):
+    sweep = services.sweep_plan(cells=cpu_cells()[:4])
+    jobs = list(sweep.jobs.order_by("pk"))
+    for job in jobs:
+        services.job_claim(job_id=job.pk, attempt=1, runner=cpu_runner.runner)
+    intruder = register(name="cpu-2")
+    outcomes = services.results_ingest(
+        envelopes=[
+            cpu_runner.result(jobs[0]),
+            intruder.result(jobs[1]),
+            "garbage",
+            cpu_runner.result(jobs[3], status="mismatch"),
+        ]
+    )
+    assert [o.status for o in outcomes] == ["stored", "refused", "refused", "stored"]
+    assert outcomes[1].code == 403 and outcomes[2].code == 400
+    assert Cell.objects.count() == 2
+    assert sweep.progress()["done"] == 2

@@ -1,0 +1,50 @@
+from __future__ import annotations
+
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from django.core.exceptions import PermissionDenied
+
+from matrix.models import AuditEvent
+from runners import services
+from runners.models import Runner
+
+
+def test_a_heartbeat_brings_a_registered_runner_online(register):
+    hand = register(online=False)
+    runner = services.runner_heartbeat(envelope=hand.heartbeat())
+    assert runner.state == Runner.State.ONLINE
+    assert runner.last_heartbeat is not None
+    assert AuditEvent.objects.filter(verb="runner.online").count() == 1
+
+
+def test_a_replayed_heartbeat_is_refused(cpu_runner):
+    envelope = cpu_runner.heartbeat()
+    services.runner_heartbeat(envelope=envelope)
+    with pytest.raises(services.Conflict, match="stale heartbeat"):
+        services.runner_heartbeat(envelope=envelope)
+
+
+def test_a_heartbeat_with_a_lower_sequence_is_refused(cpu_runner):
+    services.runner_heartbeat(envelope=cpu_runner.heartbeat(sequence=100))
+    with pytest.raises(services.Conflict, match="not above 100"):
+        services.runner_heartbeat(envelope=cpu_runner.heartbeat(sequence=50))
+
+
+def test_a_revoked_runner_is_refused(cpu_runner):
+    services.runner_revoke(name=cpu_runner.name)
+    with pytest.raises(PermissionDenied, match="revoked"):
+        services.runner_heartbeat(envelope=cpu_runner.heartbeat())
+
+
+def test_a_heartbeat_signed_with_another_key_is_refused(cpu_runner):
+    cpu_runner.key = Ed25519PrivateKey.generate()
+    with pytest.raises(PermissionDenied, match="bad signature"):
+        services.runner_heartbeat(envelope=cpu_runner.heartbeat())
+
+
+def test_a_heartbeat_from_an_unknown_runner_is_refused(cpu_runner):
+    envelope = services.heartbeat_envelope(
+        runner_name="ghost", sequence=1, state="online", key=cpu_runner.key
+    )
+    with pytest.raises(PermissionDenied, match="unknown runner 'ghost'"):
+        services.runner_heartbeat(envelope=envelope)

@@ -1,0 +1,165 @@
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.utils import timezone
+
+from matrix.models import AuditEvent, DeviceType, Toolchain
+from runners import services, signing
+from runners.models import RegistrationToken, Runner
+
+from .conftest import cpu_inventory
+
+
+def public_key():
+    return signing.public_key_hex(Ed25519PrivateKey.generate())
+
+
+def register(token, name="cpu-1", inventory=None, key=None):
+    return services.runner_register(
+        token=token,
+        name=name,
+        public_key=key or public_key(),
+        inventory=inventory or cpu_inventory(),
+    )
+
+
+@pytest.fixture
+def token(catalog):
+    return services.token_create(expires=timedelta(hours=1))
+
+
+def test_a_token_is_stored_only_as_its_digest(token):
+    record = RegistrationToken.objects.get()
+    assert token not in record.digest
+    assert record.digest == services.token_digest(token)
+
+
+def test_registration_matches_the_seeded_cpu_device_type_and_records_the_toolchain(
+    token,
+):
+    runner = register(token)
+    cpu = DeviceType.objects.get(backend="c")
+    assert list(runner.device_types.all()) == [cpu]
+    toolchain = runner.toolchains.get()
+    assert toolchain.name == "tilelang-0.1.15-cpu"
+    assert runner.state == Runner.State.OFFLINE
+    assert runner.queues() == [
+        "runner.cpu-1",
+        f"validate.dt{cpu.pk}.tc{toolchain.pk}",
+        f"compile.tc{toolchain.pk}",
+    ]
+    assert AuditEvent.objects.filter(
+        verb="runner.register", object_id=str(runner.pk)
+    ).exists()
+
+
+def test_a_second_host_with_the_same_toolchain_shares_its_row(token):
+    register(token)
+    again = services.token_create(expires=timedelta(hours=1))
+    other = register(again, name="cpu-2", inventory=cpu_inventory(name="whatever-name"))
+    assert Toolchain.objects.count() == 1
+    assert other.toolchains.get().name == "tilelang-0.1.15-cpu"
+
+
+def test_a_new_gpu_device_type_is_created_from_the_inventory(token):
+    inventory = cpu_inventory()
+    inventory["devices"].append(
+        {
+            "vendor": "NVIDIA",
+            "model": "L4",
+            "arch": "sm_89",
+            "backend": "cuda",
+            "memory_gb": 24,
+        }
+    )
+    runner = register(token, inventory=inventory)
+    assert runner.device_types.filter(model="L4", arch="sm_89").exists()
+
+
+def test_it_refuses_a_reused_token(token):
+    register(token)
+    with pytest.raises(PermissionDenied, match="already used"):
+        register(token, name="cpu-2")
+    assert Runner.objects.count() == 1
+
+
+def test_it_refuses_an_expired_token(catalog):
+    token = services.token_create(expires=timedelta(hours=1))
+    RegistrationToken.objects.update(expires_at=timezone.now() - timedelta(seconds=1))
+    with pytest.raises(PermissionDenied, match="expired"):
+        register(token)
+    assert not Runner.objects.exists()
+
+
+def test_it_refuses_an_unknown_token(catalog):
+    with pytest.raises(PermissionDenied, match="unknown registration token"):
+        register("not-a-token")
+
+
+def test_a_duplicate_name_is_refused_and_the_token_stays_usable(token):
+    register(token)
+    second = services.token_create(expires=timedelta(hours=1))
+    with pytest.raises(services.Conflict, match="already registered"):
+        register(second)
+    assert register(second, name="cpu-2").name == "cpu-2"
+
+
+def test_an_oversized_inventory_is_refused_and_nothing_is_created(token):
+    inventory = cpu_inventory()
+    inventory["host"] = {"notes": "x" * 70_000}
+    with pytest.raises(ValidationError, match="limit is 65536"):
+        register(token, inventory=inventory)
+    assert not Runner.objects.exists()
+    assert RegistrationToken.objects.get().used_at is None
+
+
+@pytest.mark.parametrize(
+    "change, reason",
+    [
+        ({"devices": "cpu"}, "needs lists"),
+        ({"toolchains": []}, "no toolchain"),
+        (
+            {"devices": [{"vendor": "x", "model": "y", "backend": "fpga"}]},
+            "backend must be one of",
+        ),
+        (
+            {
+                "toolchains": [
+                    {
+                        "name": "t",
+                        "interpreter": "python",
+                        "components": {"tilelang": "1"},
+                    }
+                ]
+            },
+            "absolute path",
+        ),
+        (
+            {"toolchains": [{"name": "t", "interpreter": "/p", "components": {}}]},
+            "at least tilelang",
+        ),
+    ],
+)
+def test_a_malformed_inventory_is_refused_with_the_reason(token, change, reason):
+    inventory = {**cpu_inventory(), **change}
+    with pytest.raises(ValidationError, match=reason):
+        register(token, inventory=inventory)
+    assert not Runner.objects.exists()
+    assert not Toolchain.objects.exists()
+
+
+def test_a_public_key_that_is_not_ed25519_is_refused(token):
+    with pytest.raises(ValidationError, match="32-byte Ed25519"):
+        register(token, key="abcd")
+
+
+def test_revoking_a_runner_records_it_and_takes_it_offline(cpu_runner):
+    services.runner_revoke(name=cpu_runner.name)
+    runner = Runner.objects.get()
+    assert runner.revoked_at is not None
+    assert runner.state == Runner.State.OFFLINE
+    assert not Runner.objects.routable().exists()

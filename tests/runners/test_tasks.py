@@ -1,0 +1,105 @@
+from __future__ import annotations
+
+import copy
+import logging
+
+from matrix.models import Cell, JobState, Result, Status
+from runners import services, signing, tasks
+from runners.models import Runner
+
+
+def planned_job(cpu_cells):
+    sweep = services.sweep_plan(cells=cpu_cells()[:1])
+    job = sweep.jobs.select_related(
+        "revision__operator", "shape", "device_type", "toolchain"
+    ).get()
+    return job, services.job_envelope(job)
+
+
+def test_execute_job_runs_the_job_and_the_control_side_stores_its_result(
+    host_dir, cpu_cells, eager_celery
+):
+    job, envelope = planned_job(cpu_cells)
+    tasks.execute_job(envelope)
+    job.refresh_from_db()
+    assert job.state == JobState.DONE
+    assert job.runner.name == host_dir.name
+    result = Result.objects.get(job=job)
+    assert result.status == Status.PASS
+    assert Cell.objects.get().result == result
+
+
+def test_execute_job_twice_runs_the_job_once(host_dir, cpu_cells, eager_celery, caplog):
+    job, envelope = planned_job(cpu_cells)
+    tasks.execute_job(envelope)
+    with caplog.at_level(logging.INFO, logger="runners.tasks"):
+        tasks.execute_job(envelope)
+    assert Result.objects.filter(job=job).count() == 1
+    assert "already taken" in caplog.text
+
+
+def test_a_job_not_signed_by_the_server_is_dropped_with_a_log_line(
+    host_dir, cpu_cells, eager_celery, caplog
+):
+    job, envelope = planned_job(cpu_cells)
+    forged = copy.deepcopy(envelope)
+    forged["payload"]["shape"] = {"M": 1, "N": 1}
+    with caplog.at_level(logging.WARNING, logger="runners.tasks"):
+        tasks.execute_job(forged)
+        tasks.execute_job({"not": "an envelope"})
+    assert caplog.text.count("dropped job message") == 2
+    job.refresh_from_db()
+    assert job.state == JobState.QUEUED
+
+
+def test_a_job_whose_kernel_source_differs_here_ends_in_an_infra_error(
+    host_dir, cpu_cells, eager_celery
+):
+    job, _ = planned_job(cpu_cells)
+    job.revision.source_sha256 = "0" * 64
+    envelope = services.job_envelope(job)
+    job.revision.refresh_from_db()
+    tasks.execute_job(envelope)
+    result = Result.objects.get(job=job)
+    assert result.status == Status.INFRA_ERROR
+    assert "kernel library differs" in result.error_message
+
+
+def test_ingest_result_logs_a_refusal_instead_of_failing(
+    cpu_runner, running_job, caplog
+):
+    envelope = cpu_runner.result(running_job)
+    tasks.ingest_result(envelope)
+    with caplog.at_level(logging.WARNING, logger="runners.tasks"):
+        tasks.ingest_result(envelope)
+        tasks.ingest_result("garbage")
+    assert "replayed envelope" in caplog.text
+    assert Result.objects.count() == 1
+
+
+def test_heartbeat_task_records_the_heartbeat_and_refuses_a_revoked_runner(
+    register, caplog
+):
+    hand = register(online=False)
+    tasks.heartbeat(hand.heartbeat())
+    assert Runner.objects.get().state == Runner.State.ONLINE
+    services.runner_revoke(name=hand.name)
+    with caplog.at_level(logging.WARNING, logger="runners.tasks"):
+        tasks.heartbeat(hand.heartbeat())
+    assert "is revoked" in caplog.text
+
+
+def test_reap_task_requeues_the_jobs_of_a_silent_runner(cpu_runner, running_job):
+    Runner.objects.update(last_heartbeat=None)
+    tasks.reap()
+    tasks.reap()
+    running_job.refresh_from_db()
+    assert (running_job.state, running_job.attempt) == (JobState.QUEUED, 2)
+
+
+def test_signed_job_carries_what_the_harness_needs(cpu_runner, cpu_cells):
+    job, envelope = planned_job(cpu_cells)
+    payload = signing.envelope_verify(envelope, public_key=signing.server_public_key())
+    assert payload["target"] == {"kind": "c"}
+    assert payload["shape"] == job.shape.dims
+    assert payload["toolchain"] == job.toolchain.fingerprint
