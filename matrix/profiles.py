@@ -36,7 +36,13 @@ class DenseDecoder:
             ("gemm", {"M": t, "N": self.vocab, "K": h}, 1),  # lm_head
             (
                 "attention_causal",
-                {"B": 1, "H": self.heads, "HKV": self.kv_heads, "S": t, "D": self.head_dim},
+                {
+                    "B": 1,
+                    "H": self.heads,
+                    "HKV": self.kv_heads,
+                    "S": t,
+                    "D": self.head_dim,
+                },
                 L,
             ),
             ("softmax", {"M": t, "N": self.vocab}, 1),  # sampling over the vocabulary
@@ -49,14 +55,25 @@ class MixtureOfExperts(DenseDecoder):
     experts_per_token: int = 2
 
     def calls(self, tokens: int) -> list[tuple[str, dict, float]]:
-        dense = [c for c in super().calls(tokens) if c[1].get("K") != self.intermediate
-                 and c[1].get("N") != 2 * self.intermediate]
-        # Each expert sees about tokens * top_k / experts rows.
-        rows = max(1, tokens * self.experts_per_token // self.experts)
+        dense = [
+            c
+            for c in super().calls(tokens)
+            if c[1].get("K") != self.intermediate
+            and c[1].get("N") != 2 * self.intermediate
+        ]
+        # tokens * top_k routed rows spread over the experts: with fewer rows
+        # than experts only that many experts run, one row each.
+        routed = tokens * self.experts_per_token
+        active = min(self.experts, routed)
+        rows = max(1, routed // self.experts)
         L = self.layers
         experts = [
-            ("gemm", {"M": rows, "N": 2 * self.intermediate, "K": self.hidden}, L * self.experts),
-            ("gemm", {"M": rows, "N": self.hidden, "K": self.intermediate}, L * self.experts),
+            (
+                "gemm",
+                {"M": rows, "N": 2 * self.intermediate, "K": self.hidden},
+                L * active,
+            ),
+            ("gemm", {"M": rows, "N": self.hidden, "K": self.intermediate}, L * active),
             ("gemm", {"M": tokens, "N": self.experts, "K": self.hidden}, L),  # router
             ("softmax", {"M": tokens, "N": self.experts}, L),
         ]
@@ -65,12 +82,26 @@ class MixtureOfExperts(DenseDecoder):
 
 PROFILES = {
     "llama-3-8b": DenseDecoder(
-        name="llama-3-8b", hidden=4096, intermediate=14336, heads=32, kv_heads=8,
-        head_dim=128, vocab=128256, layers=32,
+        name="llama-3-8b",
+        hidden=4096,
+        intermediate=14336,
+        heads=32,
+        kv_heads=8,
+        head_dim=128,
+        vocab=128256,
+        layers=32,
     ),
     "mixtral-8x7b": MixtureOfExperts(
-        name="mixtral-8x7b", hidden=4096, intermediate=14336, heads=32, kv_heads=8,
-        head_dim=128, vocab=32000, layers=32, experts=8, experts_per_token=2,
+        name="mixtral-8x7b",
+        hidden=4096,
+        intermediate=14336,
+        heads=32,
+        kv_heads=8,
+        head_dim=128,
+        vocab=32000,
+        layers=32,
+        experts=8,
+        experts_per_token=2,
     ),
 }
 SERVED_DTYPES = ("float16", "bfloat16")

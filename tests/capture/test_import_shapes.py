@@ -1,0 +1,215 @@
+"""`manage.py import_shapes` from a built-in profile and from a captured trace."""
+
+from __future__ import annotations
+
+import json
+import re
+from io import StringIO
+
+import pytest
+from django.core.management import CommandError, call_command
+
+from matrix import profiles
+from matrix.models import Operator, Shape
+from runners.capture import trace_module
+from tests.capture.tiny_decoder import build
+
+OPERATOR_DIMS = {
+    "elementwise_add": ["M", "N"],
+    "softmax": ["M", "N"],
+    "rmsnorm": ["M", "N"],
+    "gemm": ["M", "N", "K"],
+    "attention": ["B", "H", "HKV", "S", "D"],
+    "attention_causal": ["B", "H", "HKV", "S", "D"],
+}
+
+
+@pytest.fixture
+def operators(db):
+    # The operators the profiles and the decoder call, declared here so the
+    # tests do not depend on which kernels the library ships yet.
+    for name, dims in OPERATOR_DIMS.items():
+        Operator.objects.get_or_create(name=name, defaults={"dims": dims})
+
+
+def import_shapes(*args: str) -> str:
+    out = StringIO()
+    call_command("import_shapes", *args, stdout=out)
+    return out.getvalue()
+
+
+def shape(operator: str, dtype: str, **dims) -> Shape:
+    key = ",".join(f"{k}={v}" for k, v in dims.items())
+    return Shape.objects.get(operator__name=operator, dims_key=key, dtype=dtype)
+
+
+@pytest.fixture
+def tiny_trace(tmp_path):
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps(trace_module(build(), tokens=[1, 5], model="tiny")))
+    return path
+
+
+def test_a_profile_imports_its_served_shapes_with_calls_per_forward(operators):
+    output = import_shapes(
+        "--profile", "llama-3-8b", "--tokens", "1,16", "--dtypes", "float16"
+    )
+
+    expected = list(
+        profiles.served_shapes("llama-3-8b", tokens=[1, 16], dtypes=["float16"])
+    )
+    assert Shape.objects.served().filter(source_profile="llama-3-8b").count() == len(
+        expected
+    )
+    qkv = shape("gemm", "float16", M=16, N=6144, K=4096)
+    assert (qkv.served, qkv.weight) == (True, 32.0)
+    assert shape("rmsnorm", "float16", M=1, N=4096).weight == 65.0
+    assert (
+        shape("attention_causal", "float16", B=1, H=32, HKV=8, S=16, D=128).weight == 32
+    )
+    assert f"llama-3-8b: {len(expected)} shapes: {len(expected)} created" in output
+
+
+def test_a_second_import_of_the_same_profile_changes_nothing(operators):
+    import_shapes("--profile", "mixtral-8x7b")
+    before = list(
+        Shape.objects.values_list("operator__name", "dims_key", "dtype", "weight")
+    )
+
+    output = import_shapes("--profile", "mixtral-8x7b")
+
+    after = list(
+        Shape.objects.values_list("operator__name", "dims_key", "dtype", "weight")
+    )
+    assert after == before
+    assert (
+        f"{len(before)} shapes: 0 created, 0 updated, {len(before)} unchanged" in output
+    )
+
+
+def test_a_single_token_runs_only_its_top_k_experts(operators):
+    import_shapes("--profile", "mixtral-8x7b", "--tokens", "1", "--dtypes", "bfloat16")
+
+    # One token routed to 2 of 8 experts: 2 expert MLPs per layer, not 8.
+    assert shape("gemm", "bfloat16", M=1, N=28672, K=4096).weight == 32 * 2
+    assert shape("gemm", "bfloat16", M=1, N=8, K=4096).weight == 32  # router
+
+
+def test_a_trace_imports_its_calls_as_served_shapes(operators, tiny_trace):
+    trace = json.loads(tiny_trace.read_text())
+
+    output = import_shapes("--trace", str(tiny_trace), "--name", "tiny-decoder")
+
+    imported = Shape.objects.filter(source_profile="tiny-decoder")
+    assert imported.count() == len(trace["calls"])
+    for call in trace["calls"]:
+        s = shape(call["operator"], call["dtype"], **call["dims"])
+        assert (s.served, s.weight) == (True, call["count"])
+    assert f"tiny-decoder: {len(trace['calls'])} shapes" in output
+    assert "gemm" in output and "attention_causal" in output
+
+
+def test_a_second_import_of_the_same_trace_changes_nothing(operators, tiny_trace):
+    import_shapes("--trace", str(tiny_trace))
+    before = list(
+        Shape.objects.values_list("dims_key", "dtype", "weight", "source_profile")
+    )
+
+    output = import_shapes("--trace", str(tiny_trace))
+
+    after = list(
+        Shape.objects.values_list("dims_key", "dtype", "weight", "source_profile")
+    )
+    assert after == before
+    assert {s for *_, s in after} == {"tiny"}
+    assert "0 created, 0 updated" in output
+
+
+def test_a_shape_traced_at_several_token_counts_weighs_their_sum(operators, tmp_path):
+    gemm = {"operator": "gemm", "dims": {"M": 8, "N": 16, "K": 32}, "dtype": "float16"}
+    path = tmp_path / "trace.json"
+    calls = [{**gemm, "count": 2, "tokens": 1}, {**gemm, "count": 3, "tokens": 5}]
+    path.write_text(json.dumps({"model": "m", "calls": calls}))
+
+    import_shapes("--trace", str(path))
+
+    assert shape("gemm", "float16", M=8, N=16, K=32).weight == 5
+
+
+GOOD_CALL = {
+    "operator": "gemm",
+    "dims": {"M": 1, "N": 2, "K": 3},
+    "dtype": "float16",
+    "count": 1,
+}
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("{not json", "not JSON"),
+        (json.dumps([GOOD_CALL]), "expected an object with a 'calls' list"),
+        (json.dumps({"model": "m", "calls": []}), "no calls"),
+        (
+            json.dumps({"model": "m", "calls": [GOOD_CALL, {**GOOD_CALL, "count": 0}]}),
+            "call 2: count",
+        ),
+        (
+            json.dumps({"model": "m", "calls": [GOOD_CALL, {"operator": "gemm"}]}),
+            "call 2 lacks dims",
+        ),
+        (
+            json.dumps(
+                {
+                    "model": "m",
+                    "calls": [GOOD_CALL, {**GOOD_CALL, "operator": "conv9d"}],
+                }
+            ),
+            "row 2: unknown operator 'conv9d'",
+        ),
+        (
+            json.dumps(
+                {
+                    "model": "m",
+                    "calls": [GOOD_CALL, {**GOOD_CALL, "dims": {"M": 1, "N": 2}}],
+                }
+            ),
+            "row 2 (gemm)",
+        ),
+        (
+            json.dumps(
+                {"model": "m", "calls": [GOOD_CALL, {**GOOD_CALL, "dtype": "float64"}]}
+            ),
+            "unknown dtype 'float64'",
+        ),
+        (json.dumps({"calls": [GOOD_CALL]}), "pass --name"),
+    ],
+)
+def test_a_malformed_trace_is_refused_and_nothing_is_written(
+    operators, tmp_path, text, message
+):
+    path = tmp_path / "trace.json"
+    path.write_text(text)
+
+    with pytest.raises(CommandError, match=re.escape(message)):
+        import_shapes("--trace", str(path))
+
+    assert Shape.objects.count() == 0
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--profile", "llama-3-8b", "--tokens", "1,x"], "--tokens"),
+        (["--profile", "llama-3-8b", "--tokens", "16,16"], "positive and distinct"),
+        (["--profile", "llama-3-8b", "--dtypes", "float64"], "unknown \\['float64'\\]"),
+        (["--profile", "llama-3-8b", "--name", "x"], "--name applies to --trace"),
+        (["--trace", "t.json", "--tokens", "1"], "apply to --profile"),
+        (["--trace", "/nonexistent/t.json"], "cannot read"),
+    ],
+)
+def test_it_refuses_options_that_do_not_fit(operators, args, message):
+    with pytest.raises(CommandError, match=message):
+        import_shapes(*args)
+
+    assert Shape.objects.count() == 0
