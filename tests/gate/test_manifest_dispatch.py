@@ -1,0 +1,158 @@
+"""From approval to production dispatch: the manifest over HTTP and from the
+command, read by runners.dispatch without Django."""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from django.core.management import call_command
+
+from matrix.gate.services import proposal_approve, proposal_open
+from matrix.models import Status
+from runners.dispatch import Dispatcher
+
+CPU = "x86-64 CPU · c"
+
+
+@pytest.fixture
+def approved(world):
+    world.green(world.old)
+    world.record("softmax", world.cpu, world.new, Status.PASS)
+    world.record("gemm", world.cpu, world.new, Status.PASS)
+    # Validated, but not green: the manifest must route it to the reference.
+    world.record("unserved", world.cpu, world.old, Status.COMPILE_ERROR)
+    world.record("unserved", world.cpu, world.new, Status.MISMATCH)
+    proposal = proposal_open(
+        baseline=world.old,
+        candidate=world.new,
+        device_types=[world.cpu],
+        by=world.owner,
+    )
+    proposal_approve(proposal=proposal, by=world.reviewers[0], comment="clean")
+    proposal_approve(proposal=proposal, by=world.reviewers[1], comment="agreed")
+    return proposal
+
+
+def test_the_api_serves_the_approved_table(client, world, approved):
+    response = client.get("/api/v1/manifest", {"toolchain": "tilelang-0.1.15"})
+    assert response.status_code == 200
+    body = response.json()
+    assert body["toolchain"]["fingerprint"] == world.new.fingerprint
+    table = {
+        (e["operator"], e["dtype"], e["device_type"], json.dumps(e["shape_rule"])): (
+            e["choice"],
+            e["kernel_sha256"],
+        )
+        for e in body["entries"]
+    }
+    softmax_sha = world.shapes["softmax"].operator.current_revision.source_sha256
+    assert table == {
+        ("gemm", "float32", CPU, '{"dims": {"M": 64, "N": 64, "K": 64}}'): (
+            "tilelang",
+            world.shapes["gemm"].operator.current_revision.source_sha256,
+        ),
+        ("softmax", "float32", CPU, '{"dims": {"M": 64, "N": 256}}'): (
+            "tilelang",
+            softmax_sha,
+        ),
+        ("softmax", "float32", CPU, '{"dims": {"M": 7, "N": 33}}'): (
+            "reference",
+            softmax_sha,
+        ),
+    }
+
+
+def test_an_unapproved_toolchain_has_an_empty_table(client, world, approved):
+    body = client.get("/api/v1/manifest", {"toolchain": world.old.fingerprint}).json()
+    assert body["entries"] == []
+    assert client.get("/api/v1/manifest", {"toolchain": "nope"}).status_code == 404
+
+
+def test_dispatch_uses_tilelang_only_where_validated(world, approved, tmp_path, caplog):
+    out = tmp_path / "manifest.json"
+    call_command("export_manifest", "--toolchain", "tilelang-0.1.15", "--out", str(out))
+    dispatcher = Dispatcher.from_file(
+        out, device_type=CPU, toolchain_fingerprint=world.new.fingerprint
+    )
+
+    class Tensor:
+        shape = (64, 256)
+
+    calls = []
+
+    def run(shape, dtype="float32"):
+        return dispatcher.call(
+            "softmax",
+            shape,
+            dtype,
+            tilelang=lambda x: calls.append("tilelang"),
+            reference=lambda x: calls.append("reference"),
+            args=(Tensor(),),
+        )
+
+    caplog.set_level(logging.INFO, logger="tilematrix.dispatch")
+    run({"M": 64, "N": 256})
+    run({"N": 256, "M": 64})
+    assert calls == ["tilelang", "tilelang"]
+    assert caplog.records == []
+
+    run({"M": 128, "N": 256})
+    run({"M": 7, "N": 33})
+    run({"M": 64, "N": 256}, dtype="float16")
+    assert calls[2:] == ["reference"] * 3
+    messages = [r.getMessage() for r in caplog.records]
+    assert messages[0] == (
+        "reference fallback for softmax float32 dims={'M': 128, 'N': 256} "
+        "arg_shapes=[(64, 256)] on x86-64 CPU · c: softmax float32 shape "
+        "{'M': 128, 'N': 256} has no approved entry for x86-64 CPU · c"
+    )
+    assert messages[1].endswith(": mismatch on tilelang-0.1.15")
+    assert "no approved entry" in messages[2]
+
+
+def test_dispatch_falls_back_on_another_device_or_toolchain(world, approved, tmp_path):
+    out = tmp_path / "manifest.json"
+    call_command("export_manifest", "--toolchain", "tilelang-0.1.15", "--out", str(out))
+    dims = {"M": 64, "N": 256}
+    h200 = Dispatcher.from_file(
+        out,
+        device_type="NVIDIA H200 · sm_90a · cuda",
+        toolchain_fingerprint=world.new.fingerprint,
+    )
+    decision = h200.decide("softmax", dims, "float32")
+    assert (decision.choice, decision.reason) == (
+        "reference",
+        "device type 'NVIDIA H200 · sm_90a · cuda' was never validated",
+    )
+    old = Dispatcher.from_file(
+        out, device_type=CPU, toolchain_fingerprint=world.old.fingerprint
+    )
+    decision = old.decide("softmax", dims, "float32")
+    assert decision.choice == "reference"
+    assert decision.reason == (
+        f"toolchain {world.old.fingerprint[:12]} is not the one validated "
+        f"(tilelang-0.1.15 {world.new.fingerprint[:12]})"
+    )
+
+
+def test_dispatch_imports_without_django(world, approved, tmp_path):
+    out = tmp_path / "manifest.json"
+    call_command("export_manifest", "--toolchain", "tilelang-0.1.15", "--out", str(out))
+    script = (
+        "import sys, runners.dispatch as d\n"
+        "assert not any(m == 'django' or m.startswith('django.') for m in sys.modules)\n"
+        f"x = d.Dispatcher.from_file({str(out)!r}, device_type={CPU!r},"
+        f" toolchain_fingerprint={world.new.fingerprint!r})\n"
+        "print(x.decide('gemm', {'M': 64, 'N': 64, 'K': 64}, 'float32').choice)\n"
+    )
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=root, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "tilelang"
