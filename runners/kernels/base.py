@@ -11,8 +11,9 @@ NaN) so an unwritten output can never look right.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 BACKENDS = ("cuda", "hip", "metal", "c", "npu")
 DTYPES = ("float16", "bfloat16", "float32")

@@ -10,7 +10,7 @@ Metal has no ``T.reduce_*`` lowering in TileLang 0.1.15: one row per thread.
 
 from __future__ import annotations
 
-from .base import Operator, Tolerance, TensorSpec
+from .base import Operator, TensorSpec, Tolerance
 from .common import (
     CPU_DTYPES,
     GPU_DTYPES,

@@ -1,0 +1,289 @@
+"""attention: non-causal scaled dot-product attention with grouped KV heads.
+
+Layout: q and out are [B, H, S, D]; k and v are [B, HKV, S, D]. Query head h
+reads KV head h // (H // HKV), so HKV < H is grouped-query attention and
+HKV == H is plain multi-head attention. Scale 1 / sqrt(D).
+
+GPU: flash-style. One block owns ``block_m`` query rows of one (batch, head)
+and streams KV in ``block_n`` blocks through a ``T.Pipelined`` loop: scores
+by ``T.gemm`` into a float32 fragment, an online softmax (running max and
+sum, rescaling the output accumulator when the max grows), probabilities
+cast to the input dtype for the second ``T.gemm``. Keys past S enter as
+-inf, query rows past S are never stored. Causal attention (see
+``attention_causal``) also stops the KV loop at the block's diagonal.
+
+CPU (``c``): one query row per program, scores in a local buffer, float32.
+Metal: no kernel, since TileLang 0.1.15 cannot lower ``T.reduce_*`` there.
+"""
+
+from __future__ import annotations
+
+from .base import Operator, TensorSpec, Tolerance
+from .common import CPU_DTYPES, HALF_DTYPES, LOG2E, element_size, language
+
+DIMS = ("B", "H", "HKV", "S", "D")
+CPU_MAX_SEQ = 8192  # the c kernel keeps one row of scores on the stack
+
+
+def tile_config(shape: dict, target: dict) -> dict:
+    S, D = shape["S"], shape["D"]
+    if target["kind"] == "hip":
+        return dict(block_m=128, block_n=64, stages=1, threads=256)
+    if S <= 64:
+        return dict(block_m=64, block_n=64, stages=1, threads=128)
+    if D > 128:
+        return dict(block_m=128, block_n=64, stages=2, threads=256)
+    return dict(block_m=128, block_n=128, stages=2, threads=256)
+
+
+def gpu_builder(causal: bool):
+    def build(shape: dict, dtype: str, target: dict):
+        T = language(target)
+        B, H, HKV, S, D = (shape[d] for d in DIMS)
+        cfg = tile_config(shape, target)
+        block_m, block_n = cfg["block_m"], cfg["block_n"]
+        stages, threads = cfg["stages"], cfg["threads"]
+        scale = D**-0.5 * LOG2E  # softmax in base 2: exp2 is one instruction
+        ragged_kv = S % block_n != 0
+
+        @T.prim_func
+        def attention(
+            Q: T.Tensor((B, H, S, D), dtype),
+            K: T.Tensor((B, HKV, S, D), dtype),
+            V: T.Tensor((B, HKV, S, D), dtype),
+            Out: T.Tensor((B, H, S, D), dtype),
+        ):
+            with T.Kernel(T.ceildiv(S, block_m), H, B, threads=threads) as (
+                bx,
+                head,
+                batch,
+            ):
+                q_tile = T.alloc_shared((block_m, D), dtype)
+                k_tile = T.alloc_shared((block_n, D), dtype)
+                v_tile = T.alloc_shared((block_n, D), dtype)
+                out_tile = T.alloc_shared((block_m, D), dtype)
+                scores = T.alloc_fragment((block_m, block_n), "float32")
+                probs = T.alloc_fragment((block_m, block_n), dtype)
+                acc = T.alloc_fragment((block_m, D), "float32")
+                row_max = T.alloc_fragment((block_m,), "float32")
+                prev_max = T.alloc_fragment((block_m,), "float32")
+                rescale = T.alloc_fragment((block_m,), "float32")
+                block_sum = T.alloc_fragment((block_m,), "float32")
+                row_sum = T.alloc_fragment((block_m,), "float32")
+
+                # head * HKV // H is head // (H // HKV), the query group's KV
+                # head, spelled with HKV because TileLang resolves the string
+                # annotations against the names the body uses.
+                T.copy(Q[batch, head, bx * block_m, 0], q_tile)
+                T.fill(acc, 0)
+                T.fill(row_sum, 0)
+                T.fill(row_max, -T.infinity("float32"))
+                kv_blocks = (
+                    T.min(T.ceildiv(S, block_n), T.ceildiv((bx + 1) * block_m, block_n))
+                    if causal
+                    else T.ceildiv(S, block_n)
+                )
+                for kb in T.Pipelined(kv_blocks, num_stages=stages):
+                    T.copy(K[batch, head * HKV // H, kb * block_n, 0], k_tile)
+                    # The score gemm accumulates onto this: 0 keeps a score,
+                    # -inf masks it.
+                    if causal:
+                        for i, j in T.Parallel(block_m, block_n):
+                            scores[i, j] = T.if_then_else(
+                                bx * block_m + i >= kb * block_n + j,
+                                0,
+                                -T.infinity("float32"),
+                            )
+                    elif ragged_kv:
+                        for i, j in T.Parallel(block_m, block_n):
+                            scores[i, j] = T.if_then_else(
+                                kb * block_n + j < S, 0, -T.infinity("float32")
+                            )
+                    else:
+                        T.clear(scores)
+                    T.gemm(
+                        q_tile,
+                        k_tile,
+                        scores,
+                        transpose_B=True,
+                        policy=T.GemmWarpPolicy.FullRow,
+                    )
+                    T.copy(row_max, prev_max)
+                    T.reduce_max(scores, row_max, dim=1, clear=False)
+                    for i in T.Parallel(block_m):
+                        rescale[i] = T.exp2((prev_max[i] - row_max[i]) * scale)
+                    for i, j in T.Parallel(block_m, block_n):
+                        scores[i, j] = T.exp2((scores[i, j] - row_max[i]) * scale)
+                    T.reduce_sum(scores, block_sum, dim=1)
+                    for i in T.Parallel(block_m):
+                        row_sum[i] = row_sum[i] * rescale[i] + block_sum[i]
+                    T.copy(scores, probs)
+                    for i, j in T.Parallel(block_m, D):
+                        acc[i, j] *= rescale[i]
+                    T.copy(V[batch, head * HKV // H, kb * block_n, 0], v_tile)
+                    T.gemm(probs, v_tile, acc, policy=T.GemmWarpPolicy.FullRow)
+                for i, j in T.Parallel(block_m, D):
+                    acc[i, j] /= row_sum[i]
+                T.copy(acc, out_tile)
+                T.copy(out_tile, Out[batch, head, bx * block_m, 0])
+
+        return attention
+
+    return build
+
+
+def c_builder(causal: bool):
+    def build(shape: dict, dtype: str, target: dict):
+        T = language(target)
+        B, H, HKV, S, D = (shape[d] for d in DIMS)
+        scale = D**-0.5
+
+        @T.prim_func
+        def attention(
+            Q: T.Tensor((B, H, S, D), dtype),
+            K: T.Tensor((B, HKV, S, D), dtype),
+            V: T.Tensor((B, HKV, S, D), dtype),
+            Out: T.Tensor((B, H, S, D), dtype),
+        ):
+            with T.Kernel(S, H, B) as (row, head, batch):
+                scores = T.alloc_local((S,), "float32")
+                stats = T.alloc_local((2,), "float32")  # max, then sum
+                kv = head * HKV // H  # = head // (H // HKV)
+                kv_len = row + 1 if causal else S
+                stats[0] = -T.infinity("float32")
+                for j in T.serial(kv_len):
+                    scores[j] = 0.0
+                    for d in T.serial(D):
+                        scores[j] += Q[batch, head, row, d] * K[batch, kv, j, d]
+                    scores[j] = scores[j] * scale
+                    stats[0] = T.max(stats[0], scores[j])
+                stats[1] = 0.0
+                for j in T.serial(kv_len):
+                    scores[j] = T.exp(scores[j] - stats[0])
+                    stats[1] += scores[j]
+                for d in T.serial(D):
+                    Out[batch, head, row, d] = T.cast(0.0, dtype)
+                    for j in T.serial(kv_len):
+                        Out[batch, head, row, d] += scores[j] * V[batch, kv, j, d]
+                    Out[batch, head, row, d] = Out[batch, head, row, d] / stats[1]
+
+        return attention
+
+    return build
+
+
+def _refuse(shape: dict, dtype: str, target: dict) -> str | None:
+    if shape["H"] % shape["HKV"]:
+        return "attention needs H to be a multiple of HKV (whole query groups)"
+    if target["kind"] == "c":
+        if shape["S"] > CPU_MAX_SEQ:
+            return (
+                f"attention on c keeps a row of scores on the stack: S <= {CPU_MAX_SEQ}"
+            )
+        return None
+    if shape["D"] % 16 or shape["D"] > 256:
+        return (
+            "attention on GPUs needs head dim D a multiple of 16 and at most 256 "
+            "(tensor-core k-dim and the shared-memory budget)"
+        )
+    return None
+
+
+def _inputs(shape: dict, dtype: str) -> list[TensorSpec]:
+    B, H, HKV, S, D = (shape[d] for d in DIMS)
+    # Queries scaled by 2: scores spread over a few units, so softmax is
+    # neither flat nor one-hot.
+    return [
+        TensorSpec("q", (B, H, S, D), dtype, scale=2.0),
+        TensorSpec("k", (B, HKV, S, D), dtype),
+        TensorSpec("v", (B, HKV, S, D), dtype),
+    ]
+
+
+def _outputs(shape: dict, dtype: str) -> list[TensorSpec]:
+    B, H, _, S, D = (shape[d] for d in DIMS)
+    return [TensorSpec("out", (B, H, S, D), dtype)]
+
+
+def reference_for(causal: bool):
+    def reference(q, k, v):
+        import torch
+
+        group = q.shape[1] // k.shape[1]
+        k = k.repeat_interleave(group, dim=1)
+        v = v.repeat_interleave(group, dim=1)
+        scores = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5
+        if causal:
+            S = q.shape[2]
+            keep = torch.ones(S, S, dtype=torch.bool, device=q.device).tril()
+            scores = scores.masked_fill(~keep, float("-inf"))
+        return [torch.softmax(scores, dim=-1) @ v]
+
+    return reference
+
+
+def _flops(shape: dict, causal: bool) -> int:
+    B, H, _, S, D = (shape[d] for d in DIMS)
+    pairs = S * (S + 1) // 2 if causal else S * S
+    return 4 * B * H * pairs * D
+
+
+def _bytes(shape: dict, dtype: str) -> int:
+    B, H, HKV, S, D = (shape[d] for d in DIMS)
+    return (2 * B * H * S * D + 2 * B * HKV * S * D) * element_size(dtype)
+
+
+# The probabilities are rounded to the input dtype before the P @ V gemm, so
+# each output element carries that rounding (averaged over the keys) on top
+# of its own: about twice the output-only bound.
+TOLERANCES = {
+    "float16": Tolerance(
+        rel_err=2e-3,
+        atol=2e-3,
+        rtol=1e-2,
+        max_mismatch_ratio=1e-3,
+        reason="float32 softmax and accumulation; probabilities and output "
+        "rounded to fp16 (2^-11 each)",
+    ),
+    "bfloat16": Tolerance(
+        rel_err=1.6e-2,
+        atol=1.6e-2,
+        rtol=5e-2,
+        max_mismatch_ratio=1e-3,
+        reason="float32 softmax and accumulation; probabilities and output "
+        "rounded to bf16 (2^-8 each)",
+    ),
+    "float32": Tolerance(
+        rel_err=1e-5,
+        atol=1e-5,
+        rtol=1e-4,
+        max_mismatch_ratio=0.0,
+        reason="float32 end to end; libm exp and summation order differ",
+    ),
+}
+
+
+def make_operator(causal: bool) -> Operator:
+    kind = "causal" if causal else "non-causal"
+    return Operator(
+        name="attention_causal" if causal else "attention",
+        dims=DIMS,
+        dtypes={"cuda": HALF_DTYPES, "hip": HALF_DTYPES, "c": CPU_DTYPES},
+        builders={
+            "cuda": gpu_builder(causal),
+            "hip": gpu_builder(causal),
+            "c": c_builder(causal),
+        },
+        inputs=_inputs,
+        outputs=_outputs,
+        reference=reference_for(causal),
+        flops=lambda s: _flops(s, causal),
+        bytes_moved=_bytes,
+        tolerances=TOLERANCES,
+        refuse=_refuse,
+        description=f"{kind} SDPA, q/out [B,H,S,D], k/v [B,HKV,S,D], GQA when HKV<H",
+        default_shape={"B": 1, "H": 32, "HKV": 8, "S": 4096, "D": 128},
+    )
+
+
+OPERATOR = make_operator(causal=False)
