@@ -5,7 +5,7 @@ a 5xx."""
 from __future__ import annotations
 
 from django.core.exceptions import PermissionDenied, ValidationError
-from ninja import Body, Router, Schema
+from ninja import Body, Router, Schema, Status
 
 from runners import services, signing
 
@@ -56,11 +56,11 @@ class UploadReply(Schema):
     refused: list[Refusal]
 
 
-def _problem(exc: Exception) -> tuple[int, dict]:
+def _problem(exc: Exception) -> Status:
     if isinstance(exc, PermissionDenied):
-        return 403, {"detail": str(exc)}
-    status = 409 if isinstance(exc, services.Conflict) else 400
-    return status, {"detail": "; ".join(exc.messages)}
+        return Status(403, {"detail": str(exc)})
+    code = 409 if isinstance(exc, services.Conflict) else 400
+    return Status(code, {"detail": "; ".join(exc.messages)})
 
 
 @router.post(
@@ -80,22 +80,25 @@ def register(request, body: Registration):
     except (PermissionDenied, ValidationError) as exc:
         return _problem(exc)
     hosted = runner.runnertoolchain_set.select_related("toolchain")
-    return 201, {
-        "id": runner.pk,
-        "name": runner.name,
-        "queues": runner.queues(),
-        "server_public_key": signing.server_public_key(),
-        "heartbeat_s": services.heartbeat_interval_s(),
-        "toolchains": [
-            {
-                "id": h.toolchain.pk,
-                "name": h.toolchain.name,
-                "fingerprint": h.toolchain.fingerprint,
-                "interpreter": h.interpreter,
-            }
-            for h in hosted
-        ],
-    }
+    return Status(
+        201,
+        {
+            "id": runner.pk,
+            "name": runner.name,
+            "queues": runner.queues(),
+            "server_public_key": signing.server_public_key(),
+            "heartbeat_s": services.heartbeat_interval_s(),
+            "toolchains": [
+                {
+                    "id": h.toolchain.pk,
+                    "name": h.toolchain.name,
+                    "fingerprint": h.toolchain.fingerprint,
+                    "interpreter": h.interpreter,
+                }
+                for h in hosted
+            ],
+        },
+    )
 
 
 @router.post(
@@ -109,7 +112,9 @@ def heartbeat(request, envelope: Body[dict]):
         runner = services.runner_heartbeat(envelope=envelope)
     except (PermissionDenied, ValidationError) as exc:
         return _problem(exc)
-    return 200, {"name": runner.name, "state": runner.state, "health": runner.health}
+    return Status(
+        200, {"name": runner.name, "state": runner.state, "health": runner.health}
+    )
 
 
 @router.post(
@@ -123,9 +128,13 @@ def results_upload(request, bundle: Body[dict]):
     judged alone; when none is accepted the first refusal is the answer."""
     envelopes = bundle.get("results")
     if not isinstance(envelopes, list) or not envelopes:
-        return 400, {"detail": 'expected {"results": [signed result envelope, ...]}'}
+        return Status(
+            400, {"detail": 'expected {"results": [signed result envelope, ...]}'}
+        )
     if len(envelopes) > 10_000:
-        return 400, {"detail": "at most 10000 results per upload; split the bundle"}
+        return Status(
+            400, {"detail": "at most 10000 results per upload; split the bundle"}
+        )
     outcomes = services.results_ingest(envelopes=envelopes)
     refused = [
         {"index": i, "reason": o.reason}
@@ -134,9 +143,12 @@ def results_upload(request, bundle: Body[dict]):
     ]
     if len(refused) == len(outcomes):
         first = next(o for o in outcomes if o.status == "refused")
-        return first.code, {"detail": first.reason}
-    return 200, {
-        "stored": sum(o.status == "stored" for o in outcomes),
-        "duplicate": sum(o.status == "duplicate" for o in outcomes),
-        "refused": refused,
-    }
+        return Status(first.code, {"detail": first.reason})
+    return Status(
+        200,
+        {
+            "stored": sum(o.status == "stored" for o in outcomes),
+            "duplicate": sum(o.status == "duplicate" for o in outcomes),
+            "refused": refused,
+        },
+    )
