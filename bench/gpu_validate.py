@@ -1,0 +1,348 @@
+"""Validate and time every library operator on one CUDA GPU.
+
+For each operator over default, served (Llama-3-8B class) and edge shapes,
+in every dtype its cuda kernel declares: compile (in parallel), run once on
+NaN-poisoned outputs, compare with the float64 reference, then time the
+TileLang kernel and the PyTorch production path in the same process (CUDA
+events, median, input sets rotated past L2). The device-to-device copy
+bandwidth is measured in the same run so memory-bound operators can be
+judged against it. Prints a table; writes JSON to ``--out``.
+
+Needs no Django; imports the kernel library from the repo root.
+
+    python bench/gpu_validate.py [--quick] [--out PATH] [--ops gemm,softmax]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+import traceback
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from runners.kernels import OPERATORS  # noqa: E402
+from runners.kernels.base import Unsupported  # noqa: E402
+
+TARGET = {"kind": "cuda", "arch": "sm_90a"}
+L2_BYTES = 60 * 2**20
+TOKENS = (1, 16, 512, 4096)
+HIDDEN, INTERMEDIATE, VOCAB = 4096, 14336, 128256
+HEADS, KV_HEADS, HEAD_DIM = 32, 8, 128
+MEMORY_BOUND = ("elementwise_add", "row_sum", "softmax", "rmsnorm")
+
+
+def served_shapes(quick: bool) -> dict[str, list[tuple[str, dict]]]:
+    """(kind, shape) per operator: kind is default, served or edge."""
+    tokens = (1, 4096) if quick else TOKENS
+    shapes: dict[str, list[tuple[str, dict]]] = {}
+    for name in MEMORY_BOUND:
+        rows = [("served", {"M": t, "N": HIDDEN}) for t in tokens]
+        rows += [
+            ("default", OPERATORS[name].default_shape),
+            ("edge", {"M": 1, "N": 1}),
+            ("edge", {"M": 37, "N": 1001}),
+        ]
+        shapes[name] = rows
+    shapes["elementwise_add"].append(("served", {"M": 4096, "N": INTERMEDIATE}))
+    shapes["softmax"] += [("served", {"M": t, "N": VOCAB}) for t in tokens[:3]]
+    shapes["row_sum"].append(("edge", {"M": 3, "N": VOCAB}))
+    projections = [
+        (3 * HIDDEN // 2, HIDDEN),  # fused q, k, v (32 + 2 * 8 heads of 128)
+        (HIDDEN, HIDDEN),  # attention output
+        (2 * INTERMEDIATE, HIDDEN),  # fused gate and up
+        (HIDDEN, INTERMEDIATE),  # down
+        (VOCAB, HIDDEN),  # lm head
+    ]
+    if quick:
+        projections = projections[2:4]
+    shapes["gemm"] = [
+        ("served", {"M": t, "N": n, "K": k}) for t in tokens for n, k in projections
+    ]
+    shapes["gemm"] += [
+        ("default", {"M": 4096, "N": 4096, "K": 4096}),
+        ("default", {"M": 8192, "N": 8192, "K": 8192}),
+        ("edge", {"M": 1, "N": 1, "K": 1}),
+        ("edge", {"M": 77, "N": 1003, "K": 1001}),
+        ("edge", {"M": 1000, "N": 1000, "K": 1000}),
+    ]
+    seqs = (512, 4096) if not quick else (4096,)
+    for name in ("attention", "attention_causal"):
+        shapes[name] = [
+            ("served", dict(B=1, H=HEADS, HKV=KV_HEADS, S=s, D=HEAD_DIM)) for s in seqs
+        ]
+        shapes[name] += [
+            ("default", dict(B=4, H=HEADS, HKV=KV_HEADS, S=4096, D=HEAD_DIM)),
+            ("edge", dict(B=2, H=4, HKV=2, S=77, D=64)),
+            ("edge", dict(B=1, H=2, HKV=2, S=1, D=128)),
+        ]
+    return shapes
+
+
+def torch_baseline(name: str):
+    """The PyTorch call production would make instead of the kernel."""
+    import torch
+    import torch.nn.functional as F
+
+    def attention(causal):
+        def run(q, k, v):
+            return F.scaled_dot_product_attention(
+                q, k, v, is_causal=causal, enable_gqa=k.shape[1] != q.shape[1]
+            )
+
+        return run
+
+    return {
+        "elementwise_add": lambda a, b: a + b,
+        "row_sum": lambda a: a.sum(dim=1),
+        "softmax": lambda x: torch.softmax(x, dim=-1),
+        "rmsnorm": lambda x, w: F.rms_norm(x, (x.shape[-1],), w, eps=1e-6),
+        "gemm": lambda a, b: a @ b,
+        "attention": attention(False),
+        "attention_causal": attention(True),
+    }[name]
+
+
+def time_gpu(fn, input_sets, min_reps=10, max_reps=200, budget_s=0.25) -> float:
+    """Median milliseconds of ``fn(*inputs)``, rotating through input sets
+    so each call reads inputs that are not in L2."""
+    import torch
+
+    for inputs in input_sets[:3]:
+        fn(*inputs)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for i in range(3):
+        fn(*input_sets[i % len(input_sets)])
+    torch.cuda.synchronize()
+    estimate = (time.perf_counter() - t0) / 3
+    reps = max(min_reps, min(max_reps, int(budget_s / max(estimate, 1e-6))))
+    events = [
+        (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+        for _ in range(reps)
+    ]
+    for i, (start, end) in enumerate(events):
+        inputs = input_sets[i % len(input_sets)]
+        start.record()
+        fn(*inputs)
+        end.record()
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) for s, e in events)
+
+
+def copy_bandwidth_gbs() -> float:
+    """Device-to-device copy bandwidth (read + write bytes per second)."""
+    import torch
+
+    n = 2**30
+    src = torch.empty(n, dtype=torch.uint8, device="cuda").random_(0, 255)
+    dst = torch.empty_like(src)
+    ms = time_gpu(dst.copy_, [(src,)], min_reps=20, max_reps=50)
+    return 2 * n / (ms * 1e-3) / 1e9
+
+
+def compare(out, ref, tol) -> dict:
+    import torch
+
+    out64 = out.double()
+    diff = (out64 - ref).abs()
+    finite = bool(torch.isfinite(out64).all())
+    ref_norm = ref.norm().item()
+    rel = (out64 - ref).norm().item() / ref_norm if ref_norm else float("inf")
+    mismatch = (diff > tol.atol + tol.rtol * ref.abs()) | ~torch.isfinite(out64)
+    ratio = mismatch.double().mean().item()
+    all_zero = bool((out64 == 0).all())
+    ok = (
+        finite
+        and not all_zero
+        and rel <= tol.rel_err
+        and ratio <= tol.max_mismatch_ratio
+    )
+    return {
+        "pass": ok,
+        "rel_err": rel if finite else None,
+        "max_abs": diff.max().item() if finite else None,
+        "mismatch_ratio": ratio,
+        "nan_or_inf": not finite,
+        "all_zero": all_zero,
+    }
+
+
+def make_cells(quick: bool, ops: list[str]) -> list[dict]:
+    cells = []
+    for name, shapes in served_shapes(quick).items():
+        if ops and name not in ops:
+            continue
+        op = OPERATORS[name]
+        for kind, shape in shapes:
+            for dtype in op.dtypes["cuda"]:
+                if quick and dtype == "float32" and kind != "default":
+                    continue
+                cells.append({"op": name, "kind": kind, "shape": shape, "dtype": dtype})
+    return cells
+
+
+def compile_cells(cells: list[dict], workers: int) -> None:
+    """Build and compile every cell, threads in parallel: TileLang's lowering
+    releases the GIL and nvcc runs as a subprocess."""
+    import tilelang
+
+    def work(cell):
+        op = OPERATORS[cell["op"]]
+        t0 = time.perf_counter()
+        try:
+            program = op.program(cell["shape"], cell["dtype"], TARGET)
+            cell["kernel"] = tilelang.compile(program, target=TARGET)
+            cell["status"] = "built"
+        except Unsupported as exc:
+            cell["status"], cell["error"] = "unsupported", str(exc)
+        except Exception as exc:  # a compile error is this cell's answer
+            cell["status"] = "compile_error"
+            cell["error"] = f"{type(exc).__name__}: {exc}"[-2000:]
+        cell["compile_s"] = round(time.perf_counter() - t0, 2)
+
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        list(pool.map(work, cells))
+
+
+def run_cell(cell: dict, copy_gbs: float) -> None:
+    import torch
+
+    op = OPERATORS[cell["op"]]
+    shape, dtype = cell["shape"], cell["dtype"]
+    kernel = cell.pop("kernel")
+    inputs = op.make_inputs(shape, dtype, seed=0, device="cuda")
+    outputs = [
+        torch.full(s.shape, float("nan"), dtype=getattr(torch, s.dtype), device="cuda")
+        for s in op.outputs(shape, dtype)
+    ]
+    try:
+        kernel(*inputs, *outputs)
+        torch.cuda.synchronize()
+    except Exception as exc:
+        cell["status"] = "runtime_error"
+        cell["error"] = f"{type(exc).__name__}: {exc}"[-2000:]
+        return
+    refs = op.reference(*[x.double() for x in inputs])
+    results = [
+        compare(o, r, op.tolerances[dtype]) for o, r in zip(outputs, refs, strict=True)
+    ]
+    cell["compare"] = results
+    cell["status"] = "pass" if all(r["pass"] for r in results) else "mismatch"
+    del refs
+
+    input_bytes = sum(x.numel() * x.element_size() for x in inputs)
+    sets = max(1, min(32, math.ceil(2 * L2_BYTES / input_bytes)))
+    input_sets = [inputs] + [
+        op.make_inputs(shape, dtype, seed=i, device="cuda") for i in range(1, sets)
+    ]
+    cell["tl_ms"] = time_gpu(lambda *x: kernel(*x, *outputs), input_sets)
+    cell["torch_ms"] = time_gpu(torch_baseline(cell["op"]), input_sets)
+    cell["speedup"] = cell["torch_ms"] / cell["tl_ms"]
+    cell["tflops"] = op.flops(shape) / (cell["tl_ms"] * 1e-3) / 1e12
+    cell["gbs"] = op.bytes_moved(shape, dtype) / (cell["tl_ms"] * 1e-3) / 1e9
+    cell["copy_fraction"] = cell["gbs"] / copy_gbs
+
+
+def fmt(value, spec):
+    return format(value, spec) if isinstance(value, (int, float)) else "-"
+
+
+def print_table(cells: list[dict], copy_gbs: float) -> None:
+    print(f"\ndevice-to-device copy: {copy_gbs:.0f} GB/s")
+    head = (
+        f"{'op':<17} {'shape':<34} {'dtype':<9} {'status':<13} {'rel_err':>8} "
+        f"{'tl ms':>9} {'torch ms':>9} {'ratio':>6} {'rate':>16}"
+    )
+    print(head)
+    print("-" * len(head))
+    for c in cells:
+        shape = ",".join(f"{k}={v}" for k, v in c["shape"].items())
+        err = c.get("compare", [{}])[0].get("rel_err")
+        if c["op"] in MEMORY_BOUND:
+            rate = (
+                f"{fmt(c.get('gbs'), '.0f')} GB/s {fmt(c.get('copy_fraction'), '.0%')}"
+            )
+        else:
+            rate = f"{fmt(c.get('tflops'), '.1f')} TFLOP/s"
+        print(
+            f"{c['op']:<17} {shape:<34} {c['dtype']:<9} {c['status']:<13} "
+            f"{fmt(err, '.1e'):>8} {fmt(c.get('tl_ms'), '.4f'):>9} "
+            f"{fmt(c.get('torch_ms'), '.4f'):>9} {fmt(c.get('speedup'), '.2f'):>6} "
+            f"{rate:>16}"
+        )
+
+
+def environment() -> dict:
+    import tilelang
+    import torch
+
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "torch_cuda": torch.version.cuda,
+        "tilelang": getattr(tilelang, "__version__", "unknown"),
+        "gpu": torch.cuda.get_device_name(),
+        "capability": ".".join(map(str, torch.cuda.get_device_capability())),
+        "target": TARGET,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--out",
+        default=os.path.join(os.environ.get("OUT", "."), "gpu_validate.json"),
+        help="JSON output path (default: $OUT/gpu_validate.json)",
+    )
+    parser.add_argument("--quick", action="store_true", help="fewer shapes")
+    parser.add_argument("--ops", default="", help="comma-separated operator names")
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 4)
+    args = parser.parse_args(argv)
+
+    import torch
+
+    if not torch.cuda.is_available():
+        print("no CUDA device", file=sys.stderr)
+        return 2
+    started = time.perf_counter()
+    ops = [o for o in args.ops.split(",") if o]
+    cells = make_cells(args.quick, ops)
+    print(f"{len(cells)} cells; compiling with {args.workers} workers", flush=True)
+    compile_cells(cells, args.workers)
+    compile_s = time.perf_counter() - started
+    print(f"compiled in {compile_s:.0f} s", flush=True)
+    copy_gbs = copy_bandwidth_gbs()
+    for cell in cells:
+        if cell["status"] != "built":
+            continue
+        try:
+            run_cell(cell, copy_gbs)
+        except Exception:
+            cell["status"] = "runtime_error"
+            cell["error"] = traceback.format_exc()[-2000:]
+        torch.cuda.empty_cache()
+    report = {
+        "environment": environment(),
+        "copy_gbs": copy_gbs,
+        "compile_s": compile_s,
+        "total_s": time.perf_counter() - started,
+        "cells": [{k: v for k, v in c.items() if k != "kernel"} for c in cells],
+    }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(report, indent=1, default=str))
+    print_table(cells, copy_gbs)
+    print(f"\nwrote {args.out}; total {report['total_s']:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
