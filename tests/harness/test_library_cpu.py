@@ -1,0 +1,98 @@
+"""Every operator with a CPU (target c) kernel passes through the sandboxed
+harness, on regular and ragged shapes, in one trusted batch."""
+
+from __future__ import annotations
+
+import pytest
+
+from runners import kernels
+from runners.harness.sandbox import run_batch
+from tests.harness.helpers import library_job
+
+# Regular, size 1, not a multiple of any block, not a power of two.
+SHAPES = {
+    ("M", "N"): [
+        {"M": 64, "N": 128},
+        {"M": 1, "N": 1},
+        {"M": 37, "N": 100},
+        {"M": 3, "N": 1000},
+    ],
+    ("M", "N", "K"): [
+        {"M": 64, "N": 64, "K": 64},
+        {"M": 1, "N": 1, "K": 1},
+        {"M": 33, "N": 47, "K": 19},
+        {"M": 1, "N": 100, "K": 65},
+    ],
+    ("B", "H", "HKV", "S", "D"): [
+        {"B": 1, "H": 4, "HKV": 2, "S": 16, "D": 8},
+        {"B": 1, "H": 1, "HKV": 1, "S": 1, "D": 1},
+        {"B": 2, "H": 3, "HKV": 1, "S": 13, "D": 5},
+        {"B": 1, "H": 6, "HKV": 3, "S": 37, "D": 24},
+    ],
+}
+CPU_OPERATORS = sorted(
+    name for name, op in kernels.OPERATORS.items() if "c" in op.builders
+)
+CELLS = [
+    (name, shape)
+    for name in CPU_OPERATORS
+    for shape in SHAPES.get(kernels.get(name).dims, [None])
+]
+STAGE_JOBS = [
+    library_job("softmax", {"M": 5, "N": 9}, stage="lower"),
+    library_job("rmsnorm", {"M": 5, "N": 9}, stage="build"),
+]
+# A job that cannot finish in a millisecond: the child is killed mid-batch.
+TIMED_OUT = library_job("row_sum", {"M": 8, "N": 8}, timeout_s=0.001)
+
+
+@pytest.fixture(scope="module")
+def batch(cache_dir):
+    cells = [library_job(name, shape) for name, shape in CELLS if shape]
+    results = run_batch(
+        [TIMED_OUT, *cells, *STAGE_JOBS], cache_dir=cache_dir, workers=2
+    )
+    by_cell = {
+        (r["operator"], tuple(r["shape"].values())): r
+        for r in results[1 : len(cells) + 1]
+    }
+    return {"all": results, "cells": by_cell, "stages": results[-2:]}
+
+
+def test_the_library_has_cpu_kernels_for_the_issue_operators():
+    assert {"elementwise_add", "row_sum", "softmax", "rmsnorm", "gemm"} <= set(
+        CPU_OPERATORS
+    )
+
+
+@pytest.mark.parametrize(
+    "name, shape",
+    CELLS,
+    ids=[f"{n}-{'x'.join(map(str, (s or {}).values()))}" for n, s in CELLS],
+)
+def test_every_cpu_kernel_passes(batch, name, shape):
+    assert shape, f"{name}: no CPU test shapes for dims {kernels.get(name).dims}"
+    result = batch["cells"][(name, tuple(shape.values()))]
+    assert result["status"] == "pass", result["error"]
+    assert result["stage_reached"] == "validate"
+    assert result["metrics"]["rel_err"] <= result["tolerance"]["rel_err"]
+    timings = result["timings"]
+    assert timings["kernel_ms"] > 0 and timings["reference_ms"] > 0
+    assert timings["gbps"] > 0
+
+
+def test_lower_and_build_stop_at_their_rung(batch):
+    lowered, built = batch["stages"]
+    assert (lowered["status"], lowered["stage_reached"]) == ("lowered", "lower")
+    assert (built["status"], built["stage_reached"]) == ("built", "build")
+    assert "softmax" in lowered["kernel_source"]
+    assert lowered["metrics"]["rel_err"] is None
+
+
+def test_a_timeout_in_a_trusted_batch_costs_only_that_job(batch):
+    timed_out, _, next_in_same_child = batch["all"][:3]
+    assert timed_out["status"] == "timeout"
+    assert "process group was killed" in timed_out["error"]["message"]
+    # With two workers, job 2 followed job 0 in the killed child's share: it
+    # ran in a fresh child.
+    assert next_in_same_child["status"] == "pass", next_in_same_child["error"]
