@@ -25,7 +25,7 @@ def toolchain_lookup(ref: str | None) -> Toolchain:
     return toolchain
 
 
-@router.get("/manifest")
+@router.get("/manifest", url_name="manifest")
 def manifest(request, toolchain: str | None = None):
     """The approved (operator, dtype, device type, shape rule) → tilelang or
     reference table for a toolchain (name or fingerprint; default: current)."""

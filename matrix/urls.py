@@ -5,7 +5,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import path
 
 from matrix.api import api
-from matrix.views import cells, errors, gaps, matrix, runners
+from matrix.views import cells, errors, gaps, matrix, runners, upgrades
 
 urlpatterns = [
     path("", matrix.matrix_page, name="matrix"),
@@ -23,6 +23,29 @@ urlpatterns = [
     path("runners/tokens/", runners.runner_token_create, name="runner-token"),
     path("runners/<int:pk>/health/", runners.runner_health, name="runner-health"),
     path("runners/<int:pk>/revoke/", runners.runner_revoke, name="runner-revoke"),
+    path("upgrades/", upgrades.upgrades_page, name="upgrades"),
+    path("upgrades/new/", upgrades.upgrade_new, name="upgrade-new"),
+    path("upgrades/policy/", upgrades.policy_page, name="upgrade-policy"),
+    path("upgrades/<int:pk>/", upgrades.upgrade_page, name="upgrade"),
+    path("upgrades/<int:pk>/decide/", upgrades.upgrade_decide, name="upgrade-decide"),
+    path(
+        "upgrades/<int:pk>/reevaluate/",
+        upgrades.upgrade_reevaluate,
+        name="upgrade-reevaluate",
+    ),
+    path(
+        "upgrades/<int:pk>/rollout/", upgrades.upgrade_rollout, name="upgrade-rollout"
+    ),
+    path(
+        "upgrades/<int:pk>/exceptions/",
+        upgrades.upgrade_exception,
+        name="upgrade-exception",
+    ),
+    path(
+        "upgrades/exceptions/<int:pk>/sign-off/",
+        upgrades.exception_sign_off,
+        name="upgrade-exception-sign-off",
+    ),
     path("login/", auth_views.LoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),

@@ -1,0 +1,73 @@
+"""Forms of the upgrade pages; validation only, the services decide."""
+
+from __future__ import annotations
+
+import json
+
+from django import forms
+
+from matrix.gate.models import Decision, Policy
+from matrix.models import Backend, DeviceType, Toolchain
+
+
+class ProposalForm(forms.Form):
+    baseline = forms.ModelChoiceField(queryset=Toolchain.objects.all())
+    candidate = forms.ModelChoiceField(queryset=Toolchain.objects.all())
+    device_types = forms.ModelMultipleChoiceField(
+        queryset=DeviceType.objects.all(), widget=forms.CheckboxSelectMultiple
+    )
+    note = forms.CharField(widget=forms.Textarea(attrs={"rows": 3}), required=False)
+
+    def clean(self):
+        data = super().clean()
+        if data.get("baseline") and data.get("baseline") == data.get("candidate"):
+            raise forms.ValidationError("the candidate must differ from the baseline")
+        return data
+
+
+class DecisionForm(forms.Form):
+    decision = forms.ChoiceField(choices=Decision.choices, widget=forms.RadioSelect)
+    comment = forms.CharField(widget=forms.Textarea(attrs={"rows": 3}))
+
+
+class ExceptionForm(forms.Form):
+    backend = forms.ChoiceField(choices=Backend.choices)
+    reason = forms.CharField(widget=forms.Textarea(attrs={"rows": 2}))
+
+
+class JSONMapField(forms.CharField):
+    """A JSON object edited as text."""
+
+    def prepare_value(self, value):
+        return value if isinstance(value, str) else json.dumps(value or {})
+
+    def to_python(self, value):
+        try:
+            parsed = json.loads(value or "{}")
+        except json.JSONDecodeError as exc:
+            raise forms.ValidationError(f"not valid JSON: {exc.msg}") from None
+        if not isinstance(parsed, dict):
+            raise forms.ValidationError("expected a JSON object")
+        return parsed
+
+
+class PolicyForm(forms.ModelForm):
+    perf_budgets = JSONMapField(
+        required=False, help_text='per operator, e.g. {"gemm": 0.02}'
+    )
+    backend_owners = JSONMapField(
+        required=False, help_text='per backend, user names: {"cuda": ["alice"]}'
+    )
+
+    class Meta:
+        model = Policy
+        fields = [
+            "forbid_served_regressions",
+            "require_candidate_results",
+            "perf_budget",
+            "perf_budgets",
+            "required_approvals",
+            "reviewer_group",
+            "backend_owners",
+            "note",
+        ]

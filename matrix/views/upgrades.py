@@ -1,0 +1,216 @@
+"""Toolchain upgrade pages: proposals, the A/B diff with the gate's verdict
+in words, decisions, backend exceptions, rollout and the policy."""
+
+from __future__ import annotations
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
+
+from matrix.gate import services
+from matrix.gate.diff import Change
+from matrix.gate.forms import DecisionForm, ExceptionForm, PolicyForm, ProposalForm
+from matrix.gate.models import BackendException, Policy, UpgradeProposal
+from matrix.models import AuditEvent
+
+
+def _get_proposal_for_user(user, pk: int) -> UpgradeProposal:
+    """Every signed-in user may read a proposal; what they may do is checked
+    per action."""
+    return get_object_or_404(
+        UpgradeProposal.objects.select_related(
+            "baseline", "candidate", "proposer", "policy"
+        ),
+        pk=pk,
+    )
+
+
+def _refusal(request, exc: ValidationError | PermissionDenied) -> None:
+    text = "; ".join(exc.messages) if isinstance(exc, ValidationError) else str(exc)
+    messages.error(request, text)
+
+
+@login_required
+@require_GET
+def upgrades_page(request):
+    proposals = UpgradeProposal.objects.select_related(
+        "baseline", "candidate", "proposer"
+    ).prefetch_related("device_types")
+    return render(
+        request,
+        "gate/list.html",
+        {
+            "proposals": proposals,
+            "policy": Policy.current(),
+            "can_propose": services.can_propose(request.user),
+            "can_edit_policy": services.can_edit_policy(request.user),
+        },
+    )
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def upgrade_new(request):
+    if not services.can_propose(request.user):
+        raise PermissionDenied("you need the propose permission")
+    form = ProposalForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        try:
+            proposal = services.proposal_open(
+                baseline=form.cleaned_data["baseline"],
+                candidate=form.cleaned_data["candidate"],
+                device_types=form.cleaned_data["device_types"],
+                note=form.cleaned_data["note"],
+                by=request.user,
+            )
+        except ValidationError as exc:
+            form.add_error(None, exc)
+        else:
+            return redirect("upgrade", pk=proposal.pk)
+    return render(request, "gate/new.html", {"form": form})
+
+
+@login_required
+@require_GET
+def upgrade_page(request, pk: int):
+    proposal = _get_proposal_for_user(request.user, pk)
+    diff = services.proposal_diff(proposal=proposal)
+    policy = Policy.current()
+    reviewer = services.is_reviewer(request.user, policy)
+    return render(
+        request,
+        "gate/detail.html",
+        {
+            "proposal": proposal,
+            "device_types": proposal.device_types.all(),
+            "diff": diff,
+            "summary": diff.summary,
+            "changes": [(c, Change.LABELS[c]) for c in Change.ORDER],
+            "by_operator": diff.grouped("operator"),
+            "by_backend": diff.grouped("backend"),
+            "stale": proposal.diff_digest != diff.digest,
+            "approvals": proposal.approvals.select_related("reviewer"),
+            "exceptions": proposal.exceptions.select_related(
+                "granted_by", "signed_off_by"
+            ),
+            "events": AuditEvent.objects.filter(
+                object_type=UpgradeProposal._meta.label_lower, object_id=str(pk)
+            ),
+            "policy": policy,
+            "can_decide": reviewer and request.user.pk != proposal.proposer_id,
+            "is_proposer": request.user.pk == proposal.proposer_id,
+            "can_rollout": proposal.state == UpgradeProposal.State.APPROVED
+            and (reviewer or services.can_edit_policy(request.user)),
+            "decision_form": DecisionForm(),
+            "exception_form": ExceptionForm(),
+            "is_reviewer": reviewer,
+            "owned_backends": [
+                backend
+                for backend, owners in policy.backend_owners.items()
+                if request.user.get_username() in owners
+            ],
+        },
+    )
+
+
+@login_required
+@require_POST
+def upgrade_decide(request, pk: int):
+    proposal = _get_proposal_for_user(request.user, pk)
+    if request.user.pk == proposal.proposer_id:
+        raise PermissionDenied("the proposer cannot decide on their own proposal")
+    if not services.is_reviewer(request.user):
+        raise PermissionDenied("only reviewers decide on upgrades")
+    form = DecisionForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, "choose approve or reject and write a comment")
+        return redirect("upgrade", pk=pk)
+    decide = (
+        services.proposal_approve
+        if form.cleaned_data["decision"] == "approve"
+        else services.proposal_reject
+    )
+    try:
+        decide(proposal=proposal, by=request.user, comment=form.cleaned_data["comment"])
+    except ValidationError as exc:
+        _refusal(request, exc)
+    return redirect("upgrade", pk=pk)
+
+
+@login_required
+@require_POST
+def upgrade_reevaluate(request, pk: int):
+    proposal = _get_proposal_for_user(request.user, pk)
+    services.proposal_reevaluate(proposal=proposal, actor=request.user)
+    return redirect("upgrade", pk=pk)
+
+
+@login_required
+@require_POST
+def upgrade_rollout(request, pk: int):
+    proposal = _get_proposal_for_user(request.user, pk)
+    try:
+        services.proposal_rollout(proposal=proposal, by=request.user)
+    except ValidationError as exc:
+        _refusal(request, exc)
+    return redirect("upgrade", pk=pk)
+
+
+@login_required
+@require_POST
+def upgrade_exception(request, pk: int):
+    proposal = _get_proposal_for_user(request.user, pk)
+    if not services.is_reviewer(request.user):
+        raise PermissionDenied("only reviewers grant exceptions")
+    form = ExceptionForm(request.POST)
+    if form.is_valid():
+        try:
+            services.exception_grant(
+                proposal=proposal,
+                backend=form.cleaned_data["backend"],
+                reason=form.cleaned_data["reason"],
+                by=request.user,
+            )
+        except ValidationError as exc:
+            _refusal(request, exc)
+    else:
+        messages.error(request, "an exception needs a backend and a reason")
+    return redirect("upgrade", pk=pk)
+
+
+@login_required
+@require_POST
+def exception_sign_off(request, pk: int):
+    exception = get_object_or_404(BackendException, pk=pk)
+    if request.user.get_username() not in Policy.current().owners_of(exception.backend):
+        raise PermissionDenied(f"only an owner of {exception.backend} signs off")
+    try:
+        services.exception_sign_off(exception=exception, by=request.user)
+    except ValidationError as exc:
+        _refusal(request, exc)
+    return redirect("upgrade", pk=exception.proposal_id)
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def policy_page(request):
+    if not services.can_edit_policy(request.user):
+        raise PermissionDenied("only admins edit the upgrade policy")
+    current = Policy.current()
+    form = PolicyForm(request.POST or None, instance=current)
+    if request.method == "POST" and form.is_valid():
+        changes = {name: form.cleaned_data[name] for name in PolicyForm.Meta.fields}
+        try:
+            policy = services.policy_save(by=request.user, **changes)
+        except ValidationError as exc:
+            form.add_error(None, exc)
+        else:
+            messages.success(request, f"saved policy v{policy.version}")
+            return redirect("upgrade-policy")
+    return render(
+        request,
+        "gate/policy.html",
+        {"form": form, "policy": current, "history": Policy.objects.all()[:20]},
+    )

@@ -1,0 +1,278 @@
+"""The upgrade pages: who may do what, wrong methods, and what they show."""
+
+from __future__ import annotations
+
+import pytest
+from django.urls import reverse
+
+from matrix.gate.models import Approval, BackendException, Policy, UpgradeProposal
+from matrix.gate.services import proposal_approve, proposal_open
+from matrix.models import Status
+
+
+@pytest.fixture
+def proposal(world):
+    world.green(world.old)
+    world.record("softmax", world.cpu, world.new, Status.COMPILE_ERROR)
+    world.record("gemm", world.cpu, world.new, Status.PASS)
+    return proposal_open(
+        baseline=world.old,
+        candidate=world.new,
+        device_types=[world.cpu],
+        by=world.owner,
+    )
+
+
+@pytest.fixture
+def green(world):
+    world.green(world.old)
+    world.green(world.new)
+    return proposal_open(
+        baseline=world.old,
+        candidate=world.new,
+        device_types=[world.cpu],
+        by=world.owner,
+    )
+
+
+GET_PAGES = ["upgrades", "upgrade-new", "upgrade-policy", "upgrade"]
+POST_ONLY = [
+    "upgrade-decide",
+    "upgrade-reevaluate",
+    "upgrade-rollout",
+    "upgrade-exception",
+    "upgrade-exception-sign-off",
+]
+
+
+def url(name, proposal, exception=None):
+    if name == "upgrade-exception-sign-off":
+        return reverse(name, args=[exception.pk])
+    if name in ("upgrades", "upgrade-new", "upgrade-policy"):
+        return reverse(name)
+    return reverse(name, args=[proposal.pk])
+
+
+@pytest.fixture
+def exception(world, proposal):
+    return BackendException.objects.create(
+        proposal=proposal, backend="c", reason="why", granted_by=world.reviewers[0]
+    )
+
+
+@pytest.mark.parametrize("name", GET_PAGES)
+def test_get_pages_refuse_other_methods(client, admin_user, proposal, name):
+    client.force_login(admin_user)
+    assert client.put(url(name, proposal)).status_code == 405
+    assert client.delete(url(name, proposal)).status_code == 405
+
+
+@pytest.mark.parametrize("name", ["upgrades", "upgrade"])
+def test_read_only_pages_refuse_post(client, admin_user, proposal, name):
+    client.force_login(admin_user)
+    assert client.post(url(name, proposal)).status_code == 405
+
+
+@pytest.mark.parametrize("name", POST_ONLY)
+def test_actions_refuse_get(client, admin_user, proposal, exception, name):
+    client.force_login(admin_user)
+    assert client.get(url(name, proposal, exception)).status_code == 405
+
+
+@pytest.mark.parametrize("name", GET_PAGES)
+def test_anonymous_users_are_sent_to_log_in(client, proposal, name):
+    response = client.get(url(name, proposal))
+    assert response.status_code == 302
+    assert response["Location"].startswith(reverse("login"))
+
+
+@pytest.mark.parametrize("name", ["upgrades", "upgrade"])
+def test_an_outsider_reads_but_gets_no_controls(client, outsider, proposal, name):
+    client.force_login(outsider)
+    response = client.get(url(name, proposal))
+    assert response.status_code == 200
+    body = response.content.decode()
+    assert "Propose an upgrade" not in body
+    assert 'id="decision-form"' not in body
+    assert "Edit policy" not in body
+
+
+@pytest.mark.parametrize("name", ["upgrade-new", "upgrade-policy"])
+def test_an_outsider_cannot_propose_or_edit_policy(client, outsider, proposal, name):
+    client.force_login(outsider)
+    assert client.get(url(name, proposal)).status_code == 403
+    assert client.post(url(name, proposal), {}).status_code == 403
+
+
+@pytest.mark.parametrize(
+    "name", ["upgrade-decide", "upgrade-exception", "upgrade-exception-sign-off"]
+)
+def test_an_outsider_cannot_act(client, outsider, proposal, exception, name):
+    client.force_login(outsider)
+    response = client.post(
+        url(name, proposal, exception),
+        {"decision": "approve", "comment": "x", "backend": "c", "reason": "x"},
+    )
+    assert response.status_code == 403
+    assert not Approval.objects.exists()
+    exception.refresh_from_db()
+    assert not exception.signed
+
+
+def test_an_outsider_cannot_roll_out(client, outsider, world, green):
+    proposal_approve(proposal=green, by=world.reviewers[0], comment="ok")
+    proposal_approve(proposal=green, by=world.reviewers[1], comment="ok")
+    client.force_login(outsider)
+    assert client.post(url("upgrade-rollout", green)).status_code == 403
+    green.refresh_from_db()
+    assert green.state == UpgradeProposal.State.APPROVED
+
+
+def test_it_refuses_self_approval_in_the_view(client, world, green):
+    client.force_login(world.owner)
+    page = client.get(url("upgrade", green)).content.decode()
+    assert 'id="decision-form"' not in page
+    assert "another reviewer must decide" in page
+    response = client.post(
+        url("upgrade-decide", green), {"decision": "approve", "comment": "mine"}
+    )
+    assert response.status_code == 403
+    assert not Approval.objects.exists()
+
+
+def test_a_reviewer_approves_with_a_comment(client, world, green):
+    client.force_login(world.reviewers[0])
+    response = client.post(
+        url("upgrade-decide", green), {"decision": "approve", "comment": "clean diff"}
+    )
+    assert response.status_code == 302
+    approval = Approval.objects.get()
+    assert (approval.reviewer, approval.comment) == (world.reviewers[0], "clean diff")
+
+
+def test_approving_a_blocked_proposal_says_why(client, world, proposal):
+    client.force_login(world.reviewers[0])
+    response = client.post(
+        url("upgrade-decide", proposal),
+        {"decision": "approve", "comment": "ship it"},
+        follow=True,
+    )
+    assert "cannot approve while blocked" in response.content.decode()
+    assert not Approval.objects.exists()
+
+
+def test_the_diff_page_shows_counts_groups_and_the_blocking_cell(
+    client, world, proposal
+):
+    client.force_login(world.reviewers[0])
+    body = client.get(url("upgrade", proposal)).content.decode()
+    assert 'data-state="blocked"' in body
+    assert (
+        "served cell softmax[M=64,N=256] float32 on x86-64 CPU · c went from pass "
+        "to compile_error"
+    ) in body
+    assert '<td data-change="green_to_red">1</td>' in body
+    assert '<td data-change="still_green">1</td>' in body
+    assert 'id="by-operator-heading"' in body and 'id="by-backend-heading"' in body
+    assert "1.00 ± 0.07" in body  # gemm: one timing each side, default band
+
+
+def test_the_proposer_opens_a_proposal_from_the_form(client, world):
+    client.force_login(world.owner)
+    assert client.get(reverse("upgrade-new")).status_code == 200
+    response = client.post(
+        reverse("upgrade-new"),
+        {
+            "baseline": world.old.pk,
+            "candidate": world.new.pk,
+            "device_types": [world.cpu.pk],
+            "note": "0.1.15 fixes softmax on c",
+        },
+    )
+    proposal = UpgradeProposal.objects.get()
+    assert response["Location"] == reverse("upgrade", args=[proposal.pk])
+    assert (proposal.proposer, proposal.note) == (
+        world.owner,
+        "0.1.15 fixes softmax on c",
+    )
+
+
+def test_the_form_refuses_the_same_toolchain_twice(client, world):
+    client.force_login(world.owner)
+    response = client.post(
+        reverse("upgrade-new"),
+        {
+            "baseline": world.old.pk,
+            "candidate": world.old.pk,
+            "device_types": [world.cpu.pk],
+        },
+    )
+    assert "the candidate must differ from the baseline" in response.content.decode()
+    assert not UpgradeProposal.objects.exists()
+
+
+def test_an_admin_saves_a_new_policy_version(client, admin_user, world):
+    client.force_login(admin_user)
+    assert client.get(reverse("upgrade-policy")).status_code == 200
+    response = client.post(
+        reverse("upgrade-policy"),
+        {
+            "forbid_served_regressions": "on",
+            "require_candidate_results": "on",
+            "perf_budget": "0.05",
+            "perf_budgets": '{"gemm": 0.02}',
+            "required_approvals": "3",
+            "reviewer_group": "reviewer",
+            "backend_owners": '{"c": ["reviewer3"]}',
+            "note": "gemm is hot",
+        },
+    )
+    assert response.status_code == 302
+    assert list(Policy.objects.values_list("version", "required_approvals")) == [
+        (2, 3),
+        (1, 2),
+    ]
+    assert Policy.current().perf_budgets == {"gemm": 0.02}
+
+
+def test_the_policy_form_refuses_bad_json(client, admin_user, world):
+    client.force_login(admin_user)
+    response = client.post(
+        reverse("upgrade-policy"),
+        {
+            "perf_budget": "0.05",
+            "perf_budgets": "{gemm",
+            "required_approvals": "2",
+            "reviewer_group": "reviewer",
+            "backend_owners": "{}",
+        },
+    )
+    assert "not valid JSON" in response.content.decode()
+    assert Policy.objects.count() == 1
+
+
+def test_a_backend_owner_signs_off_from_the_page(client, admin_user, world, exception):
+    from matrix.gate.services import policy_save
+
+    policy_save(by=admin_user, backend_owners={"c": ["reviewer3"]})
+    client.force_login(world.reviewers[2])
+    assert "Sign off" in client.get(url("upgrade", exception.proposal)).content.decode()
+    client.post(url("upgrade-exception-sign-off", None, exception))
+    exception.refresh_from_db()
+    assert exception.signed_off_by == world.reviewers[2]
+
+
+def test_the_list_page_runs_a_fixed_number_of_queries(
+    client, world, green, django_assert_max_num_queries
+):
+    for _ in range(3):
+        proposal_open(
+            baseline=world.old,
+            candidate=world.new,
+            device_types=[world.cpu],
+            by=world.owner,
+        )
+    client.force_login(world.reviewers[0])
+    with django_assert_max_num_queries(8):
+        response = client.get(reverse("upgrades"))
+    assert response.content.decode().count('href="/upgrades/') >= 4
