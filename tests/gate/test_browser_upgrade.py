@@ -1,0 +1,82 @@
+"""Propose → review → approve → manifest, in headless Chromium."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from matrix.gate.models import UpgradeProposal
+
+pytestmark = pytest.mark.browser
+
+CHROMIUM = "/usr/bin/chromium"
+
+
+@pytest.fixture
+def browser(monkeypatch):
+    from playwright.sync_api import sync_playwright
+
+    # Playwright's sync API runs an event loop in this thread; the ORM calls
+    # the test itself makes between page actions are still synchronous.
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True)
+        yield browser
+        browser.close()
+
+
+def log_in(browser, live_server, username, password):
+    page = browser.new_context().new_page()
+    page.goto(f"{live_server.url}/login/?next=/upgrades/")
+    page.fill("input[name=username]", username)
+    page.fill("input[name=password]", password)
+    page.click("button[type=submit], input[type=submit]")
+    page.wait_for_url(f"{live_server.url}/upgrades/")
+    return page
+
+
+def test_propose_review_approve_and_read_the_manifest(
+    transactional_db, live_server, browser, world
+):
+    world.green(world.old)
+    world.green(world.new)
+    for user in [world.owner, *world.reviewers]:
+        user.set_password("browser-pass-123")
+        user.save()
+
+    page = log_in(browser, live_server, world.owner.username, "browser-pass-123")
+    page.click("text=Propose an upgrade")
+    page.select_option("select[name=baseline]", str(world.old.pk))
+    page.select_option("select[name=candidate]", str(world.new.pk))
+    page.check(f"input[name=device_types][value='{world.cpu.pk}']")
+    page.fill("textarea[name=note]", "0.1.15 fixes softmax on c")
+    page.click("text=Open proposal")
+    page.wait_for_selector("[data-state=ready]")
+    assert "needs 2 approvals from the reviewer group, has 0" in page.inner_text(
+        "#gate-status"
+    )
+    assert page.locator("#decision-form").count() == 0
+    proposal = UpgradeProposal.objects.get()
+    page.context.close()
+
+    for n, reviewer in enumerate(world.reviewers[:2], start=1):
+        page = log_in(browser, live_server, reviewer.username, "browser-pass-123")
+        page.click(f"text=#{proposal.pk}")
+        page.check("input[name=decision][value=approve]")
+        page.fill("textarea[name=comment]", f"diff is clean ({n})")
+        page.click("text=Submit decision")
+        page.wait_for_selector(f"text=diff is clean ({n})")
+        if n == 1:
+            assert "has 1" in page.inner_text("#gate-status")
+        else:
+            page.wait_for_selector("[data-state=approved]")
+            page.click("text=Manifest (JSON)")
+            manifest = json.loads(page.inner_text("body"))
+        page.context.close()
+
+    assert manifest["toolchain"]["fingerprint"] == world.new.fingerprint
+    assert {(e["operator"], e["choice"]) for e in manifest["entries"]} == {
+        ("softmax", "tilelang"),
+        ("gemm", "tilelang"),
+    }
