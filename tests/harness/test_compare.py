@@ -1,0 +1,51 @@
+"""The verdict: within the bounds passes; NaN, unwritten, infinite or all-zero
+outputs never pass, however loose the bounds."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from runners.harness.compare import compare_outputs
+from runners.kernels.base import Tolerance
+
+LOOSE = Tolerance(rel_err=1e9, atol=1e9, rtol=1e9, max_mismatch_ratio=1.0, reason="")
+TIGHT = Tolerance(rel_err=1e-5, atol=1e-5, rtol=1e-4, max_mismatch_ratio=0.0, reason="")
+REF = torch.linspace(-2, 3, 12, dtype=torch.float32).reshape(3, 4)
+
+
+def verdict(out, tolerance=LOOSE, ref=REF):
+    return compare_outputs(["C"], [out], [ref], tolerance).verdict(tolerance)
+
+
+def test_a_close_output_passes_with_its_metrics():
+    comparison = compare_outputs(["C"], [REF + 1e-7], [REF], TIGHT)
+    assert comparison.verdict(TIGHT) is None
+    assert 0 < comparison.rel_err < 1e-6
+    assert comparison.mismatch_ratio == 0.0
+
+
+def test_an_unwritten_output_never_passes():
+    assert "never written" in verdict(torch.full_like(REF, float("nan")))
+
+
+@pytest.mark.parametrize(
+    "bad, why", [(float("nan"), "NaN"), (float("inf"), "infinite")]
+)
+def test_one_bad_element_never_passes(bad, why):
+    out = REF.clone()
+    out[1, 2] = bad
+    assert why in verdict(out)
+
+
+def test_an_all_zero_output_fails_unless_the_reference_is_zero():
+    assert "all zeros" in verdict(torch.zeros_like(REF))
+    zero = torch.zeros_like(REF)
+    assert verdict(zero, TIGHT, ref=zero) is None
+
+
+def test_bounds_decide_the_rest():
+    out = REF.clone()
+    out[0, 0] += 1.0
+    assert "relative error" in verdict(out, TIGHT)
+    assert verdict(out) is None
