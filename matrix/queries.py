@@ -217,6 +217,7 @@ class OperatorRow:
     shape_count: int
     cells: list[Tally]
     tally: Tally
+    cells_html: str = ""
 
 
 @dataclass
@@ -344,6 +345,7 @@ class ShapeRow:
     cells: list[MatrixCell]
     passing: int
     total: int
+    cells_html: str = ""
 
 
 def operator_rows(

@@ -16,8 +16,9 @@ from django.views.decorators.vary import vary_on_headers
 
 from matrix import queries
 from matrix.models import Backend, Dtype
+from matrix.views.matrix_html import cell_link_prefix, shape_cells, summary_cells
 
-ROWS = 200
+ROWS = 100
 MAX_ROWS = 2000
 
 
@@ -64,11 +65,16 @@ def _row_limit(raw: str | None) -> int:
 
 def matrix_context(filters, toolchains, summary, revisions, open_name, limit):
     expanded = {}
+    query = urlencode(filters.as_params())
     for row in summary.rows:
+        row.cells_html = summary_cells(row.cells)
         if row.operator.name == open_name:
             rows, more = queries.operator_rows(
                 row.operator, filters, summary.device_types, revisions, limit
             )
+            prefix = cell_link_prefix()
+            for r in rows:
+                r.cells_html = shape_cells(r.shape.id, r.cells, prefix, query)
             expanded = {"name": open_name, "rows": rows, "more": more}
     return {
         "filters": filters,
@@ -78,7 +84,7 @@ def matrix_context(filters, toolchains, summary, revisions, open_name, limit):
         "expanded": expanded,
         "limit": limit,
         "more_limit": min(limit * 2, MAX_ROWS),
-        "query": urlencode(filters.as_params()),
+        "query": query,
         "dtypes": Dtype.values,
         "backends": Backend.choices,
         "states": queries.STATE_FILTERS,
