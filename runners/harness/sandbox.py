@@ -27,7 +27,18 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from runners.harness.job import parse_job
-from runners.harness.result import MESSAGE_CAP, cap_text, new_result, set_error
+from runners.harness.result import (
+    KERNEL_SOURCE_CAP,
+    MESSAGE_CAP,
+    METRIC_KEYS,
+    STAGES,
+    STATUSES,
+    SUCCESS_FOR_STAGE,
+    TIMING_KEYS,
+    cap_text,
+    new_result,
+    set_error,
+)
 from runners.harness.sanitize import error_signature, sanitize
 
 REPO_ROOT = str(Path(__file__).resolve().parents[2])
@@ -219,20 +230,24 @@ def _supervise(child, jobs, timeouts, spawned, home) -> list[dict]:
         if message is None or message == "eof":
             break
         event = message.get("event")
-        if event == "ready":
-            toolchain = message["fingerprint"]
-        elif event == "start":
-            current, stage = message["index"], None
+        if event == "ready" and toolchain is None:
+            toolchain = message.get("fingerprint")
+        elif event == "start" and toolchain and current is None:
+            if message.get("index") != len(results):
+                child.notes.append("the harness child started jobs out of order")
+                break
+            current, stage = len(results), None
             deadline = time.perf_counter() + timeouts[current]
-        elif event == "stage":
-            stage = message["stage"]
-        elif event == "result" and message.get("index") == current:
-            results.append(_finish(message["result"], mark, home))
+        elif event == "stage" and current is not None:
+            stage = message.get("stage") if message.get("stage") in STAGES else stage
+        elif event == "result" and current is not None:
+            accepted = _accept(message.get("result"), jobs[current], toolchain)
+            results.append(_finish(accepted, mark, home))
             mark = time.perf_counter()
             current = None
             deadline = mark + STARTUP_TIMEOUT_S
         elif event == "broken":
-            child.notes.append(message.get("message", ""))
+            child.notes.append(str(message.get("message", "")))
         if len(results) == len(jobs):
             return results
 
@@ -244,14 +259,17 @@ def _supervise(child, jobs, timeouts, spawned, home) -> list[dict]:
             text = f"the harness child did not start within {STARTUP_TIMEOUT_S:g}s"
         else:
             text = "the harness child failed to start: " + child.describe_exit()
-        failures = [_failed(job, "infra_error", text, None, None) for job in jobs]
-        return [_finish(f, mark, home) for f in failures[len(results) :]]
+        return [
+            _finish(_failed(j, "infra_error", text, None, None), mark, home)
+            for j in jobs
+        ]
     if current is None and results and not timed_out:
         return results  # it left after a runtime error; the rest get a new child
     index = len(results) if current is None else current
     job = jobs[index]
     if current is None:
-        status, text = "infra_error", "the harness child stopped between jobs"
+        status = "infra_error"
+        text = "the harness child stopped between jobs: " + child.describe_exit()
     elif timed_out:
         status = "timeout"
         text = (
@@ -272,6 +290,46 @@ def _failed(job, status, message, stage, toolchain) -> dict:
     if toolchain:
         result["fingerprint"] = toolchain
     return set_error(result, status, message)
+
+
+def _accept(result: object, job: dict, toolchain: dict) -> dict:
+    """Rebuild the child's result from the job and the fields a result may
+    have, so that a confused (or hostile) child cannot change the echo of
+    the job or break the schema."""
+    clean = new_result(job)
+    clean["fingerprint"] = toolchain
+    try:
+        _copy_checked(result, clean)
+    except (KeyError, TypeError, ValueError):
+        text = "the harness child sent a malformed result"
+        return _failed(job, "infra_error", text, None, toolchain)
+    return clean
+
+
+def _copy_checked(result: dict, clean: dict) -> None:
+    def require(condition: bool) -> None:
+        if not condition:
+            raise ValueError
+
+    status, stage, error = result["status"], result["stage_reached"], result["error"]
+    require(status in STATUSES and (stage is None or stage in STAGES))
+    require((error is None) == (status in SUCCESS_FOR_STAGE.values()))
+    clean["status"], clean["stage_reached"] = status, stage
+    for group, keys in (("metrics", METRIC_KEYS), ("timings", TIMING_KEYS)):
+        for key in keys:
+            value = result[group][key]
+            require(value is None or isinstance(value, (int, float)))
+            clean[group][key] = value
+    if error is not None:
+        message, pass_name = error["message"], error["pass_name"]
+        require(isinstance(message, str))
+        require(pass_name is None or isinstance(pass_name, str))
+        clean["error"] = {"signature": None, "message": message, "pass_name": pass_name}
+    source, tolerance = result["kernel_source"], result["tolerance"]
+    require(source is None or isinstance(source, str))
+    require(tolerance is None or isinstance(tolerance, dict))
+    clean["kernel_source"] = cap_text(source, KERNEL_SOURCE_CAP) if source else source
+    clean["tolerance"] = tolerance
 
 
 def _finish(result: dict, since: float, home: str) -> dict:

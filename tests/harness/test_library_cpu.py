@@ -38,9 +38,15 @@ CELLS = [
     for name in CPU_OPERATORS
     for shape in SHAPES.get(kernels.get(name).dims, [None])
 ]
+CUDA = {"dtype": "float16", "target": {"kind": "cuda", "arch": "sm_90a"}}
+HIP = {"dtype": "float16", "target": {"kind": "hip", "mcpu": "gfx942"}}
 STAGE_JOBS = [
     library_job("softmax", {"M": 5, "N": 9}, stage="lower"),
     library_job("rmsnorm", {"M": 5, "N": 9}, stage="build"),
+    # Compile-only evidence for GPUs, from this host without one.
+    {**library_job("elementwise_add", {"M": 5, "N": 9}, stage="build"), **CUDA},
+    {**library_job("elementwise_add", {"M": 5, "N": 9}, stage="lower"), **HIP},
+    {**library_job("elementwise_add", {"M": 5, "N": 9}), **CUDA},
 ]
 # A job that cannot finish in a millisecond: the child is killed mid-batch.
 TIMED_OUT = library_job("row_sum", {"M": 8, "N": 8}, timeout_s=0.001)
@@ -56,7 +62,7 @@ def batch(cache_dir):
         (r["operator"], tuple(r["shape"].values())): r
         for r in results[1 : len(cells) + 1]
     }
-    return {"all": results, "cells": by_cell, "stages": results[-2:]}
+    return {"all": results, "cells": by_cell, "stages": results[-len(STAGE_JOBS) :]}
 
 
 def test_the_library_has_cpu_kernels_for_the_issue_operators():
@@ -82,11 +88,21 @@ def test_every_cpu_kernel_passes(batch, name, shape):
 
 
 def test_lower_and_build_stop_at_their_rung(batch):
-    lowered, built = batch["stages"]
+    lowered, built, cuda_built, hip_lowered, _ = batch["stages"]
     assert (lowered["status"], lowered["stage_reached"]) == ("lowered", "lower")
     assert (built["status"], built["stage_reached"]) == ("built", "build")
     assert "softmax" in lowered["kernel_source"]
     assert lowered["metrics"]["rel_err"] is None
+    assert cuda_built["status"] == "built", cuda_built["error"]
+    assert "__global__" in cuda_built["kernel_source"]
+    assert hip_lowered["status"] == "lowered", hip_lowered["error"]
+
+
+def test_validating_without_the_device_is_the_runners_fault(batch):
+    no_gpu = batch["stages"][-1]
+    assert no_gpu["status"] == "infra_error"
+    assert no_gpu["error"]["message"] == "this runner has no cuda device"
+    assert no_gpu["stage_reached"] == "validate"
 
 
 def test_a_timeout_in_a_trusted_batch_costs_only_that_job(batch):
