@@ -94,7 +94,7 @@ class Command(BaseCommand):
                 p.add_argument(
                     "--also-control",
                     action="store_true",
-                    help="serve the control queue too (single-host demo)",
+                    help="serve the control queue and run beat too (single-host demo)",
                 )
 
         execute = sub.add_parser(
@@ -185,14 +185,21 @@ class Command(BaseCommand):
     def _queues(self, config: host.HostConfig) -> list[str]:
         from runners.models import Runner
 
-        runner = Runner.objects.filter(name=config.name).first()
         # The server's view wins: device types or toolchains may have changed.
-        return runner.queues() if runner else config.queues
+        runner = Runner.objects.filter(name=config.name).first()
+        if runner is None:
+            raise CommandError(
+                f"the server does not know runner {config.name!r} "
+                "(its database was reset?): register again"
+            )
+        return runner.queues()
 
     def do_queues(self, *, key_dir, **_):
         self.stdout.write(",".join(self._queues(self._config(key_dir))))
 
     def do_work(self, *, key_dir, concurrency, loglevel, also_control, **_):
+        from django.conf import settings
+
         from matrix.celery import app
 
         config = self._config(key_dir)
@@ -208,6 +215,7 @@ class Command(BaseCommand):
                 "--without-gossip",
                 "--without-mingle",
             ]
+            + ["--beat", f"--schedule={settings.VAR_DIR}/beat-schedule"] * also_control
         )
 
     def do_execute_bundle(self, *, jobs, out, key_dir, **_):

@@ -1,0 +1,153 @@
+from __future__ import annotations
+
+import json
+import stat
+from io import StringIO
+
+import pytest
+from django.core.management import CommandError, call_command
+
+from matrix.models import Cell, JobState, Result, Status, ValidationJob
+from runners import services
+from runners.models import RegistrationToken, Runner
+
+
+def run(*args) -> str:
+    out = StringIO()
+    call_command("runner", *args, stdout=out, stderr=StringIO())
+    return out.getvalue()
+
+
+def test_token_create_prints_the_token_alone_on_its_last_line(catalog):
+    token = run("token", "create", "--expires", "30m").strip().splitlines()[-1]
+    record = RegistrationToken.objects.get()
+    assert record.digest == services.token_digest(token)
+    lifetime = (record.expires_at - record.created_at).total_seconds()
+    assert 1790 < lifetime <= 1800
+
+
+def test_token_create_refuses_a_malformed_lifetime(catalog):
+    with pytest.raises(CommandError, match="like 1h"):
+        run("token", "create", "--expires", "soon")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_register_over_http_then_a_reused_token_exits_with_the_reason(
+    live_server, tmp_path
+):
+    from matrix.services import catalog_seed
+
+    catalog_seed()
+    token = run("token", "create").strip().splitlines()[-1]
+    key_dir = tmp_path / "host"
+    out = run(
+        "register",
+        "--server",
+        live_server.url,
+        "--token",
+        token,
+        "--name",
+        "lab-cpu",
+        "--key-dir",
+        str(key_dir),
+    )
+    runner = Runner.objects.get()
+    assert f"registered runner lab-cpu (id {runner.pk})" in out
+    assert stat.S_IMODE((key_dir / "runner.key").stat().st_mode) == 0o600
+    config = json.loads((key_dir / "runner.json").read_text())
+    assert config["queues"] == runner.queues()
+    assert run("queues", "--key-dir", str(key_dir)).strip() == ",".join(runner.queues())
+    with pytest.raises(
+        CommandError, match=r"refused \(403\): registration token already used"
+    ):
+        run(
+            "register",
+            "--server",
+            live_server.url,
+            "--token",
+            token,
+            "--name",
+            "lab-cpu-2",
+            "--key-dir",
+            str(tmp_path / "other"),
+        )
+    assert Runner.objects.count() == 1
+
+
+def test_register_against_an_unreachable_server_says_so(catalog, tmp_path, monkeypatch):
+    from runners import host
+
+    monkeypatch.setattr(
+        host, "inventory_probe", lambda interpreters: {"devices": [], "toolchains": []}
+    )
+    with pytest.raises(CommandError, match="cannot reach"):
+        run(
+            "register",
+            "--server",
+            "http://127.0.0.1:9",
+            "--token",
+            "t",
+            "--name",
+            "x",
+            "--key-dir",
+            str(tmp_path),
+        )
+
+
+def test_queues_without_registration_explains_what_to_do(catalog, tmp_path):
+    with pytest.raises(CommandError, match="register first"):
+        run("queues", "--key-dir", str(tmp_path))
+
+
+def test_revoke_refuses_the_runner(cpu_runner):
+    assert "revoked" in run("revoke", cpu_runner.name)
+    assert Runner.objects.get().revoked_at is not None
+    with pytest.raises(CommandError, match="no runner named 'ghost'"):
+        run("revoke", "ghost")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_offline_bundle_runs_without_a_broker_and_comes_home(
+    live_server, host_dir, tmp_path
+):
+    jobs, results = tmp_path / "jobs.json", tmp_path / "results.json"
+    run(
+        "bundle",
+        host_dir.name,
+        "--out",
+        str(jobs),
+        "--device-type",
+        "c",
+        "--operator",
+        "softmax",
+    )
+    planned = ValidationJob.objects.filter(queue=f"bundle.{host_dir.name}")
+    assert planned.count() == len(json.loads(jobs.read_text())["jobs"]) > 0
+    assert set(planned.values_list("state", flat=True)) == {JobState.RUNNING}
+    assert (
+        services.runner_reap()["requeued"] == 0
+    )  # a lab without a network does not heartbeat
+
+    out = run(
+        "execute-bundle",
+        str(jobs),
+        "--out",
+        str(results),
+        "--key-dir",
+        str(host_dir.directory),
+    )
+    assert "signed results" in out
+    assert not Result.objects.exists()  # nothing reached the server yet
+
+    reply = run(
+        "upload",
+        str(results),
+        "--server",
+        live_server.url,
+        "--key-dir",
+        str(host_dir.directory),
+    )
+    assert reply.startswith(f"{planned.count()} stored, 0 already stored, 0 refused")
+    assert set(Cell.objects.values_list("status", flat=True)) == {Status.PASS}
+    with pytest.raises(CommandError, match=r"refused \(409\): replayed envelope"):
+        run("upload", str(results), "--server", live_server.url)
