@@ -64,6 +64,9 @@ def run_stages(
     started = time.perf_counter()
     try:
         kernel, source = _compile(job, operator, workdir, result, on_stage)
+    except Unsupported as exc:
+        # A builder may refuse a cell that check() let through.
+        return set_error(result, "unsupported", str(exc))
     except CompileFailure as failure:
         result["stage_reached"] = failure.stage
         result["timings"]["compile_s"] = time.perf_counter() - started
@@ -93,6 +96,8 @@ def _compile(job: dict, operator, workdir: str, result: dict, on_stage):
     import tilelang
     from tilelang import tvm
 
+    from runners.kernels.base import Unsupported
+
     shape, dtype, target = job["shape"], job["dtype"], job["target"]
     result["stage_reached"] = "lower"
     on_stage("lower")
@@ -118,6 +123,8 @@ def _compile(job: dict, operator, workdir: str, result: dict, on_stage):
             return None, artifact.kernel_source
         on_stage("build")
         kernel = tilelang.compile(func, target=target)
+    except Unsupported:
+        raise
     except Exception as exc:
         # No program yet, or a named pass raised: lowering failed. Otherwise
         # the device compiler (or loading its output) did.

@@ -1,0 +1,63 @@
+"""On a CUDA host (the H200): library kernels validate and are timed against
+the reference in the same run, the fingerprint names the device, and an
+illegal address is that job's runtime_error while the next job runs on."""
+
+from __future__ import annotations
+
+import pytest
+
+from runners.harness.sandbox import run_batch
+from tests.harness.helpers import CACHE_ROOT, library_job, submitted_job
+
+torch = pytest.importorskip("torch")
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+CUDA = {"target": {"kind": "cuda", "arch": "sm_90a"}}
+CELLS = [
+    library_job("elementwise_add", {"M": 4096, "N": 4096}, dtype="float16", **CUDA),
+    library_job("softmax", {"M": 1000, "N": 3000}, dtype="bfloat16", **CUDA),
+    library_job("rmsnorm", {"M": 4096, "N": 4096}, dtype="float16", **CUDA),
+    library_job("row_sum", {"M": 4096, "N": 1000}, dtype="float32", **CUDA),
+    library_job("gemm", {"M": 4096, "N": 4096, "K": 4096}, dtype="float16", **CUDA),
+    library_job("gemm", {"M": 1000, "N": 1000, "K": 1000}, dtype="bfloat16", **CUDA),
+]
+
+
+@pytest.fixture(scope="module")
+def results():
+    illegal = submitted_job("illegal_address_add", {"M": 64, "N": 64}, **CUDA)
+    illegal["dtype"] = "float16"
+    after = library_job("elementwise_add", {"M": 64, "N": 64}, dtype="float16", **CUDA)
+    cache = CACHE_ROOT / "tests-gpu"
+    cache.mkdir(parents=True, exist_ok=True)
+    return run_batch([*CELLS, illegal, after], cache_dir=str(cache))
+
+
+@pytest.mark.parametrize("index", range(len(CELLS)))
+def test_library_kernels_pass_and_are_timed(results, index):
+    result = results[index]
+    assert result["status"] == "pass", result["error"]
+    timings = result["timings"]
+    assert timings["kernel_ms"] > 0 and timings["reference_ms"] > 0
+    assert timings["speedup"] == pytest.approx(
+        timings["reference_ms"] / timings["kernel_ms"]
+    )
+    assert timings["gbps"] > 0
+    if result["operator"] == "gemm":
+        assert timings["tflops"] > 1
+
+
+def test_the_fingerprint_names_the_gpu(results):
+    components = results[0]["fingerprint"]["components"]
+    assert components["gpu_name"] and components["driver"].startswith("nvidia ")
+    assert components["gpu_arch"].startswith("sm_")
+    assert components["torch_cuda"] and components["nvcc"]
+
+
+def test_an_illegal_address_is_a_runtime_error_and_the_next_job_runs(results):
+    illegal, after = results[-2:]
+    assert illegal["status"] == "runtime_error", illegal["error"]
+    assert after["status"] == "pass", after["error"]

@@ -1,0 +1,49 @@
+"""The sandbox's own guarantees, without compiling anything: what the child's
+environment holds, and a toolchain that cannot start."""
+
+from __future__ import annotations
+
+from runners.harness.sandbox import REPO_ROOT, child_environment, run_batch
+from tests.harness.helpers import PLANTED, library_job
+
+
+def test_the_child_environment_is_an_allow_list(monkeypatch, tmp_path):
+    for name, value in PLANTED.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "canary-aws-123456")
+    env = child_environment(str(tmp_path), str(tmp_path / "cache"))
+    assert env["CUDA_VISIBLE_DEVICES"] == "0"
+    assert env["HOME"] == str(tmp_path) and env["TMPDIR"].startswith(str(tmp_path))
+    assert env["TILELANG_CACHE_DIR"] == str(tmp_path / "cache")
+    assert env["PYTHONPATH"] == REPO_ROOT
+    assert "DJANGO_SETTINGS_MODULE" not in env
+    leaked = [v for v in env.values() if "canary" in v]
+    assert not leaked
+    assert not {"DATABASE_URL", "CELERY_BROKER_URL", "DJANGO_SECRET_KEY"} & set(env)
+
+
+def test_a_toolchain_that_cannot_start_is_an_infra_error_for_every_job(tmp_path):
+    broken = tmp_path / "python"
+    broken.write_text("#!/bin/sh\necho 'No module named tilelang' >&2\nexit 3\n")
+    broken.chmod(0o755)
+    jobs = [
+        library_job("softmax", {"M": 2, "N": 3}),
+        library_job("row_sum", {"M": 2, "N": 3}),
+    ]
+    results = run_batch(jobs, interpreter=str(broken), cache_dir=str(tmp_path / "c"))
+    for result in results:
+        assert result["status"] == "infra_error"
+        assert "failed to start: exit status 3" in result["error"]["message"]
+        assert "No module named tilelang" in result["error"]["message"]
+
+
+def test_cells_the_kernel_does_not_declare_are_unsupported(cache_dir):
+    jobs = [
+        library_job("softmax", {"M": 2, "N": 3}, dtype="float16"),
+        library_job("gemm", {"M": 2, "N": 3, "K": 4}, dtype="bfloat16"),
+    ]
+    for job, result in zip(jobs, run_batch(jobs, cache_dir=cache_dir), strict=True):
+        assert result["status"] == "unsupported"
+        assert result["stage_reached"] is None and result["kernel_source"] is None
+        assert job["dtype"] in result["error"]["message"]
