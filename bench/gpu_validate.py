@@ -321,6 +321,20 @@ def main(argv: list[str] | None = None) -> int:
     compile_s = time.perf_counter() - started
     print(f"compiled in {compile_s:.0f} s", flush=True)
     copy_gbs = copy_bandwidth_gbs()
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+
+    def write_report() -> None:
+        # Rewritten after every cell so a run cut short still leaves evidence.
+        report = {
+            "environment": environment(),
+            "copy_gbs": copy_gbs,
+            "compile_s": compile_s,
+            "total_s": time.perf_counter() - started,
+            "cells": [{k: v for k, v in c.items() if k != "kernel"} for c in cells],
+        }
+        out.write_text(json.dumps(report, indent=1, default=str))
+
     for cell in cells:
         if cell["status"] != "built":
             continue
@@ -330,17 +344,11 @@ def main(argv: list[str] | None = None) -> int:
             cell["status"] = "runtime_error"
             cell["error"] = traceback.format_exc()[-2000:]
         torch.cuda.empty_cache()
-    report = {
-        "environment": environment(),
-        "copy_gbs": copy_gbs,
-        "compile_s": compile_s,
-        "total_s": time.perf_counter() - started,
-        "cells": [{k: v for k, v in c.items() if k != "kernel"} for c in cells],
-    }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(report, indent=1, default=str))
+        write_report()
+        print(cell["op"], cell["shape"], cell["dtype"], cell["status"], flush=True)
+    write_report()
     print_table(cells, copy_gbs)
-    print(f"\nwrote {args.out}; total {report['total_s']:.0f} s")
+    print(f"\nwrote {out}; total {time.perf_counter() - started:.0f} s")
     return 0
 
 
