@@ -23,6 +23,7 @@ DEFAULT_NOISE_BAND = 0.05
 # How many recent results of one cell count as its repeat timings.
 REPEAT_WINDOW = 5
 PERF_STEP = 0.05
+MAD_TO_SIGMA = 1.4826
 
 
 class Change:
@@ -131,11 +132,16 @@ class Diff:
 
 
 def noise(samples: list[float]) -> float | None:
-    """Half the relative spread of repeat timings; None for fewer than two."""
+    """The relative spread of repeat timings, as a robust standard deviation
+    (1.4826 x the median absolute deviation, over the median): one stalled
+    run on a shared host must not widen the band into meaninglessness.
+    None for fewer than two samples."""
     samples = [s for s in samples if s]
     if len(samples) < 2:
         return None
-    return (max(samples) - min(samples)) / (2 * statistics.median(samples))
+    centre = statistics.median(samples)
+    mad = statistics.median(abs(s - centre) for s in samples)
+    return MAD_TO_SIGMA * mad / centre
 
 
 def timing_samples(result: Result, history: list[float]) -> list[float]:

@@ -35,7 +35,21 @@ def fast_password_hashing(settings):
 
 
 @pytest.fixture
-def world(db, owner, reviewer, django_user_model):
+def people(db, owner, reviewer, django_user_model):
+    """The proposer (with the propose permission, and a reviewer too, so
+    only the self-approval rule stops them) and three more reviewers."""
+    group = Group.objects.create(name="reviewer")
+    reviewers = [reviewer] + [
+        django_user_model.objects.create_user(f"reviewer{i}", password="pw-123456")
+        for i in (2, 3)
+    ]
+    group.user_set.add(owner, *reviewers)
+    owner.user_permissions.add(Permission.objects.get(codename="propose_upgrade"))
+    return django_user_model.objects.get(pk=owner.pk), reviewers
+
+
+@pytest.fixture
+def world(people):
     cpu = DeviceType.objects.create(vendor="x86-64", model="CPU", backend="c")
     h200 = DeviceType.objects.create(
         vendor="NVIDIA", model="H200", arch="sm_90a", backend="cuda"
@@ -77,22 +91,14 @@ def world(db, owner, reviewer, django_user_model):
         name="tilelang-0.1.13", components={"tilelang": "0.1.13"}, current=True
     )
     new = toolchain_register(name="tilelang-0.1.15", components={"tilelang": "0.1.15"})
-    group = Group.objects.create(name="reviewer")
-    reviewers = [reviewer] + [
-        django_user_model.objects.create_user(f"reviewer{i}", password="pw-123456")
-        for i in (2, 3)
-    ]
-    group.user_set.add(*reviewers)
-    owner.user_permissions.add(Permission.objects.get(codename="propose_upgrade"))
-    # The proposer is a reviewer too, so only the self-approval rule stops them.
-    group.user_set.add(owner)
+    owner, reviewers = people
     return World(
         cpu=cpu,
         h200=h200,
         shapes=shapes,
         old=old,
         new=new,
-        owner=django_user_model.objects.get(pk=owner.pk),
+        owner=owner,
         reviewers=reviewers,
     )
 
