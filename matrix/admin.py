@@ -64,3 +64,51 @@ class AuditEventAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request, obj=None):
         return False
+
+
+class ReadOnlyAdmin(admin.ModelAdmin):
+    """Gate records change only through matrix.gate.services, which audits
+    every transition; the admin shows them."""
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(models.Policy)
+class PolicyAdmin(ReadOnlyAdmin):
+    list_display = [
+        "version",
+        "required_approvals",
+        "perf_budget",
+        "created_by",
+        "created_at",
+    ]
+
+
+@admin.register(models.UpgradeProposal)
+class UpgradeProposalAdmin(ReadOnlyAdmin):
+    list_display = ["id", "baseline", "candidate", "proposer", "state", "created_at"]
+    list_filter = ["state"]
+
+
+@admin.register(models.Approval)
+class ApprovalAdmin(ReadOnlyAdmin):
+    list_display = ["proposal", "reviewer", "decision", "voided", "created_at"]
+    list_filter = ["decision", "voided"]
+
+
+@admin.register(models.BackendException)
+class BackendExceptionAdmin(ReadOnlyAdmin):
+    list_display = ["proposal", "backend", "granted_by", "signed_off_by"]
+
+
+@admin.register(models.ManifestEntry)
+class ManifestEntryAdmin(ReadOnlyAdmin):
+    list_display = ["toolchain", "operator", "dtype", "device_type", "dims", "choice"]
+    list_filter = ["choice", "toolchain"]

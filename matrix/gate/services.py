@@ -4,7 +4,6 @@ with the reason in words, and every transition writes an audit event."""
 
 from __future__ import annotations
 
-import importlib.util
 from dataclasses import dataclass, field
 
 from django.contrib.auth import get_user_model
@@ -26,7 +25,6 @@ from matrix.models import (
     AuditEvent,
     Cell,
     KernelRevision,
-    Result,
     Shape,
     Sweep,
     Toolchain,
@@ -207,7 +205,18 @@ def _evaluate(
 
 
 def _has_open_jobs(proposal: UpgradeProposal) -> bool:
-    return ValidationJob.objects.open().filter(sweep__in=proposal.sweeps.all()).exists()
+    """Jobs still queued or running on the proposal's served cells, whoever
+    planned them: a cell already in flight when the proposal opened is not
+    planned twice, but its result is awaited all the same."""
+    return (
+        ValidationJob.objects.open()
+        .filter(
+            shape__served=True,
+            device_type__in=proposal.device_types.all(),
+            toolchain__in=[proposal.baseline_id, proposal.candidate_id],
+        )
+        .exists()
+    )
 
 
 @transaction.atomic
@@ -280,17 +289,18 @@ def _void(approval: Approval, *, reason: str, actor) -> None:
 
 
 @transaction.atomic
-def proposals_reevaluate_for_result(*, result: Result) -> list[UpgradeProposal]:
-    """The hook for result ingest: re-evaluate the open proposals whose
-    matrix the result belongs to."""
-    affected = (
-        UpgradeProposal.objects.open()
-        .filter(device_types=result.device_type_id)
-        .filter(
-            Q(baseline_id=result.toolchain_id) | Q(candidate_id=result.toolchain_id)
+def proposals_reevaluate_for_results(*, results) -> list[UpgradeProposal]:
+    """The hook for result ingest: re-evaluate, once each, the open proposals
+    whose matrix any of the stored results belongs to."""
+    cells = {(r.device_type_id, r.toolchain_id) for r in results}
+    if not cells:
+        return []
+    match = Q()
+    for device_type_id, toolchain_id in cells:
+        match |= Q(device_types=device_type_id) & (
+            Q(baseline_id=toolchain_id) | Q(candidate_id=toolchain_id)
         )
-        .distinct()
-    )
+    affected = UpgradeProposal.objects.open().filter(match).distinct()
     return [proposal_reevaluate(proposal=p) for p in affected]
 
 
@@ -344,7 +354,8 @@ def proposal_open(
 
 def stale_served_cells(*, toolchains, device_types) -> list[tuple]:
     """(shape, device type, toolchain) for served cells whose latest result
-    is absent or was produced by a kernel revision that is no longer current."""
+    is absent or was produced by a kernel revision that is no longer current,
+    and that have no job in flight for the current revision."""
     current = dict(
         KernelRevision.objects.filter(is_current=True).values_list("operator_id", "pk")
     )
@@ -352,6 +363,14 @@ def stale_served_cells(*, toolchains, device_types) -> list[tuple]:
         Cell.objects.filter(
             toolchain__in=toolchains, device_type__in=device_types, shape__served=True
         ).values_list("shape_id", "device_type_id", "toolchain_id", "revision_id")
+    )
+    # A cell with a job in flight is awaited, not planned again.
+    fresh |= set(
+        ValidationJob.objects.open()
+        .filter(
+            toolchain__in=toolchains, device_type__in=device_types, shape__served=True
+        )
+        .values_list("shape_id", "device_type_id", "toolchain_id", "revision_id")
     )
     cells = []
     for shape in Shape.objects.served().filter(operator_id__in=current):
@@ -364,28 +383,11 @@ def stale_served_cells(*, toolchains, device_types) -> list[tuple]:
 
 
 def _sweep_plan(*, cells, created_by, filters) -> Sweep:
-    """Plan through the runner service when it is installed, so jobs reach
-    runner queues; without it the jobs are written for a runner to claim."""
-    if importlib.util.find_spec("runners.services") is not None:
-        from runners.services import sweep_plan
+    # Imported here: the matrix app must load without the runners app's
+    # services (and their broker settings) being importable yet.
+    from runners.services import sweep_plan
 
-        if callable(sweep_plan):
-            return sweep_plan(cells=cells, created_by=created_by, filters=filters)
-    sweep = Sweep.objects.create(
-        created_by=created_by, filters=filters, total=len(cells)
-    )
-    current = {r.operator_id: r for r in KernelRevision.objects.filter(is_current=True)}
-    ValidationJob.objects.bulk_create(
-        ValidationJob(
-            revision=current[shape.operator_id],
-            shape=shape,
-            device_type=dt,
-            toolchain=toolchain,
-            sweep=sweep,
-        )
-        for shape, dt, toolchain in cells
-    )
-    return sweep
+    return sweep_plan(cells=cells, created_by=created_by, filters=filters)
 
 
 # -- decisions ----------------------------------------------------------------

@@ -25,7 +25,7 @@ from matrix.gate.services import (
     proposal_approve,
     proposal_diff,
     proposal_open,
-    proposals_reevaluate_for_result,
+    proposals_reevaluate_for_results,
 )
 from matrix.models import (
     DeviceType,
@@ -105,7 +105,7 @@ def runner(db, tmp_path, monkeypatch):
     def deliver(envelope):
         result, _ = services.result_ingest(envelope=envelope)
         # What the control worker's ingest hook does once a result is stored.
-        proposals_reevaluate_for_result(result=result)
+        proposals_reevaluate_for_results(results=[result])
 
     monkeypatch.setattr(host, "result_send", deliver)
     return config
