@@ -73,9 +73,11 @@ def _torch_components() -> dict:
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
         found["gpu_name"] = props.name
-        found["gpu_arch"] = getattr(props, "gcnArchName", None) or (
-            f"sm_{props.major}{props.minor}"
-        )
+        # CUDA builds of torch also have gcnArchName (holding the GPU name).
+        if found["torch_hip"]:
+            found["gpu_arch"] = props.gcnArchName
+        else:
+            found["gpu_arch"] = f"sm_{props.major}{props.minor}"
     return found
 
 

@@ -1,6 +1,24 @@
 """The result object: status ladder, stages and the shape every result has.
 
-Shared by the supervisor and the child so that both build the same keys.
+Shared by the supervisor and the child so that both build the same keys::
+
+    status          lowered < built < pass, or compile_error, mismatch,
+                    runtime_error, timeout, unsupported, infra_error
+    stage_reached   the last stage entered: lower, build, validate (None when
+                    nothing ran, e.g. unsupported)
+    metrics         rel_err (norm-relative), max_abs_err, mismatch_ratio;
+                    None where not measured or not finite
+    timings         compile_s (program + lower + build), run_s (the validate
+                    stage), kernel_ms and reference_ms (medians), speedup
+                    (reference / kernel), tflops, gbps, wall_s (this job's
+                    share of the supervisor's clock, the child's start
+                    included for the first job of a child), overhead_s
+                    (wall_s - compile_s - run_s)
+    error           None, or signature, message (sanitized), pass_name
+    fingerprint     hash (toolchain only) and components (device too)
+    kernel_source   generated device code, at most 64 KB
+    tolerance       rel_err, atol, rtol, max_mismatch_ratio, reason
+    operator, shape, dtype, target, stage, seed, source_sha256: the job
 """
 
 from __future__ import annotations

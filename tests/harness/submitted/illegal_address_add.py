@@ -1,5 +1,6 @@
 """elementwise_add for cuda that stores far outside C, at an offset read from
-its input so that no compiler pass can see it coming: an illegal address."""
+its input so that no compiler pass can see it coming, with TileLang's guard
+against out-of-bounds accesses switched off: an illegal address."""
 
 import tilelang.language as T
 
@@ -18,4 +19,5 @@ def program(shape, dtype, target):
                 far = T.cast(T.abs(T.cast(A[row, j], "float32")) * 1e9, "int32")
                 C[row + far, j] = A[row, j] + B[row, j]
 
-    return illegal_address_add
+    unguarded = {"tl.disable_safe_memory_legalize": True}
+    return illegal_address_add.with_attr("tilelang_pass_configs", unguarded)
