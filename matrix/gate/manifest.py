@@ -46,6 +46,12 @@ def manifest_entries_write(*, proposal: UpgradeProposal, diff: Diff) -> int:
     return len(entries)
 
 
+def declared_order(dims_key: str) -> dict[str, int]:
+    """Dims in the operator's declared order. The JSON column cannot keep it:
+    PostgreSQL's jsonb sorts object keys."""
+    return {k: int(v) for k, v in (part.split("=") for part in dims_key.split(","))}
+
+
 def manifest_for(*, toolchain: Toolchain) -> dict:
     """The table for one toolchain. Where several approved proposals cover
     the same cell, the most recently approved one speaks for it."""
@@ -54,7 +60,7 @@ def manifest_for(*, toolchain: Toolchain) -> dict:
             toolchain=toolchain,
             proposal__state__in=[ProposalState.APPROVED, ProposalState.ROLLED_OUT],
         )
-        .select_related("device_type", "proposal")
+        .select_related("device_type", "proposal", "shape")
         .order_by("-proposal__approved_at", "-proposal_id")
     )
     seen = set()
@@ -71,7 +77,7 @@ def manifest_for(*, toolchain: Toolchain) -> dict:
                 "dtype": entry.dtype,
                 "device_type": str(dt),
                 "backend": dt.backend,
-                "shape_rule": {"dims": entry.dims},
+                "shape_rule": {"dims": declared_order(entry.shape.dims_key)},
                 "choice": entry.choice,
                 "reason": entry.reason,
                 "kernel_sha256": entry.revision_sha256,
