@@ -9,7 +9,13 @@ from runners import models
 class RunnerAdmin(admin.ModelAdmin):
     list_display = ["name", "state", "health", "last_heartbeat", "revoked_at"]
     list_filter = ["state", "health"]
-    readonly_fields = ["public_key", "state", "last_heartbeat", "last_sequence", "revoked_at"]
+    readonly_fields = [
+        "public_key",
+        "state",
+        "last_heartbeat",
+        "last_sequence",
+        "revoked_at",
+    ]
 
 
 @admin.register(models.RegistrationToken)

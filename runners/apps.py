@@ -16,6 +16,13 @@ class RunnersConfig(AppConfig):
 
         app.steps["consumer"].add(RunnerHost)
         app.conf.task_routes = {**(app.conf.task_routes or {}), **ROUTES}
+        if app.conf.broker_url.startswith("filesystem"):
+            # The filesystem broker is polled; its 1 s default made each job of
+            # a demo sweep wait up to a second for delivery.
+            app.conf.broker_transport_options = {
+                "polling_interval": 0.1,
+                **(app.conf.broker_transport_options or {}),
+            }
         reap_every = float(os.environ.get("TILEMATRIX_REAP_S", 30))
         app.conf.beat_schedule = {
             **(app.conf.beat_schedule or {}),

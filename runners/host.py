@@ -258,6 +258,21 @@ def library_source_sha256(operator: str) -> str | None:
     return hashlib.sha256(Path(spec.origin).read_text().encode()).hexdigest()
 
 
+def library_mismatch(job: dict) -> str | None:
+    """Why this host must not run a library job: its copy of the kernel is
+    not the revision the server planned. Submitted kernels carry their text."""
+    if not job.get("library", True):
+        return None
+    local = library_source_sha256(str(job.get("operator")))
+    if local == job.get("source_sha256"):
+        return None
+    return (
+        "this runner's kernel library differs from the job's revision "
+        f"(local {str(local)[:12]}, job {str(job.get('source_sha256'))[:12]}): "
+        "update the runner's checkout"
+    )
+
+
 def harness_function():
     target = os.environ.get(HARNESS_ENV) or DEFAULT_HARNESS
     module, _, name = target.partition(":")
@@ -283,17 +298,12 @@ def job_run(*, job: dict, interpreter: str, cache_dir: Path, timeout_s: float) -
     an answer and is returned at once."""
     run_job = harness_function()
     harness_job = {
-        k: job[k]
-        for k in (
-            "operator",
-            "shape",
-            "dtype",
-            "target",
-            "stage",
-            "seed",
-            "source_sha256",
-        )
+        k: job[k] for k in ("operator", "shape", "dtype", "target", "stage", "seed")
     }
+    library = job.get("library", True)
+    if not library:
+        harness_job["source"] = job.get("source")
+        harness_job["source_sha256"] = job.get("source_sha256")
     result = None
     for attempt in range(INFRA_RETRIES):
         try:
@@ -302,10 +312,13 @@ def job_run(*, job: dict, interpreter: str, cache_dir: Path, timeout_s: float) -
                 interpreter=interpreter,
                 cache_dir=str(cache_dir),
                 timeout_s=timeout_s,
+                trusted=library,
             )
         except Exception as exc:  # the harness must not take the worker down
+            # A job the harness refuses is refused again on retry: report it.
             log.exception("harness raised for job %s", job.get("job"))
-            result = infra_result(job, f"harness raised {exc.__class__.__name__}")
+            reason = (str(exc).splitlines() or [exc.__class__.__name__])[0][:500]
+            return infra_result(job, f"harness refused the job: {reason}")
         if result.get("status") != "infra_error":
             return result
         time.sleep(INFRA_BACKOFF_S * 2**attempt)
@@ -370,14 +383,9 @@ def job_execute(*, envelope, config: HostConfig, timeout_s: float) -> str:
     runner = Runner.objects.get(name=config.name)
     if not job_claim(job_id=job["job"], attempt=job["attempt"], runner=runner):
         return f"job {job['job']} attempt {job['attempt']}: already taken or superseded"
-    local = library_source_sha256(str(job.get("operator")))
-    if local != job.get("source_sha256"):
-        result = infra_result(
-            job,
-            "this runner's kernel library differs from the job's revision "
-            f"(local {str(local)[:12]}, job {str(job.get('source_sha256'))[:12]}): "
-            "update the runner's checkout",
-        )
+    mismatch = library_mismatch(job)
+    if mismatch:
+        result = infra_result(job, mismatch)
     else:
         cache_dir = config.directory / "kernel-cache" / job["toolchain"][:16]
         cache_dir.mkdir(parents=True, exist_ok=True)
@@ -431,10 +439,8 @@ def bundle_job_execute(*, envelope, config: HostConfig) -> dict:
     interpreter = python_for(config, job.get("toolchain"))
     if interpreter is None:
         result = infra_result(job, "this runner does not host the job's toolchain")
-    elif library_source_sha256(str(job.get("operator"))) != job.get("source_sha256"):
-        result = infra_result(
-            job, "this runner's kernel library differs from the job's revision"
-        )
+    elif mismatch := library_mismatch(job):
+        result = infra_result(job, mismatch)
     else:
         cache_dir = config.directory / "kernel-cache" / job["toolchain"][:16]
         cache_dir.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,309 @@
+"""A whole TileMatrix deployment in subprocesses, for end-to-end tests: its
+own database (a SQLite file, or a fresh PostgreSQL database when
+DATABASE_URL names a server), its own broker (a filesystem folder, or a Redis
+database index), the web server, the control worker with beat, and runner
+workers started with `manage.py runner work`.
+
+The test process never touches this database through the ORM (pytest-django
+keeps its own); it drives the deployment with management commands and reads
+outcomes with plain SQL.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+REPO = Path(__file__).resolve().parents[2]
+PY = sys.executable
+# Far from the index CI uses, so concurrent suites never consume each other's
+# messages on a shared Redis.
+E2E_REDIS_DB = 11
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_for(predicate, *, timeout: float, what: str, every: float = 0.25):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def redis_url(base: str | None) -> str:
+    parts = urlsplit(base or "redis://127.0.0.1:6379/0")
+    return urlunsplit(parts._replace(path=f"/{E2E_REDIS_DB}"))
+
+
+class Cluster:
+    def __init__(self, root: Path, *, broker: str = "default", harness: str = "edge"):
+        self.root = root
+        self.var = root / "var"
+        self.var.mkdir(parents=True)
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.logs: dict[str, Path] = {}
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if k
+            not in {"DATABASE_URL", "CELERY_BROKER_URL", "TILEMATRIX_SERVER_KEY_FILE"}
+        }
+        env.update(
+            DJANGO_SETTINGS_MODULE="matrix.settings",
+            TILEMATRIX_VAR_DIR=str(self.var),
+            TILEMATRIX_HEARTBEAT_S="1",
+            TILEMATRIX_REAP_S="1",
+            PYTHONUNBUFFERED="1",
+        )
+        if harness == "edge":
+            env["TILEMATRIX_HARNESS"] = "tests.runners.edge_harness:run_job"
+        configured = os.environ.get("CELERY_BROKER_URL", "")
+        if broker == "redis" or (
+            broker == "default" and configured.startswith("redis")
+        ):
+            env["CELERY_BROKER_URL"] = redis_url(
+                configured if configured.startswith("redis") else None
+            )
+            self.flush_redis(env["CELERY_BROKER_URL"])
+        self.pg_admin = None
+        database = os.environ.get("DATABASE_URL", "")
+        if database.startswith(("postgres", "pgsql")):
+            name = f"tm_e2e_{uuid.uuid4().hex[:10]}"
+            self.pg_admin = urlunsplit(urlsplit(database)._replace(path="/postgres"))
+            self._pg_execute(f'CREATE DATABASE "{name}"')
+            self.pg_name = name
+            env["DATABASE_URL"] = urlunsplit(
+                urlsplit(database)._replace(path=f"/{name}")
+            )
+        self.env = env
+        self.port = free_port()
+        self.server = f"http://127.0.0.1:{self.port}"
+        self.manage("migrate", "--noinput")
+        self.manage("seed_demo")
+
+    # Plumbing ---------------------------------------------------------------
+
+    @staticmethod
+    def flush_redis(url: str) -> None:
+        import redis
+
+        redis.Redis.from_url(url).flushdb()
+
+    def _pg_execute(self, sql: str) -> None:
+        import psycopg
+
+        with psycopg.connect(self.pg_admin, autocommit=True) as conn:
+            conn.execute(sql)
+
+    def manage(self, *args, check=True, timeout=300) -> subprocess.CompletedProcess:
+        done = subprocess.run(
+            [PY, "manage.py", *args],
+            cwd=REPO,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+        if check and done.returncode != 0:
+            raise AssertionError(
+                f"manage.py {' '.join(args)} exited {done.returncode}:\n{done.stdout}\n{done.stderr}"
+            )
+        return done
+
+    def start(
+        self, name: str, argv: list[str], env: dict | None = None
+    ) -> subprocess.Popen:
+        log = self.root / f"{name}.log"
+        handle = log.open("ab")
+        proc = subprocess.Popen(
+            argv,
+            cwd=REPO,
+            env={**self.env, **(env or {})},
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group, to kill it whole
+        )
+        self.procs[name], self.logs[name] = proc, log
+        return proc
+
+    def log(self, name: str) -> str:
+        return self.logs[name].read_text(errors="replace")
+
+    def kill(self, name: str, sig=signal.SIGKILL) -> None:
+        proc = self.procs.pop(name)
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+
+    def close(self) -> None:
+        for name in list(self.procs):
+            self.kill(name, signal.SIGTERM)
+        if self.pg_admin:
+            self._pg_execute(f'DROP DATABASE IF EXISTS "{self.pg_name}" WITH (FORCE)')
+
+    # The deployment -------------------------------------------------------
+
+    def start_web(self) -> None:
+        self.start(
+            "web",
+            [PY, "manage.py", "runserver", f"127.0.0.1:{self.port}", "--noreload"],
+        )
+
+        def up():
+            try:
+                with urllib.request.urlopen(
+                    self.server + "/api/v1/openapi.json", timeout=2
+                ):
+                    return True
+            except OSError:
+                return False
+
+        wait_for(up, timeout=60, what="the web server")
+
+    def start_control(self) -> None:
+        self.start(
+            "control",
+            [
+                PY,
+                "-m",
+                "celery",
+                "-A",
+                "matrix",
+                "worker",
+                "--queues=control",
+                "--concurrency=1",
+                "--hostname=control@%h",
+                "--loglevel=info",
+                "--without-gossip",
+                "--without-mingle",
+                "--beat",
+                f"--schedule={self.root / 'beat-schedule'}",
+            ],
+        )
+
+    def key_dir(self, runner: str) -> Path:
+        return self.root / "hosts" / runner
+
+    def register(self, runner: str, server: str | None = None) -> str:
+        token = (
+            self.manage("runner", "token", "create", "--expires", "10m")
+            .stdout.strip()
+            .splitlines()[-1]
+        )
+        done = self.manage(
+            "runner",
+            "register",
+            "--server",
+            server or self.server,
+            "--token",
+            token,
+            "--name",
+            runner,
+            "--key-dir",
+            str(self.key_dir(runner)),
+        )
+        return done.stdout
+
+    def start_runner(self, runner: str, **env) -> None:
+        self.start(
+            f"runner:{runner}",
+            [PY, "manage.py", "runner", "work", "--key-dir", str(self.key_dir(runner))],
+            env=env,
+        )
+
+    def broker_url(self) -> str:
+        return self.env.get("CELERY_BROKER_URL", "filesystem://")
+
+    def transport_options(self) -> dict:
+        if self.broker_url().startswith("filesystem"):
+            folder = str(self.var / "broker" / "out")
+            return {"data_folder_in": folder, "data_folder_out": folder}
+        return {}
+
+    # Reading outcomes -----------------------------------------------------
+
+    def sql(self, query: str, params: tuple = ()) -> list[tuple]:
+        if self.pg_admin:
+            import psycopg
+
+            with psycopg.connect(self.env["DATABASE_URL"]) as conn:
+                return conn.execute(query.replace("?", "%s"), params).fetchall()
+        with sqlite3.connect(self.var / "db.sqlite3", timeout=20) as conn:
+            return conn.execute(query, params).fetchall()
+
+    def runner_state(self, runner: str) -> str | None:
+        rows = self.sql("SELECT state FROM runners_runner WHERE name = ?", (runner,))
+        return rows[0][0] if rows else None
+
+    def plan(self, code: str) -> int:
+        """Plan a sweep with Python run in the deployment (``cells`` and
+        ``services`` are in scope); returns its id."""
+        script = (
+            "from matrix.models import *\n"
+            "from runners import services\n"
+            f"cells = {code}\n"
+            "print(services.sweep_plan(cells=cells).pk)\n"
+        )
+        return int(self.manage("shell", "-c", script).stdout.strip().splitlines()[-1])
+
+    def sweep(self, *args) -> int:
+        out = self.manage("sweep", "--no-wait", *args).stdout
+        return int(out.split()[1].rstrip(":"))
+
+    def jobs(self, sweep: int) -> list[tuple]:
+        return self.sql(
+            "SELECT id, state, attempt, runner_id FROM matrix_validationjob WHERE sweep_id = ?",
+            (sweep,),
+        )
+
+    def results_per_job(self, sweep: int) -> dict[int, int]:
+        rows = self.sql(
+            "SELECT j.id, COUNT(r.id) FROM matrix_validationjob j "
+            "LEFT JOIN matrix_result r ON r.job_id = j.id WHERE j.sweep_id = ? GROUP BY j.id",
+            (sweep,),
+        )
+        return dict(rows)
+
+    def finished(self, sweep: int) -> bool:
+        jobs = self.jobs(sweep)
+        return bool(jobs) and all(
+            state in ("done", "failed", "lost") for _, state, _, _ in jobs
+        )
+
+    def wait_finished(self, sweep: int, timeout: float = 240) -> None:
+        try:
+            wait_for(
+                lambda: self.finished(sweep),
+                timeout=timeout,
+                what=f"sweep {sweep}",
+                every=0.5,
+            )
+        except AssertionError:
+            states = json.dumps(self.jobs(sweep))
+            tails = {n: self.log(n)[-3000:] for n in self.logs}
+            raise AssertionError(
+                f"sweep {sweep} unfinished: {states}\n{tails}"
+            ) from None

@@ -1,0 +1,126 @@
+"""A deployment in subprocesses (web server, control worker with beat, runner
+workers) against the configured database and broker kinds: what a lab admin
+and a user do, and what must survive a crash."""
+
+from __future__ import annotations
+
+import pytest
+
+from .cluster import Cluster, wait_for
+
+CPU_SMOKE = "Shape.objects.filter(source_profile='cpu-smoke')"
+
+
+def smoke_cells(device_filter: str, limit: int | None = None) -> str:
+    shapes = CPU_SMOKE + (f"[:{limit}]" if limit else "")
+    return (
+        f"[(s, d, Toolchain.objects.get()) for s in {shapes} "
+        f"for d in DeviceType.objects.filter({device_filter})]"
+    )
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    cluster = Cluster(tmp_path_factory.mktemp("cluster"))
+    try:
+        cluster.start_web()
+        cluster.start_control()
+        yield cluster
+    finally:
+        cluster.close()
+
+
+def online(cluster, runner):
+    wait_for(
+        lambda: cluster.runner_state(runner) == "online",
+        timeout=90,
+        what=f"{runner} online",
+    )
+
+
+def test_register_sweep_and_real_results(cluster):
+    out = cluster.register("cpu-real")
+    assert "registered runner cpu-real" in out
+    assert (cluster.key_dir("cpu-real") / "runner.key").stat().st_mode & 0o777 == 0o600
+    cluster.start_runner(
+        "cpu-real", TILEMATRIX_HARNESS="runners.harness.sandbox:run_job"
+    )
+    online(cluster, "cpu-real")
+    sweep = cluster.plan(smoke_cells("backend__in=['c', 'cuda']", limit=2))
+    cluster.wait_finished(sweep, timeout=300)
+    rows = cluster.sql(
+        "SELECT d.backend, j.stage, r.status, r.error_message FROM matrix_result r "
+        "JOIN matrix_validationjob j ON j.id = r.job_id "
+        "JOIN matrix_devicetype d ON d.id = r.device_type_id WHERE j.sweep_id = ?",
+        (sweep,),
+    )
+    assert len(rows) == 4
+    outcomes = {(b, stage, status) for b, stage, status, _ in rows}
+    # cuda cells are built where this host has nvcc, lowered where it has not.
+    assert outcomes in (
+        {("c", "validate", "pass"), ("cuda", "lower", "lowered")},
+        {("c", "validate", "pass"), ("cuda", "build", "built")},
+    ), rows
+    cells = cluster.sql(
+        "SELECT COUNT(*) FROM matrix_cell WHERE status IN ('pass', 'lowered', 'built')"
+    )
+    assert cells[0][0] == 4
+    cluster.kill("runner:cpu-real")
+
+
+def test_kill_9_of_the_worker_mid_sweep_loses_no_job(cluster):
+    cluster.register("cpu-b")
+    cluster.start_runner("cpu-b", TILEMATRIX_EDGE_HARNESS_DELAY_S="0.3")
+    online(cluster, "cpu-b")
+    sweep = cluster.plan(smoke_cells("pk__gt=0"))
+    total = len(cluster.jobs(sweep))
+    assert total >= 20
+    wait_for(
+        lambda: sum(s == "done" for _, s, _, _ in cluster.jobs(sweep)) >= 5,
+        timeout=120,
+        what="five jobs done",
+    )
+    cluster.kill("runner:cpu-b")
+    assert not cluster.finished(sweep)
+    cluster.start_runner("cpu-b", TILEMATRIX_EDGE_HARNESS_DELAY_S="0.05")
+    cluster.wait_finished(sweep)
+    jobs = cluster.jobs(sweep)
+    assert {state for _, state, _, _ in jobs} == {"done"}, jobs
+    assert set(cluster.results_per_job(sweep).values()) == {1}
+
+
+def test_a_malformed_message_is_dropped_and_the_worker_carries_on(cluster):
+    from kombu import Connection
+
+    with Connection(
+        cluster.broker_url(), transport_options=cluster.transport_options()
+    ) as conn:
+        queue = conn.SimpleQueue("runner.cpu-b")
+        queue.put("not a task at all", serializer="json")
+        queue.close()
+    from celery import Celery
+
+    sender = Celery(broker=cluster.broker_url())
+    sender.conf.broker_transport_options = cluster.transport_options()
+    sender.send_task(
+        "runners.execute_job", args=[{"payload": "garbage"}], queue="runner.cpu-b"
+    )
+    sender.send_task("runners.no_such_task", args=[], queue="runner.cpu-b")
+    sweep = cluster.plan(smoke_cells("backend='c'", limit=1))
+    cluster.wait_finished(sweep, timeout=120)
+    assert cluster.procs["runner:cpu-b"].poll() is None
+    log = cluster.log("runner:cpu-b")
+    assert "dropped job message" in log
+    assert "no_such_task" in log
+
+
+def test_a_revoked_runner_stays_offline_and_its_heartbeats_are_refused(cluster):
+    cluster.manage("runner", "revoke", "cpu-b")
+    wait_for(
+        lambda: "refused heartbeat from 'cpu-b'" in cluster.log("control"),
+        timeout=30,
+        what="a refused heartbeat",
+    )
+    assert cluster.runner_state("cpu-b") == "offline"
+    rows = cluster.sql("SELECT revoked_at FROM runners_runner WHERE name = 'cpu-b'")
+    assert rows[0][0] is not None
