@@ -7,7 +7,10 @@ with COPY and points one Cell per (shape, device type, toolchain) at its
 newest result. At each size it times, with Django's test Client in this
 process:
 
-- ``matrix``: the real home page (reads Cell),
+- ``matrix``: the real home page (reads Cell; its table cached per data
+  version, so this is the steady state of repeated views),
+- ``matrix-nocache``: the same page with that cache off, every request
+  aggregating Cell and rendering the table,
 - ``matrix+open``: the home page with one operator (400 shape rows) expanded,
 - ``naive``: the same page whose per-cell status comes from a latest-result-
   per-cell GROUP BY over Result, the baseline that Cell exists to avoid.
@@ -425,7 +428,7 @@ def main() -> None:
     ensure_database(url)
     setup_django(url)
     install_baseline_url()
-    from django.test import Client
+    from django.test import Client, override_settings
 
     reset()
     cat = catalogue(args.device_types, args.shapes_per_operator)
@@ -434,16 +437,19 @@ def main() -> None:
     for size in args.sizes:
         loaded = fill(cat, size, min(args.cells, size))
         row = {"results": size, **loaded}
-        for label, path, n in (
-            ("matrix", "/", args.requests),
-            ("matrix+open", "/?open=gemm", args.requests),
-            ("naive", "/naive/", args.naive_requests),
+        for label, path, n, cache_s in (
+            ("matrix", "/", args.requests, 300),
+            ("matrix-nocache", "/", args.requests, 0),
+            ("matrix+open", "/?open=gemm", args.requests, 0),
+            ("naive", "/naive/", args.naive_requests, 0),
         ):
-            row[label] = time_page(client, path, n)
+            with override_settings(TILEMATRIX_MATRIX_CACHE_S=cache_s):
+                row[label] = time_page(client, path, n)
         runs.append(row)
         print(f"loaded {size:,} results in {loaded['load_s']} s", file=sys.stderr)
 
     base = runs[0]["matrix"]["p95_ms"]
+    base_nocache = runs[0]["matrix-nocache"]["p95_ms"]
     report = {
         "catalogue": {
             "device_types": args.device_types,
@@ -453,6 +459,10 @@ def main() -> None:
         "requests": args.requests,
         "runs": runs,
         "p95_ratio_largest_vs_smallest": round(runs[-1]["matrix"]["p95_ms"] / base, 2),
+        "p95_ratio_nocache_largest_vs_smallest": round(
+            runs[-1]["matrix-nocache"]["p95_ms"] / base_nocache, 2
+        ),
+        "load_average_at_end": os.getloadavg(),
         "database": url.rsplit("@", 1)[-1],
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
@@ -463,7 +473,7 @@ def main() -> None:
         f"{'queries':>7} {'KiB':>6}"
     )
     for row in runs:
-        for label in ("matrix", "matrix+open", "naive"):
+        for label in ("matrix", "matrix-nocache", "matrix+open", "naive"):
             r = row[label]
             print(
                 f"{row['results']:>10,} {label:<12} {r['p50_ms']:>8} {r['p95_ms']:>8} "

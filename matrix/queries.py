@@ -8,10 +8,9 @@ of queries, whatever the size of the matrix.
 
 from __future__ import annotations
 
-from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from django.db.models import Count, Exists, OuterRef, Q
+from django.db.models import Count, Exists, Max, OuterRef, Q
 
 from matrix.models import (
     BACKEND_PRIORITY,
@@ -165,50 +164,75 @@ def matches(status_filter: str, status: str, stale: bool) -> bool:
     return status == status_filter
 
 
-@dataclass
-class Tally:
-    """Counts of cell states for one operator row or one device column."""
+# Status -> colour family, looked up once per count rather than per property.
+KIND_OF = {status: status_kind(status) for status in [*Status.values, EMPTY]}
+BAR_ORDER = ("pass", "evidence", "fail", "unsupported", "empty")
 
-    total: int = 0
-    by_status: dict[str, int] = field(default_factory=lambda: defaultdict(int))
-    stale: int = 0
+
+class Tally:
+    """Counts of cell states for one operator × device type, one operator
+    row or one device column. The per-kind counts are derived once, when
+    first read, so a page of thousands of tallies stays cheap."""
+
+    __slots__ = ("total", "by_status", "stale", "_kinds")
+
+    def __init__(self) -> None:
+        self.total = 0
+        self.by_status: dict[str, int] = {}
+        self.stale = 0
+        self._kinds: dict[str, int] | None = None
 
     def add(self, status: str, n: int, stale: bool) -> None:
-        self.by_status[status] += n
+        self.by_status[status] = self.by_status.get(status, 0) + n
         self.total += n
         if stale:
             self.stale += n
+        self._kinds = None
+
+    def merge(self, other: Tally) -> None:
+        for status, n in other.by_status.items():
+            self.by_status[status] = self.by_status.get(status, 0) + n
+        self.total += other.total
+        self.stale += other.stale
+        self._kinds = None
+
+    @property
+    def kinds(self) -> dict[str, int]:
+        if self._kinds is None:
+            kinds: dict[str, int] = {}
+            for status, n in self.by_status.items():
+                kind = KIND_OF.get(status, "empty")
+                kinds[kind] = kinds.get(kind, 0) + n
+            self._kinds = kinds
+        return self._kinds
 
     @property
     def passing(self) -> int:
-        return self.by_status.get(Status.PASS, 0)
+        return self.kinds.get("pass", 0)
 
     @property
     def failing(self) -> int:
-        return sum(n for s, n in self.by_status.items() if s in FAILURES)
+        return self.kinds.get("fail", 0)
 
     @property
     def evidence(self) -> int:
-        return sum(n for s, n in self.by_status.items() if s in EVIDENCE)
+        return self.kinds.get("evidence", 0)
 
     @property
     def empty(self) -> int:
         return self.by_status.get(EMPTY, 0)
 
-    def share(self, n: int) -> int:
-        return round(100 * n / self.total) if self.total else 0
-
     @property
     def bar(self) -> list[tuple[str, int]]:
         """(kind, percent) segments for a stacked bar."""
-        parts = [
-            ("pass", self.passing),
-            ("evidence", self.evidence),
-            ("fail", self.failing),
-            ("unsupported", self.by_status.get(Status.UNSUPPORTED, 0)),
-            ("empty", self.empty),
+        if not self.total:
+            return []
+        kinds = self.kinds
+        return [
+            (kind, round(100 * kinds[kind] / self.total))
+            for kind in BAR_ORDER
+            if kinds.get(kind)
         ]
-        return [(kind, self.share(n)) for kind, n in parts if n]
 
 
 @dataclass
@@ -247,22 +271,37 @@ def cell_groups(filters: MatrixFilters, device_types: list[DeviceType]):
     )
 
 
-def matrix_summary(
-    filters: MatrixFilters,
-    device_types: list[DeviceType],
-    revisions: Revisions,
-    groups=None,
-) -> MatrixSummary:
-    """One row per operator with per-device-type tallies: two queries
-    (operators with their shape counts, cell groups), whatever the size of
-    the matrix. ``groups`` replaces the cell groups, so a benchmark can
-    compare sources."""
+def operator_list(filters: MatrixFilters) -> list[Operator]:
+    """Operators, each with ``shape_count``: its shapes under the filters."""
     shape_q = filters.shape_q("shapes__")
-    operators = list(
+    return list(
         Operator.objects.only("id", "name", "dims").annotate(
             shape_count=Count("shapes", filter=shape_q or None)
         )
     )
+
+
+def cells_version(toolchain: Toolchain | None) -> tuple:
+    """Changes whenever a cell of ``toolchain`` is written, added or removed:
+    ingest stamps ``updated_at`` on every cell it touches."""
+    if toolchain is None:
+        return (0, None)
+    seen = Cell.objects.filter(toolchain=toolchain).aggregate(
+        n=Count("id"), newest=Max("updated_at")
+    )
+    return (seen["n"], seen["newest"].isoformat() if seen["newest"] else None)
+
+
+def matrix_summary(
+    filters: MatrixFilters,
+    device_types: list[DeviceType],
+    revisions: Revisions,
+    operators: list[Operator],
+    groups=None,
+) -> MatrixSummary:
+    """One row per operator with per-device-type tallies from one grouped
+    query over Cell, whatever the size of the matrix. ``groups`` replaces
+    that query, so a benchmark can compare sources."""
     dt_index = {d.id: i for i, d in enumerate(device_types)}
     grid: dict[int, list[Tally]] = {
         op.id: [Tally() for _ in device_types] for op in operators
@@ -287,13 +326,9 @@ def matrix_summary(
             if missing > 0:
                 t.add(EMPTY, missing, False)
             _filter_tally(t, filters.status)
-            for status, n in t.by_status.items():
-                tally.by_status[status] += n
-                columns[i].by_status[status] += n
-                total.by_status[status] += n
-            for agg in (tally, columns[i], total):
-                agg.total += t.total
-                agg.stale += t.stale
+            tally.merge(t)
+            columns[i].merge(t)
+        total.merge(tally)
         rows.append(OperatorRow(op, shapes, grid[op.id], tally))
     return MatrixSummary(device_types, rows, columns, total)
 
@@ -303,15 +338,14 @@ def _filter_tally(t: Tally, status_filter: str) -> None:
     if not status_filter:
         return
     if status_filter == STALE:
-        t.by_status = (
-            defaultdict(int, {STALE: t.stale}) if t.stale else defaultdict(int)
-        )
+        t.by_status = {STALE: t.stale} if t.stale else {}
         t.total = t.stale
-        return
-    kept = t.by_status.get(status_filter, 0)
-    t.by_status = defaultdict(int, {status_filter: kept} if kept else {})
-    t.total = kept
-    t.stale = 0 if status_filter == EMPTY else t.stale
+    else:
+        kept = t.by_status.get(status_filter, 0)
+        t.by_status = {status_filter: kept} if kept else {}
+        t.total = kept
+        t.stale = 0 if status_filter == EMPTY else t.stale
+    t._kinds = None
 
 
 @dataclass

@@ -96,3 +96,33 @@ def test_an_outsider_sees_the_matrix_read_only(client, outsider, results):
 def test_it_refuses_post(client, owner):
     client.force_login(owner)
     assert client.post(reverse("matrix")).status_code == 405
+
+
+def test_a_new_result_shows_at_once_despite_the_cached_table(
+    client, results, device_types, toolchains
+):
+    from tests.ui.conftest import record
+
+    def table():
+        return client.get(
+            reverse("matrix"), HTTP_HX_REQUEST="true", HTTP_HX_TARGET="matrix"
+        ).content.decode()
+
+    before = table()
+    assert table() == before
+    record(results["fourth"], device_types["metal"], toolchains[1], "pass")
+    after = table()
+    assert after != before
+    # One more passing cell in the page-wide count.
+    passing = before.split('class="count">', 2)[2].split(" /")[0]
+    assert after.split('class="count">', 2)[2].split(" /")[0] == str(int(passing) + 1)
+
+
+def test_the_cached_page_stays_within_ten_queries(
+    client, results, owner, django_assert_max_num_queries
+):
+    client.force_login(owner)
+    client.get(reverse("matrix"))
+    with django_assert_max_num_queries(10):
+        response = client.get(reverse("matrix"))
+    assert 'id="op-gemm"' in response.content.decode()

@@ -1,0 +1,96 @@
+"""Headless Debian Chromium driven by Playwright's sync API against
+pytest-django's live server. Never downloads a browser."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.ui.conftest import (  # noqa: F401  (fixtures shared with the page tests)
+    cpu_runner,
+    device_types,
+    empty_cache,
+    results,
+    sweeper,
+    toolchains,
+    ui_catalog,
+)
+
+# Playwright's sync API runs an event loop in this thread; the live server's
+# database access happens in its own thread, and the fixtures' in this one
+# outside any coroutine.
+os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+
+CHROMIUM = "/usr/bin/chromium"
+ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+SCREENSHOTS = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
+PAGE_BUDGET_S = 1.0
+
+
+@pytest.fixture(scope="session")
+def chromium():
+    from playwright.sync_api import sync_playwright
+
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"{CHROMIUM} is missing: apt-get install chromium")
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        yield browser
+        browser.close()
+
+
+class Page:
+    """A browser tab that records console errors and times page loads."""
+
+    def __init__(self, page, base_url: str):
+        self.page = page
+        self.base_url = base_url
+        self.errors: list[str] = []
+        page.on(
+            "console",
+            lambda m: self.errors.append(m.text) if m.type == "error" else None,
+        )
+        page.on("pageerror", lambda e: self.errors.append(str(e)))
+
+    def open(self, path: str) -> float:
+        """Load ``path``; the seconds from navigation start to the load event."""
+        start = time.perf_counter()
+        response = self.page.goto(self.base_url + path, wait_until="load")
+        elapsed = time.perf_counter() - start
+        assert response is not None and response.ok, (
+            f"{path}: {response and response.status}"
+        )
+        assert elapsed <= PAGE_BUDGET_S, f"{path} took {elapsed:.2f} s"
+        return elapsed
+
+    def login(self, username: str, password: str) -> None:
+        self.open("/login/")
+        self.page.fill("input[name=username]", username)
+        self.page.fill("input[name=password]", password)
+        self.page.click("button[type=submit]")
+        self.page.wait_for_url(self.base_url + "/")
+
+    def screenshot(self, name: str) -> None:
+        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+        self.page.screenshot(path=str(SCREENSHOTS / f"{name}.png"), full_page=False)
+
+
+@pytest.fixture
+def tab(chromium, live_server):
+    context = chromium.new_context(viewport={"width": 1400, "height": 900})
+    page = Page(context.new_page(), live_server.url)
+    yield page
+    context.close()
+    assert page.errors == [], f"console errors: {page.errors}"

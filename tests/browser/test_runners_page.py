@@ -1,0 +1,57 @@
+"""Registering a runner through the runners page: the token is shown once
+with the command, the host registers with it, and the page shows the runner
+online after its first heartbeat."""
+
+from __future__ import annotations
+
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from runners import services, signing
+
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+
+INVENTORY = {
+    "devices": [{"backend": "c", "vendor": "x86-64", "model": "CPU"}],
+    "toolchains": [
+        {
+            "name": "tl-0.1.15",
+            "interpreter": "/usr/bin/python3",
+            "components": {"tilelang": "0.1.15"},
+        }
+    ],
+}
+
+
+def test_register_a_runner_and_see_it_online(tab, admin_user):
+    page = tab.page
+    tab.login("root", "root-pass-123")
+    tab.open("/runners/")
+    assert "No runner is registered yet" in page.inner_text("#runner-list")
+    page.click("text=Register a runner")
+    command = page.wait_for_selector("#register-cmd").inner_text()
+    token = command.split("--token ", 1)[1].split()[0]
+    assert command.startswith("python manage.py runner register --server http")
+
+    # What `manage.py runner register` and the worker's first heartbeat do.
+    key = Ed25519PrivateKey.generate()
+    services.runner_register(
+        token=token,
+        name="cpu-ui",
+        public_key=signing.public_key_hex(key),
+        inventory=INVENTORY,
+    )
+    services.runner_heartbeat(
+        envelope=services.heartbeat_envelope(
+            runner_name="cpu-ui", sequence=1, state="online", key=key
+        )
+    )
+    # The list refreshes itself every 10 s.
+    page.wait_for_selector("#runner-list tr:has-text('cpu-ui')", timeout=15_000)
+    row = page.locator("#runner-list tr", has_text="cpu-ui")
+    assert "online" in row.inner_text() and "x86-64 CPU" in row.inner_text()
+    tab.screenshot("runners")
+
+    row.locator("text=Maintenance").click()
+    page.wait_for_selector("#runner-list tr:has-text('cpu-ui') .badge.maintenance")
+    assert tab.errors == []
