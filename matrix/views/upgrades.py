@@ -8,12 +8,16 @@ from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
+from django.views.decorators.vary import vary_on_headers
 
 from matrix.gate import services
 from matrix.gate.diff import Change
 from matrix.gate.forms import DecisionForm, ExceptionForm, PolicyForm, ProposalForm
 from matrix.gate.models import BackendException, Policy, UpgradeProposal
 from matrix.models import AuditEvent
+
+# htmx stops polling on this status.
+STOP_POLLING = 286
 
 
 def _get_proposal_for_user(user, pk: int) -> UpgradeProposal:
@@ -74,45 +78,52 @@ def upgrade_new(request):
 
 @login_required
 @require_GET
+@vary_on_headers("HX-Request")
 def upgrade_page(request, pk: int):
     proposal = _get_proposal_for_user(request.user, pk)
+    context = _detail_context(request, proposal)
+    if request.htmx:
+        # The gate status polls while collecting; ingest re-evaluates it.
+        response = render(request, "gate/detail.html#gate-status", context)
+        if proposal.state != UpgradeProposal.State.COLLECTING:
+            response.status_code = STOP_POLLING
+        return response
+    return render(request, "gate/detail.html", context)
+
+
+def _detail_context(request, proposal: UpgradeProposal) -> dict:
     diff = services.proposal_diff(proposal=proposal)
     policy = Policy.current()
     reviewer = services.is_reviewer(request.user, policy)
-    return render(
-        request,
-        "gate/detail.html",
-        {
-            "proposal": proposal,
-            "device_types": proposal.device_types.all(),
-            "diff": diff,
-            "summary": diff.summary,
-            "changes": [(c, Change.LABELS[c]) for c in Change.ORDER],
-            "by_operator": diff.grouped("operator"),
-            "by_backend": diff.grouped("backend"),
-            "stale": proposal.diff_digest != diff.digest,
-            "approvals": proposal.approvals.select_related("reviewer"),
-            "exceptions": proposal.exceptions.select_related(
-                "granted_by", "signed_off_by"
-            ),
-            "events": AuditEvent.objects.filter(
-                object_type=UpgradeProposal._meta.label_lower, object_id=str(pk)
-            ),
-            "policy": policy,
-            "can_decide": reviewer and request.user.pk != proposal.proposer_id,
-            "is_proposer": request.user.pk == proposal.proposer_id,
-            "can_rollout": proposal.state == UpgradeProposal.State.APPROVED
-            and (reviewer or services.can_edit_policy(request.user)),
-            "decision_form": DecisionForm(),
-            "exception_form": ExceptionForm(),
-            "is_reviewer": reviewer,
-            "owned_backends": [
-                backend
-                for backend, owners in policy.backend_owners.items()
-                if request.user.get_username() in owners
-            ],
-        },
-    )
+    return {
+        "proposal": proposal,
+        "device_types": proposal.device_types.all(),
+        "diff": diff,
+        "summary": diff.summary,
+        "changes": [(c, Change.LABELS[c]) for c in Change.ORDER],
+        "by_operator": diff.grouped("operator"),
+        "by_backend": diff.grouped("backend"),
+        "stale": proposal.diff_digest != diff.digest,
+        "approvals": proposal.approvals.select_related("reviewer"),
+        "exceptions": proposal.exceptions.select_related("granted_by", "signed_off_by"),
+        "events": AuditEvent.objects.filter(
+            object_type=UpgradeProposal._meta.label_lower,
+            object_id=str(proposal.pk),
+        ),
+        "policy": policy,
+        "can_decide": reviewer and request.user.pk != proposal.proposer_id,
+        "is_proposer": request.user.pk == proposal.proposer_id,
+        "can_rollout": proposal.state == UpgradeProposal.State.APPROVED
+        and (reviewer or services.can_edit_policy(request.user)),
+        "decision_form": DecisionForm(),
+        "exception_form": ExceptionForm(),
+        "is_reviewer": reviewer,
+        "owned_backends": [
+            backend
+            for backend, owners in policy.backend_owners.items()
+            if request.user.get_username() in owners
+        ],
+    }
 
 
 @login_required

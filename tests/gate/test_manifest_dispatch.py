@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from django.core.management import call_command
 
-from matrix.gate.services import proposal_approve, proposal_open
+from matrix.gate.services import proposal_approve, proposal_open, proposal_rollout
 from matrix.models import Status
 from runners.dispatch import Dispatcher
 
@@ -156,3 +156,15 @@ def test_dispatch_imports_without_django(world, approved, tmp_path):
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "tilelang"
+
+
+def test_export_defaults_to_the_current_toolchain_after_rollout(
+    world, approved, capsys
+):
+    call_command("export_manifest")
+    assert json.loads(capsys.readouterr().out)["toolchain"]["name"] == "tilelang-0.1.13"
+    proposal_rollout(proposal=approved, by=world.reviewers[2])
+    call_command("export_manifest")
+    manifest = json.loads(capsys.readouterr().out)
+    assert manifest["toolchain"]["name"] == "tilelang-0.1.15"
+    assert len(manifest["entries"]) == 3

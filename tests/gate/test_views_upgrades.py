@@ -6,7 +6,12 @@ import pytest
 from django.urls import reverse
 
 from matrix.gate.models import Approval, BackendException, Policy, UpgradeProposal
-from matrix.gate.services import proposal_approve, proposal_open
+from matrix.gate.services import (
+    policy_save,
+    proposal_approve,
+    proposal_open,
+    proposal_reevaluate,
+)
 from matrix.models import Status
 
 
@@ -252,8 +257,6 @@ def test_the_policy_form_refuses_bad_json(client, admin_user, world):
 
 
 def test_a_backend_owner_signs_off_from_the_page(client, admin_user, world, exception):
-    from matrix.gate.services import policy_save
-
     policy_save(by=admin_user, backend_owners={"c": ["reviewer3"]})
     client.force_login(world.reviewers[2])
     assert "Sign off" in client.get(url("upgrade", exception.proposal)).content.decode()
@@ -276,3 +279,29 @@ def test_the_list_page_runs_a_fixed_number_of_queries(
     with django_assert_max_num_queries(8):
         response = client.get(reverse("upgrades"))
     assert response.content.decode().count('href="/upgrades/') >= 4
+
+
+def test_the_gate_status_polls_while_collecting_and_stops_after(client, world):
+    world.green(world.old)
+    proposal = proposal_open(
+        baseline=world.old,
+        candidate=world.new,
+        device_types=[world.cpu],
+        by=world.owner,
+    )
+    client.force_login(world.reviewers[0])
+    page = url("upgrade", proposal)
+    response = client.get(page, headers={"HX-Request": "true"})
+    assert response.status_code == 200
+    body = response.content.decode()
+    assert body.lstrip().startswith('<section id="gate-status"')
+    assert 'hx-trigger="every 2s"' in body
+    assert f'href="/sweeps/{proposal.sweeps.get().pk}/"' in body
+    assert response["Vary"] == "HX-Request, Cookie"
+
+    proposal.sweeps.get().jobs.update(state="done")
+    world.green(world.new)
+    proposal_reevaluate(proposal=proposal)
+    response = client.get(page, headers={"HX-Request": "true"})
+    assert response.status_code == 286
+    assert 'data-state="ready"' in response.content.decode()
