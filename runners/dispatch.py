@@ -6,7 +6,8 @@ kernel runs only where the manifest says that exact operator, dtype, device
 type, toolchain fingerprint and shape were validated and approved; every
 other call takes the reference and logs why, with shapes and never values.
 
-    dispatcher = Dispatcher.from_file("manifest.json", device_type="x86-64 CPU · c",
+    device = device_type_label(vendor="x86-64", model="CPU", backend="c")
+    dispatcher = Dispatcher.from_file("manifest.json", device_type=device,
                                       toolchain_fingerprint=fingerprint)
     out = dispatcher.call("softmax", {"M": 64, "N": 256}, "float32",
                           tilelang=kernel, reference=torch_softmax, args=(x,))
@@ -36,6 +37,12 @@ class Decision:
     @property
     def uses_tilelang(self) -> bool:
         return self.choice == TILELANG
+
+
+def device_type_label(*, vendor: str, model: str, arch: str = "", backend: str) -> str:
+    """The device type name the manifest uses (matrix.models.DeviceType's
+    str), built from what a production host knows about itself."""
+    return " · ".join(p for p in (f"{vendor} {model}", arch, backend) if p)
 
 
 def _dims_key(dims: dict) -> tuple:

@@ -14,7 +14,7 @@ from django.core.management import call_command
 
 from matrix.gate.services import proposal_approve, proposal_open, proposal_rollout
 from matrix.models import Status
-from runners.dispatch import Dispatcher
+from runners.dispatch import Dispatcher, device_type_label
 
 CPU = "x86-64 CPU · c"
 
@@ -168,3 +168,10 @@ def test_export_defaults_to_the_current_toolchain_after_rollout(
     manifest = json.loads(capsys.readouterr().out)
     assert manifest["toolchain"]["name"] == "tilelang-0.1.15"
     assert len(manifest["entries"]) == 3
+
+
+def test_a_host_names_its_device_type_as_the_manifest_does(world):
+    for dt in (world.cpu, world.h200):
+        assert device_type_label(
+            vendor=dt.vendor, model=dt.model, arch=dt.arch, backend=dt.backend
+        ) == str(dt)
