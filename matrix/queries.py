@@ -22,6 +22,7 @@ from matrix.models import (
     Dtype,
     KernelRevision,
     Operator,
+    Result,
     Shape,
     Status,
     Toolchain,
@@ -281,15 +282,13 @@ def operator_list(filters: MatrixFilters) -> list[Operator]:
     )
 
 
-def cells_version(toolchain: Toolchain | None) -> tuple:
-    """Changes whenever a cell of ``toolchain`` is written, added or removed:
-    ingest stamps ``updated_at`` on every cell it touches."""
-    if toolchain is None:
-        return (0, None)
-    seen = Cell.objects.filter(toolchain=toolchain).aggregate(
-        n=Count("id"), newest=Max("updated_at")
-    )
-    return (seen["n"], seen["newest"].isoformat() if seen["newest"] else None)
+def cells_version() -> int | None:
+    """Changes whenever any cell can have changed: ingest writes a Result
+    before it points a Cell at it, so the newest result id moves with every
+    cell update. One lookup at the end of Result's primary-key index, not a
+    scan; cells removed by cascade change the catalogue, which the callers
+    key on separately."""
+    return Result.objects.aggregate(newest=Max("id"))["newest"]
 
 
 def matrix_summary(

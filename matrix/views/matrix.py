@@ -92,7 +92,7 @@ def _table_key(filters, device_types, revisions, operators) -> str:
         sorted(revisions.operator_of.items()),
         sorted(revisions.items()),
         [(o.pk, o.name, o.shape_count) for o in operators],
-        queries.cells_version(filters.toolchain),
+        queries.cells_version(),
     )
     return "matrix-table:" + hashlib.sha256(repr(parts).encode()).hexdigest()
 
