@@ -127,6 +127,7 @@ class Diff:
             counts = {change: 0 for change in Change.ORDER}
             for row in rows:
                 counts[row.change] += 1
+            counts["slower"] = sum(bool(r.perf_step and r.perf_step > 0) for r in rows)
             groups.append({"key": key, "rows": rows, "counts": counts})
         return groups
 

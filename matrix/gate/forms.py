@@ -34,6 +34,13 @@ class ExceptionForm(forms.Form):
     backend = forms.ChoiceField(choices=Backend.choices)
     reason = forms.CharField(widget=forms.Textarea(attrs={"rows": 2}))
 
+    def __init__(self, *args, backends=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        if backends is not None:
+            self.fields["backend"].choices = [
+                (value, label) for value, label in Backend.choices if value in backends
+            ]
+
 
 class JSONMapField(forms.CharField):
     """A JSON object edited as text."""

@@ -116,7 +116,9 @@ def _detail_context(request, proposal: UpgradeProposal) -> dict:
         "can_rollout": proposal.state == UpgradeProposal.State.APPROVED
         and (reviewer or services.can_edit_policy(request.user)),
         "decision_form": DecisionForm(),
-        "exception_form": ExceptionForm(),
+        "exception_form": ExceptionForm(
+            backends={dt.backend for dt in proposal.device_types.all()}
+        ),
         "is_reviewer": reviewer,
         "owned_backends": [
             backend
