@@ -42,7 +42,7 @@ STATE_LABELS = {
     Status.COMPILE_ERROR: ("✗", "compile", "compile error"),
     Status.MISMATCH: ("≠", "mismatch", "mismatch: wrong numbers"),
     Status.RUNTIME_ERROR: ("!", "runtime", "runtime error"),
-    Status.TIMEOUT: ("⧗", "timeout", "timeout"),
+    Status.TIMEOUT: ("◷", "timeout", "timeout"),
     Status.UNSUPPORTED: ("–", "unsup.", "unsupported: production uses the reference"),
     Status.INFRA_ERROR: ("?", "infra", "infrastructure error, retried"),
     EMPTY: ("·", "not run", "never run"),

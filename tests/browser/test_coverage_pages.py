@@ -44,11 +44,11 @@ def test_a_cell_shows_its_evidence(tab, results):
     page = tab.page
     tab.open(f"/?open={results['top'].operator.name}")
     page.locator(
-        f"#op-{results['top'].operator.name} tr.shape-row td.c a"
+        f"#op-{results['top'].operator.name} tr.shape-row td.c.k-pass a"
     ).first.click()
     page.wait_for_selector("h2#history")
     assert page.locator("svg.chart polyline").count() == 2
-    assert "python -m runners.harness job.json" in page.inner_text("#repro")
+    assert "python -m runners.harness job.json" in page.inner_text("#repro-cmd")
     assert '"operator"' in page.inner_text("#job-json")
     tab.screenshot("cell")
     assert tab.errors == []
