@@ -76,6 +76,7 @@ def measure(jobs: list[dict], *, cache_dir: str, workers: int) -> dict:
         )
         / len(jobs),
         "statuses": sorted({r["status"] for r in results}),
+        "errors": sorted({r["error"]["message"][:500] for r in results if r["error"]}),
     }
 
 

@@ -28,7 +28,6 @@ _LIMITS = {
     "cpu_s": resource.RLIMIT_CPU,
     "file_bytes": resource.RLIMIT_FSIZE,
     "processes": resource.RLIMIT_NPROC,
-    "address_space_bytes": resource.RLIMIT_AS,
     "core_bytes": resource.RLIMIT_CORE,
 }
 
@@ -36,13 +35,29 @@ _LIMITS = {
 def apply_limits(limits: dict) -> None:
     """Lower soft and hard limits together, so kernel code cannot raise them
     again; a limit is never raised above what the parent already had."""
-    for name, value in limits.items():
-        if value is None:
-            continue
-        which = _LIMITS[name]
-        _, hard = resource.getrlimit(which)
-        value = value if hard == resource.RLIM_INFINITY else min(value, hard)
-        resource.setrlimit(which, (value, value))
+    for name, which in _LIMITS.items():
+        _lower(which, limits[name])
+
+
+def limit_address_space(extra_bytes: int | None) -> None:
+    """Cap virtual memory at what the imported toolchain maps plus
+    ``extra_bytes``: applied after the imports, before any kernel code."""
+    if extra_bytes is None:
+        return
+    try:
+        status = Path("/proc/self/status").read_text()
+        mapped_kb = int(status.split("VmSize:")[1].split()[0])
+    except (OSError, IndexError, ValueError):
+        return  # no procfs: the other limits still hold
+    _lower(resource.RLIMIT_AS, mapped_kb * 1024 + extra_bytes)
+
+
+def _lower(which: int, value: int | None) -> None:
+    if value is None:
+        return
+    _, hard = resource.getrlimit(which)
+    value = value if hard == resource.RLIM_INFINITY else min(value, hard)
+    resource.setrlimit(which, (value, value))
 
 
 def main(argv: list[str]) -> int:
@@ -66,6 +81,7 @@ def main(argv: list[str]) -> int:
     except Exception:
         send({"event": "broken", "message": traceback.format_exc(limit=-4)})
         return 1
+    limit_address_space(spec["limits"]["address_space_extra_bytes"])
     send({"event": "ready", "fingerprint": toolchain})
 
     for index, job in enumerate(spec["jobs"]):

@@ -83,13 +83,15 @@ _SECRET_NAME = re.compile(r"SECRET|TOKEN|KEY|PASSW|CREDENTIAL|AUTH|COOKIE|SESSIO
 
 @dataclass(frozen=True)
 class Limits:
-    """Resource limits of one child. ``address_space_bytes`` applies to CPU
-    targets only: CUDA and ROCm reserve far more virtual memory than they use."""
+    """Resource limits of one child. The address-space limit applies to CPU
+    targets only (CUDA and ROCm reserve far more virtual memory than they use)
+    and counts on top of what the toolchain maps at import, which is itself
+    16 GB for a CUDA build of torch."""
 
     cpu_s: int
     file_bytes: int = 4 * 2**30
     processes: int = 4096
-    address_space_bytes: int | None = 16 * 2**30
+    address_space_extra_bytes: int | None = 16 * 2**30
     core_bytes: int = 0  # a core dump would hold tensor data and environment
 
 
@@ -207,7 +209,7 @@ def _run_child(
         timeouts = [job["timeout_s"] or timeout_s for job in jobs]
         limits = Limits(cpu_s=math.ceil(2 * (STARTUP_TIMEOUT_S + sum(timeouts))))
         if any(job["target"]["kind"] != "c" for job in jobs):
-            limits = Limits(cpu_s=limits.cpu_s, address_space_bytes=None)
+            limits = Limits(cpu_s=limits.cpu_s, address_space_extra_bytes=None)
         spec = Path(home, "spec.json")
         spec.write_text(json.dumps({"jobs": jobs, "limits": asdict(limits)}))
         child = _Child(interpreter, spec, home, child_environment(home, cache))

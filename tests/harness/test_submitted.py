@@ -4,6 +4,7 @@ nothing of the supervisor's environment reaches the child or the result."""
 
 from __future__ import annotations
 
+import resource
 import signal
 from pathlib import Path
 
@@ -87,6 +88,14 @@ def test_the_child_sees_no_credentials_and_a_temporary_home(results):
     assert not [n for n in names if n.startswith(("DJANGO_", "CELERY_"))]
     assert "DATABASE_URL" not in names and "TM_CANARY_SECRET" not in names
     assert "no-canary" in message and CANARY not in message
+
+
+def test_the_child_runs_under_resource_limits(results):
+    message = results["env_probe"]["error"]["message"]
+    limits = dict(pair.split("=") for pair in message.split("limits: ")[1].split())
+    infinity = str(resource.RLIM_INFINITY)
+    assert limits["CORE"] == "0"
+    assert infinity not in (limits["AS"], limits["CPU"], limits["FSIZE"])
 
 
 def test_a_hanging_kernel_times_out_and_leaves_no_process(results):
