@@ -337,16 +337,13 @@ def naive_matrix_page(request):
     from django.shortcuts import render
 
     from matrix import queries
-    from matrix.views.matrix import ROWS, matrix_context
+    from matrix.views.matrix import ROWS, catalogue_read, matrix_context
 
-    toolchains = queries.toolchain_list()
-    filters = queries.MatrixFilters.from_params(request.GET, toolchains)
-    device_types = queries.device_type_list(filters)
-    revisions = queries.current_revisions()
-    summary = queries.matrix_summary(
-        filters, device_types, revisions, groups=naive_groups(filters, device_types)
-    )
-    context = matrix_context(filters, toolchains, summary, revisions, "", ROWS)
+    catalogue = catalogue_read(request.GET)
+    filters = queries.MatrixFilters.from_params(request.GET, catalogue.toolchains)
+    device_types = queries.device_type_list(filters, catalogue.device_types)
+    groups = naive_groups(filters, device_types)
+    context = matrix_context(filters, catalogue, "", ROWS, groups)
     return render(request, "matrix/matrix.html", context)
 
 

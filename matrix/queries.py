@@ -116,12 +116,18 @@ def toolchain_list() -> list[Toolchain]:
     return list(Toolchain.objects.only("id", "name", "is_current", "fingerprint"))
 
 
-def device_type_list(filters: MatrixFilters) -> list[DeviceType]:
-    qs = DeviceType.objects.all()
+def device_type_list(
+    filters: MatrixFilters, device_types: list[DeviceType] | None = None
+) -> list[DeviceType]:
+    """Device types under the backend filter, highest backend priority
+    first; from ``device_types`` when given, else from the database."""
+    if device_types is None:
+        device_types = DeviceType.objects.all()
     if filters.backend:
-        qs = qs.filter(backend=filters.backend)
+        device_types = [d for d in device_types if d.backend == filters.backend]
     return sorted(
-        qs, key=lambda d: (-BACKEND_PRIORITY.get(d.backend, 0), d.vendor, d.model)
+        device_types,
+        key=lambda d: (-BACKEND_PRIORITY.get(d.backend, 0), d.vendor, d.model),
     )
 
 

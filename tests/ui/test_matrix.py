@@ -104,9 +104,8 @@ def test_a_new_result_shows_at_once_despite_the_cached_table(
     from tests.ui.conftest import record
 
     def table():
-        return client.get(
-            reverse("matrix"), HTTP_HX_REQUEST="true", HTTP_HX_TARGET="matrix"
-        ).content.decode()
+        page = client.get(reverse("matrix")).content.decode()
+        return page[page.index('<div id="matrix"') : page.index("</table>")]
 
     before = table()
     assert table() == before
@@ -123,6 +122,7 @@ def test_the_cached_page_stays_within_ten_queries(
 ):
     client.force_login(owner)
     client.get(reverse("matrix"))
-    with django_assert_max_num_queries(10):
+    # Session, user, and the newest result id: nothing else on a repeat view.
+    with django_assert_max_num_queries(3):
         response = client.get(reverse("matrix"))
     assert 'id="op-gemm"' in response.content.decode()
