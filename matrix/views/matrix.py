@@ -48,8 +48,10 @@ class Catalogue:
     device_types: list[DeviceType]
     revisions: queries.Revisions
     operators: list[Operator]
+    digest: str = ""
 
-    def digest(self) -> str:
+    def __post_init__(self) -> None:
+        # Computed once, when read from the database, not on every view.
         parts = (
             [(t.pk, t.name, t.is_current) for t in self.toolchains],
             [(d.pk, str(d)) for d in self.device_types],
@@ -57,7 +59,7 @@ class Catalogue:
             sorted(self.revisions.items()),
             [(o.pk, o.name, o.shape_count) for o in self.operators],
         )
-        return hashlib.sha256(repr(parts).encode()).hexdigest()
+        self.digest = hashlib.sha256(repr(parts).encode()).hexdigest()
 
 
 def catalogue_read(params) -> Catalogue:
@@ -114,7 +116,7 @@ def matrix_page(request):
             repr(
                 (
                     sorted(filters.as_params().items()),
-                    catalogue.digest(),
+                    catalogue.digest,
                     queries.cells_version(),
                 )
             ).encode()
