@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 REPO_ROOT = Path(__file__).resolve().parent.parent
 RUNNER_DIR_ENV = "TILEMATRIX_RUNNER_DIR"
 HARNESS_ENV = "TILEMATRIX_HARNESS"
-DEFAULT_HARNESS = "runners.harness.sandbox:run_job"
+DEFAULT_HARNESS = "runners.harness.sandbox"
 INFRA_RETRIES = 3
 INFRA_BACKOFF_S = 2.0
 PROBE_TIMEOUT_S = 120
@@ -273,10 +273,11 @@ def library_mismatch(job: dict) -> str | None:
     )
 
 
-def harness_function():
-    target = os.environ.get(HARNESS_ENV) or DEFAULT_HARNESS
-    module, _, name = target.partition(":")
-    return getattr(importlib.import_module(module), name)
+def harness_batch():
+    """The harness's ``run_batch``; TILEMATRIX_HARNESS names another module
+    offering it (tests use an edge double that starts no TileLang)."""
+    module = importlib.import_module(os.environ.get(HARNESS_ENV) or DEFAULT_HARNESS)
+    return module.run_batch
 
 
 def infra_result(job: dict, message: str) -> dict:
@@ -292,48 +293,74 @@ def infra_result(job: dict, message: str) -> dict:
     }
 
 
-def job_run(*, job: dict, interpreter: str, cache_dir: Path, timeout_s: float) -> dict:
-    """Run one job in the sandboxed harness. An infra_error (the sandbox's
-    trouble, never the kernel's) is retried with backoff; any other status is
-    an answer and is returned at once."""
-    run_job = harness_function()
-    harness_job = {
-        k: job[k] for k in ("operator", "shape", "dtype", "target", "stage", "seed")
-    }
-    library = job.get("library", True)
-    if not library:
-        harness_job["source"] = job.get("source")
-        harness_job["source_sha256"] = job.get("source_sha256")
-    result = None
+HARNESS_FIELDS = ("operator", "shape", "dtype", "target", "stage", "seed")
+
+
+def harness_job(job: dict) -> dict:
+    out = {k: job[k] for k in HARNESS_FIELDS}
+    if not job.get("library", True):
+        out["source"], out["source_sha256"] = (
+            job.get("source"),
+            job.get("source_sha256"),
+        )
+    return out
+
+
+def jobs_run(
+    *, jobs: list[dict], interpreter: str, cache_dir: Path, timeout_s: float
+) -> list[dict]:
+    """Run jobs of one toolchain in the sandboxed harness, library jobs
+    sharing one child. Jobs that end in infra_error (the sandbox's trouble,
+    never the kernel's) are run again with backoff; any other status is an
+    answer."""
+    run_batch = harness_batch()
+    results: list[dict | None] = [None] * len(jobs)
+    pending = list(range(len(jobs)))
     for attempt in range(INFRA_RETRIES):
         try:
-            result = run_job(
-                harness_job,
+            answers = run_batch(
+                [harness_job(jobs[i]) for i in pending],
                 interpreter=interpreter,
                 cache_dir=str(cache_dir),
                 timeout_s=timeout_s,
-                trusted=library,
             )
         except Exception as exc:  # the harness must not take the worker down
-            # A job the harness refuses is refused again on retry: report it.
-            log.exception("harness raised for job %s", job.get("job"))
+            # A batch the harness refuses is refused again on retry: report it.
+            log.exception("harness refused jobs %s", [jobs[i]["job"] for i in pending])
             reason = (str(exc).splitlines() or [exc.__class__.__name__])[0][:500]
-            return infra_result(job, f"harness refused the job: {reason}")
-        if result.get("status") != "infra_error":
-            return result
+            answers = [
+                infra_result(jobs[i], f"harness refused the job: {reason}")
+                for i in pending
+            ]
+            for i, answer in zip(pending, answers, strict=True):
+                results[i] = answer
+            break
+        for i, answer in zip(pending, answers, strict=True):
+            results[i] = answer
+        pending = [i for i in pending if results[i].get("status") == "infra_error"]
+        if not pending or attempt == INFRA_RETRIES - 1:
+            break
         time.sleep(INFRA_BACKOFF_S * 2**attempt)
-    return result
+    return results
 
 
-def job_verify(*, envelope, config: HostConfig) -> dict:
-    """The payload of a job the server signed, or EnvelopeError."""
+def jobs_verify(*, envelope, config: HostConfig) -> list[dict]:
+    """The jobs of a message the server signed, or EnvelopeError."""
     payload = signing.envelope_verify(envelope, public_key=config.server_public_key)
-    if envelope["signer"] != signing.SERVER_SIGNER or payload.get("kind") != "job":
-        raise signing.EnvelopeError("not a job signed by the server")
-    for field in ("job", "attempt"):
-        if not isinstance(payload.get(field), int):
-            raise signing.EnvelopeError(f"job payload lacks an integer {field}")
-    return payload
+    if envelope["signer"] != signing.SERVER_SIGNER or payload.get("kind") != "jobs":
+        raise signing.EnvelopeError("not a jobs message signed by the server")
+    jobs = payload.get("jobs")
+    if not isinstance(jobs, list) or not jobs:
+        raise signing.EnvelopeError("a jobs message needs a non-empty list of jobs")
+    for job in jobs:
+        if not isinstance(job, dict) or not all(
+            isinstance(job.get(f), int) for f in ("job", "attempt")
+        ):
+            raise signing.EnvelopeError("each job needs an integer job and attempt")
+        missing = [f for f in (*HARNESS_FIELDS, "toolchain") if f not in job]
+        if missing:
+            raise signing.EnvelopeError(f"job {job['job']} lacks {', '.join(missing)}")
+    return jobs
 
 
 def python_for(config: HostConfig, toolchain_fingerprint: str) -> str | None:
@@ -351,15 +378,17 @@ def outbox_dir(config: HostConfig) -> Path:
     return path
 
 
-def result_send(envelope: dict) -> None:
-    """Hand a signed result to the control queue; kept in the outbox until
-    the job is seen finished, so a broker that loses it (a restart without
-    persistence) gets it again on reconnect."""
+def results_send(envelopes: list[dict]) -> None:
+    """Hand signed results to the control queue in one message. They stay
+    in the outbox until their jobs are seen finished, so a broker that loses
+    them (a restart without persistence) gets them again on reconnect."""
     from runners.tasks import ingest_result
 
     ingest_result.apply_async(
-        args=[envelope],
+        args=[envelopes],
         queue="control",
+        argsrepr=f"{len(envelopes)} results",
+        kwargsrepr="{}",
         retry=True,
         retry_policy={
             "max_retries": 60,
@@ -370,36 +399,74 @@ def result_send(envelope: dict) -> None:
     )
 
 
-def job_execute(*, envelope, config: HostConfig, timeout_s: float) -> str:
-    """Verify, claim, run and report one job; returns what happened, for
-    the log. Raises EnvelopeError for a message that must be dropped."""
-    from runners.models import Runner
-    from runners.services import job_claim, result_envelope
+def results_for(
+    *, jobs: list[dict], config: HostConfig, timeout_s: float
+) -> list[dict]:
+    """Run jobs this runner holds and return one signed result per job."""
+    from runners.services import result_envelope
 
-    job = job_verify(envelope=envelope, config=config)
-    interpreter = python_for(config, job.get("toolchain"))
-    if interpreter is None:
-        return f"job {job['job']}: toolchain not hosted here, left for another runner"
-    runner = Runner.objects.get(name=config.name)
-    if not job_claim(job_id=job["job"], attempt=job["attempt"], runner=runner):
-        return f"job {job['job']} attempt {job['attempt']}: already taken or superseded"
-    mismatch = library_mismatch(job)
-    if mismatch:
-        result = infra_result(job, mismatch)
-    else:
-        cache_dir = config.directory / "kernel-cache" / job["toolchain"][:16]
+    results: dict[int, dict] = {}
+    runnable: dict[str, list[dict]] = {}
+    for job in jobs:
+        interpreter = python_for(config, job["toolchain"])
+        if interpreter is None:
+            results[job["job"]] = infra_result(
+                job, "this runner does not host the job's toolchain"
+            )
+        elif mismatch := library_mismatch(job):
+            results[job["job"]] = infra_result(job, mismatch)
+        else:
+            runnable.setdefault(interpreter, []).append(job)
+    for interpreter, group in runnable.items():
+        cache_dir = config.directory / "kernel-cache" / group[0]["toolchain"][:16]
         cache_dir.mkdir(parents=True, exist_ok=True)
-        result = job_run(
-            job=job, interpreter=interpreter, cache_dir=cache_dir, timeout_s=timeout_s
+        answers = jobs_run(
+            jobs=group,
+            interpreter=interpreter,
+            cache_dir=cache_dir,
+            timeout_s=timeout_s,
         )
-    signed = result_envelope(
-        job=job, result=result, runner_name=config.name, key=config.key
+        for job, answer in zip(group, answers, strict=True):
+            results[job["job"]] = answer
+    key = config.key
+    return [
+        result_envelope(
+            job=job, result=results[job["job"]], runner_name=config.name, key=key
+        )
+        for job in jobs
+    ]
+
+
+def jobs_execute(*, envelope, config: HostConfig, timeout_s: float) -> str:
+    """Verify, claim, run and report the jobs of one message; returns what
+    happened, for the log. Raises EnvelopeError for a message to drop."""
+    from runners.models import Runner
+    from runners.services import job_claim
+
+    jobs = jobs_verify(envelope=envelope, config=config)
+    hosted = [j for j in jobs if python_for(config, j["toolchain"])]
+    if not hosted:
+        return f"jobs {[j['job'] for j in jobs]}: toolchain not hosted here"
+    runner = Runner.objects.get(name=config.name)
+    # Claimed one by one: another delivery may hold some of them.
+    mine = [
+        j
+        for j in hosted
+        if job_claim(job_id=j["job"], attempt=j["attempt"], runner=runner)
+    ]
+    if not mine:
+        return f"jobs {[j['job'] for j in jobs]}: already taken or superseded"
+    signed = results_for(jobs=mine, config=config, timeout_s=timeout_s)
+    outbox = outbox_dir(config)
+    for job, envelope_ in zip(mine, signed, strict=True):
+        (outbox / f"{job['job']}-{job['attempt']}.json").write_text(
+            json.dumps(envelope_)
+        )
+    results_send(signed)
+    statuses = ", ".join(
+        f"{e['payload']['job']}:{e['payload']['result'].get('status')}" for e in signed
     )
-    (outbox_dir(config) / f"{job['job']}-{job['attempt']}.json").write_text(
-        json.dumps(signed)
-    )
-    result_send(signed)
-    return f"job {job['job']} attempt {job['attempt']}: {result.get('status')}"
+    return f"ran {len(mine)} of {len(jobs)} jobs ({statuses})"
 
 
 def outbox_flush(*, config: HostConfig) -> int:
@@ -419,37 +486,28 @@ def outbox_flush(*, config: HostConfig) -> int:
             runner__name=config.name,
         ).values_list("pk", "attempt")
     )
-    sent = 0
+    resend = []
     for key, path in entries.items():
         if key in waiting:
-            result_send(json.loads(path.read_text()))
-            sent += 1
+            resend.append(json.loads(path.read_text()))
         else:
             path.unlink(missing_ok=True)
-    return sent
+    if resend:
+        results_send(resend)
+    return len(resend)
 
 
-def bundle_job_execute(*, envelope, config: HostConfig) -> dict:
-    """Run one job of an offline bundle and return its signed result. The
-    job was assigned to this runner when the bundle was made, so there is
-    nothing to claim."""
-    from runners.services import result_envelope
-
-    job = job_verify(envelope=envelope, config=config)
-    interpreter = python_for(config, job.get("toolchain"))
-    if interpreter is None:
-        result = infra_result(job, "this runner does not host the job's toolchain")
-    elif mismatch := library_mismatch(job):
-        result = infra_result(job, mismatch)
-    else:
-        cache_dir = config.directory / "kernel-cache" / job["toolchain"][:16]
-        cache_dir.mkdir(parents=True, exist_ok=True)
-        result = job_run(
-            job=job,
-            interpreter=interpreter,
-            cache_dir=cache_dir,
-            timeout_s=float(os.environ.get("TILEMATRIX_JOB_TIMEOUT_S", 540)),
-        )
-    return result_envelope(
-        job=job, result=result, runner_name=config.name, key=config.key
-    )
+def bundle_execute(*, envelopes: list, config: HostConfig) -> tuple[list, list[str]]:
+    """Run the jobs of an offline bundle: signed results, and a reason for
+    each message skipped. Its jobs were assigned to this runner when the
+    bundle was made, so there is nothing to claim."""
+    results, skipped = [], []
+    timeout_s = float(os.environ.get("TILEMATRIX_JOB_TIMEOUT_S", 300))
+    for i, envelope in enumerate(envelopes, start=1):
+        try:
+            jobs = jobs_verify(envelope=envelope, config=config)
+        except signing.EnvelopeError as exc:
+            skipped.append(f"message {i}: {exc}")
+            continue
+        results += results_for(jobs=jobs, config=config, timeout_s=timeout_s)
+    return results, skipped

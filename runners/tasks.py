@@ -10,7 +10,6 @@ would only make the broker deliver it again.
 from __future__ import annotations
 
 import logging
-import os
 
 from celery import shared_task
 from django.core.exceptions import PermissionDenied, ValidationError
@@ -30,11 +29,6 @@ ROUTES = {
 }
 
 
-def job_timeout_s() -> float:
-    # Inside the task's soft limit, so the harness reports a timeout itself.
-    return float(os.environ.get("TILEMATRIX_JOB_TIMEOUT_S", 540))
-
-
 @shared_task(name="runners.execute_job", acks_late=True)
 def execute_job(envelope):
     try:
@@ -43,8 +37,12 @@ def execute_job(envelope):
         log.error("dropped job message on a worker that is not a runner: %s", exc)
         return
     try:
-        outcome = host.job_execute(
-            envelope=envelope, config=config, timeout_s=job_timeout_s()
+        outcome = host.jobs_execute(
+            envelope=envelope,
+            config=config,
+            # Inside the message's soft limit, so the harness reports a
+            # timeout itself.
+            timeout_s=services.job_budget_s(),
         )
     except signing.EnvelopeError as exc:
         log.warning("dropped job message: %s", exc)
@@ -59,20 +57,25 @@ def execute_job(envelope):
     retry_backoff_max=60,
     max_retries=5,
 )
-def ingest_result(envelope):
+def ingest_result(envelopes):
+    if isinstance(envelopes, dict):
+        envelopes = [envelopes]
     try:
-        result, created = services.result_ingest(envelope=envelope)
-    except (PermissionDenied, ValidationError) as exc:
-        reason = "; ".join(getattr(exc, "messages", [])) or str(exc)
-        log.warning("refused result from %r: %s", _signer(envelope), reason)
+        outcomes = services.results_ingest(envelopes=envelopes)
+    except ValidationError as exc:
+        log.warning("dropped result message: %s", "; ".join(exc.messages))
         return
-    log.info(
-        "result %s for job %s attempt %s %s",
-        result.pk,
-        result.job_id,
-        result.attempt,
-        "stored" if created else "already stored",
-    )
+    for envelope, outcome in zip(envelopes, outcomes, strict=True):
+        if outcome.status == "refused":
+            log.warning("refused result from %r: %s", _signer(envelope), outcome.reason)
+        else:
+            log.info(
+                "result %s for job %s attempt %s %s",
+                outcome.result.pk,
+                outcome.result.job_id,
+                outcome.result.attempt,
+                "stored" if outcome.status == "stored" else "already stored",
+            )
 
 
 @shared_task(

@@ -73,7 +73,7 @@ class Cluster:
             PYTHONUNBUFFERED="1",
         )
         if harness == "edge":
-            env["TILEMATRIX_HARNESS"] = "tests.runners.edge_harness:run_job"
+            env["TILEMATRIX_HARNESS"] = "tests.runners.edge_harness"
         configured = os.environ.get("CELERY_BROKER_URL", "")
         if broker == "redis" or (
             broker == "default" and configured.startswith("redis")

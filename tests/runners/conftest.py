@@ -166,7 +166,7 @@ def host_dir(cpu_runner, tmp_path, monkeypatch):
     )
     config.save()
     monkeypatch.setenv(host.RUNNER_DIR_ENV, str(directory))
-    monkeypatch.setenv(host.HARNESS_ENV, "tests.runners.edge_harness:run_job")
+    monkeypatch.setenv(host.HARNESS_ENV, "tests.runners.edge_harness")
     return config
 
 

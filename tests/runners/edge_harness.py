@@ -1,7 +1,7 @@
-"""Edge double of the sandboxed harness (runners.harness.sandbox.run_job)
+"""Edge double of the sandboxed harness (runners.harness.sandbox.run_batch)
 for tests about messaging, not kernels: it answers like the harness would
 for a CPU host, after TILEMATRIX_EDGE_HARNESS_DELAY_S seconds, without
-starting TileLang. Selected with TILEMATRIX_HARNESS=tests.runners.edge_harness:run_job."""
+starting TileLang. Selected with TILEMATRIX_HARNESS=tests.runners.edge_harness."""
 
 from __future__ import annotations
 
@@ -30,3 +30,18 @@ def run_job(
         "operator": job["operator"],
         "stage": job["stage"],
     }
+
+
+def run_batch(
+    jobs: list[dict],
+    *,
+    interpreter: str,
+    cache_dir: str,
+    timeout_s: float,
+    trusted: bool = True,
+    workers: int = 1,
+) -> list[dict]:
+    return [
+        run_job(job, interpreter=interpreter, cache_dir=cache_dir, timeout_s=timeout_s)
+        for job in jobs
+    ]

@@ -13,7 +13,7 @@ def planned_job(cpu_cells):
     job = sweep.jobs.select_related(
         "revision__operator", "shape", "device_type", "toolchain"
     ).get()
-    return job, services.job_envelope(job)
+    return job, services.jobs_envelope([job])
 
 
 def test_execute_job_runs_the_job_and_the_control_side_stores_its_result(
@@ -57,8 +57,7 @@ def test_a_job_whose_kernel_source_differs_here_ends_in_an_infra_error(
 ):
     job, _ = planned_job(cpu_cells)
     job.revision.source_sha256 = "0" * 64
-    envelope = services.job_envelope(job)
-    job.revision.refresh_from_db()
+    envelope = services.jobs_envelope([job])
     tasks.execute_job(envelope)
     result = Result.objects.get(job=job)
     assert result.status == Status.INFRA_ERROR
@@ -100,6 +99,28 @@ def test_reap_task_requeues_the_jobs_of_a_silent_runner(cpu_runner, running_job)
 def test_signed_job_carries_what_the_harness_needs(cpu_runner, cpu_cells):
     job, envelope = planned_job(cpu_cells)
     payload = signing.envelope_verify(envelope, public_key=signing.server_public_key())
-    assert payload["target"] == {"kind": "c"}
-    assert payload["shape"] == job.shape.dims
-    assert payload["toolchain"] == job.toolchain.fingerprint
+    (sent,) = payload["jobs"]
+    assert sent["target"] == {"kind": "c"}
+    assert sent["shape"] == job.shape.dims
+    assert sent["toolchain"] == job.toolchain.fingerprint
+
+
+def test_messages_carry_a_few_jobs_of_one_queue(cpu_runner, cpu_cells):
+    sweep = services.sweep_plan(cells=cpu_cells())
+    jobs = list(sweep.jobs.all())
+    chunks = services.job_chunks(jobs + jobs[:3])
+    assert [len(chunk) for _, chunk in chunks] == [5, 5, 3]
+    assert {queue for queue, _ in chunks} == {jobs[0].queue}
+    many = services.job_chunks(jobs * 100)
+    assert len(many) == 40 and {len(c) for _, c in many} == {25}
+
+
+def test_a_message_of_several_jobs_runs_them_all(host_dir, cpu_cells, eager_celery):
+    sweep = services.sweep_plan(cells=cpu_cells())
+    jobs = list(
+        sweep.jobs.select_related(
+            "revision__operator", "shape", "device_type", "toolchain"
+        )
+    )
+    tasks.execute_job(services.jobs_envelope(jobs))
+    assert sweep.progress()["done"] == len(jobs) == Result.objects.count()

@@ -42,9 +42,7 @@ def test_register_sweep_and_real_results(cluster):
     out = cluster.register("cpu-real")
     assert "registered runner cpu-real" in out
     assert (cluster.key_dir("cpu-real") / "runner.key").stat().st_mode & 0o777 == 0o600
-    cluster.start_runner(
-        "cpu-real", TILEMATRIX_HARNESS="runners.harness.sandbox:run_job"
-    )
+    cluster.start_runner("cpu-real", TILEMATRIX_HARNESS="runners.harness.sandbox")
     online(cluster, "cpu-real")
     sweep = cluster.plan(smoke_cells("backend__in=['c', 'cuda']", limit=2))
     cluster.wait_finished(sweep, timeout=300)

@@ -227,21 +227,18 @@ class Command(BaseCommand):
         envelopes = bundle.get("jobs") if isinstance(bundle, dict) else None
         if not isinstance(envelopes, list):
             raise CommandError(f'{jobs} is not a jobs bundle ({{"jobs": [...]}})')
-        results, skipped = [], 0
-        for i, envelope in enumerate(envelopes, start=1):
-            try:
-                signed = host.bundle_job_execute(envelope=envelope, config=config)
-            except signing.EnvelopeError as exc:
-                self.stderr.write(f"job {i}: skipped, {exc}")
-                skipped += 1
-                continue
-            results.append(signed)
+        results, skipped = host.bundle_execute(envelopes=envelopes, config=config)
+        for reason in skipped:
+            self.stderr.write(f"skipped {reason}")
+        for i, signed in enumerate(results, start=1):
             status = signed["payload"]["result"].get("status")
             self.stdout.write(
-                f"[{i}/{len(envelopes)}] job {signed['payload']['job']}: {status}"
+                f"[{i}/{len(results)}] job {signed['payload']['job']}: {status}"
             )
         Path(out).write_text(json.dumps({"results": results}) + "\n")
-        self.stdout.write(f"{len(results)} signed results in {out}; {skipped} skipped")
+        self.stdout.write(
+            f"{len(results)} signed results in {out}; {len(skipped)} messages skipped"
+        )
         if skipped:
             sys.exit(1)
 
@@ -293,7 +290,7 @@ class Command(BaseCommand):
             ) from None
         Path(out).write_text(json.dumps({"sweep": sweep.pk, "jobs": envelopes}) + "\n")
         self.stdout.write(
-            f"sweep {sweep.pk}: {len(envelopes)} signed jobs for {name} in {out}"
+            f"sweep {sweep.pk}: {sweep.total} signed jobs for {name} in {out}"
         )
 
     def do_revoke(self, *, name, **_):
