@@ -175,3 +175,9 @@ def test_a_host_names_its_device_type_as_the_manifest_does(world):
         assert device_type_label(
             vendor=dt.vendor, model=dt.model, arch=dt.arch, backend=dt.backend
         ) == str(dt)
+
+
+def test_the_manifest_is_in_the_openapi_schema(client, db):
+    schema = client.get("/api/v1/openapi.json").json()
+    parameters = schema["paths"]["/api/v1/manifest"]["get"]["parameters"]
+    assert [p["name"] for p in parameters] == ["toolchain"]
