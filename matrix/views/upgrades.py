@@ -120,6 +120,9 @@ def _detail_context(request, proposal: UpgradeProposal) -> dict:
             backends={dt.backend for dt in proposal.device_types.all()}
         ),
         "is_reviewer": reviewer,
+        "can_reevaluate": reviewer
+        or request.user.pk == proposal.proposer_id
+        or services.can_edit_policy(request.user),
         "owned_backends": [
             backend
             for backend, owners in policy.backend_owners.items()
@@ -156,6 +159,12 @@ def upgrade_decide(request, pk: int):
 @require_POST
 def upgrade_reevaluate(request, pk: int):
     proposal = _get_proposal_for_user(request.user, pk)
+    if not (
+        request.user.pk == proposal.proposer_id
+        or services.is_reviewer(request.user)
+        or services.can_edit_policy(request.user)
+    ):
+        raise PermissionDenied("only the proposer, reviewers and admins re-evaluate")
     services.proposal_reevaluate(proposal=proposal, actor=request.user)
     return redirect("upgrade", pk=pk)
 

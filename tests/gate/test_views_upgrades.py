@@ -100,6 +100,7 @@ def test_an_outsider_reads_but_gets_no_controls(client, outsider, proposal, name
     assert "Propose an upgrade" not in body
     assert 'id="decision-form"' not in body
     assert "Edit policy" not in body
+    assert "Re-evaluate now" not in body
 
 
 @pytest.mark.parametrize("name", ["upgrade-new", "upgrade-policy"])
@@ -110,7 +111,13 @@ def test_an_outsider_cannot_propose_or_edit_policy(client, outsider, proposal, n
 
 
 @pytest.mark.parametrize(
-    "name", ["upgrade-decide", "upgrade-exception", "upgrade-exception-sign-off"]
+    "name",
+    [
+        "upgrade-decide",
+        "upgrade-reevaluate",
+        "upgrade-exception",
+        "upgrade-exception-sign-off",
+    ],
 )
 def test_an_outsider_cannot_act(client, outsider, proposal, exception, name):
     client.force_login(outsider)
