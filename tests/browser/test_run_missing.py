@@ -55,9 +55,8 @@ def test_register_a_runner_then_run_missing_cells_to_real_results(chromium, clus
             "runner", "register", "--server", cluster.server, "--token", token,
             "--name", "cpu-ui", "--key-dir", str(cluster.key_dir("cpu-ui")),
         )  # fmt: skip
-        cluster.start_runner(
-            "cpu-ui", TILEMATRIX_HARNESS="runners.harness.sandbox:run_job"
-        )
+        # The default harness: the real sandboxed TileLang run.
+        cluster.start_runner("cpu-ui")
         wait_for(
             lambda: cluster.runner_state("cpu-ui") == "online",
             timeout=90,
