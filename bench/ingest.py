@@ -168,7 +168,7 @@ def raw_copy_s(connection) -> float:
     data = buffer.getvalue()
     with connection.cursor() as cursor:
         cursor.execute(
-            "CREATE TEMP TABLE copy_target (LIKE matrix_result INCLUDING DEFAULTS)"
+            "CREATE TEMP TABLE copy_target (LIKE matrix_result INCLUDING DEFAULTS INCLUDING IDENTITY INCLUDING INDEXES)"
         )
         started = time.perf_counter()
         with cursor.copy(f"COPY copy_target ({names}) FROM STDIN") as copy:
