@@ -6,3 +6,10 @@ inside a toolchain's own interpreter with only that toolchain's packages.
 ``run_job`` and ``run_batch`` (in ``sandbox``) are the supervisor's API;
 ``python -m runners.harness JOB.json`` is the command-line supervisor.
 """
+
+from __future__ import annotations
+
+from runners.harness.job import MalformedJob
+from runners.harness.sandbox import run_batch, run_job
+
+__all__ = ["MalformedJob", "run_batch", "run_job"]

@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import sys
+from pathlib import Path
 
 from runners.harness.job import MalformedJob
 from runners.harness.sandbox import DEFAULT_TIMEOUT_S, REPO_ROOT, run_job
@@ -45,7 +46,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     try:
-        raw = json.load(sys.stdin if args.job == "-" else open(args.job))
+        text = sys.stdin.read() if args.job == "-" else Path(args.job).read_text()
+        raw = json.loads(text)
     except (OSError, ValueError) as exc:
         return _refuse(f"cannot read job {args.job}: {exc}")
     if not os.path.exists(args.interpreter):

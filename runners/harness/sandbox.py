@@ -23,7 +23,7 @@ import tempfile
 import time
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from runners.harness.job import parse_job
@@ -209,7 +209,7 @@ def _run_child(
         timeouts = [job["timeout_s"] or timeout_s for job in jobs]
         limits = Limits(cpu_s=math.ceil(2 * (STARTUP_TIMEOUT_S + sum(timeouts))))
         if any(job["target"]["kind"] != "c" for job in jobs):
-            limits = Limits(cpu_s=limits.cpu_s, address_space_extra_bytes=None)
+            limits = replace(limits, address_space_extra_bytes=None)
         spec = Path(home, "spec.json")
         spec.write_text(json.dumps({"jobs": jobs, "limits": asdict(limits)}))
         child = _Child(interpreter, spec, home, child_environment(home, cache))
