@@ -39,7 +39,7 @@ from matrix.models import (
     fingerprint_of,
 )
 from matrix.services import toolchain_register
-from runners import signing
+from runners import bulk, signing
 from runners.models import (
     Receipt,
     RegistrationToken,
@@ -889,6 +889,43 @@ def _result_from(job: ValidationJob, attempt: int, raw: dict) -> Result:
     )
 
 
+RESULT_FIELDS = [
+    "job",
+    "attempt",
+    "revision",
+    "shape",
+    "device_type",
+    "toolchain",
+    "status",
+    "stage_reached",
+    "rel_err",
+    "max_abs_err",
+    "mismatch_ratio",
+    "compile_s",
+    "kernel_ms",
+    "reference_ms",
+    "tflops",
+    "gbps",
+    "error_signature",
+    "error_message",
+    "fingerprint",
+    "details",
+    "created_at",
+]
+CELL_FIELDS = [
+    "shape",
+    "device_type",
+    "toolchain",
+    "revision",
+    "result",
+    "status",
+    "error_signature",
+    "kernel_ms",
+    "reference_ms",
+    "updated_at",
+]
+
+
 def _cells_upsert(results: list[Result]) -> None:
     """Point each cell at its newest result in one statement per kind. An
     infra_error is the runner's trouble, not the kernel's: it fills an empty
@@ -914,21 +951,18 @@ def _cells_upsert(results: list[Result]) -> None:
 
     answers = [cell(r) for r in latest.values() if r.status != Status.INFRA_ERROR]
     infra = [cell(r) for r in latest.values() if r.status == Status.INFRA_ERROR]
-    Cell.objects.bulk_create(
+    bulk.rows_insert(
+        Cell,
         answers,
-        update_conflicts=True,
-        unique_fields=["shape", "device_type", "toolchain"],
-        update_fields=[
-            "revision",
-            "result",
-            "status",
-            "error_signature",
-            "kernel_ms",
-            "reference_ms",
-            "updated_at",
+        fields=CELL_FIELDS,
+        unique=["shape", "device_type", "toolchain"],
+        update=[
+            f for f in CELL_FIELDS if f not in ("shape", "device_type", "toolchain")
         ],
     )
-    Cell.objects.bulk_create(infra, ignore_conflicts=True)
+    bulk.rows_insert(
+        Cell, infra, fields=CELL_FIELDS, unique=["shape", "device_type", "toolchain"]
+    )
 
 
 def _check(envelope, runners: dict) -> tuple[Runner, dict, dict]:
@@ -1034,20 +1068,34 @@ def results_ingest(*, envelopes: list) -> list[Outcome]:
                 finished.append((job, result))
                 outcomes[i] = Outcome("stored", result=result)
         if new_results:
-            Result.objects.bulk_create(new_results)
-            Receipt.objects.bulk_create(
-                Receipt(
-                    result=result,
-                    runner=runner,
-                    nonce=envelope["nonce"],
-                    signature=envelope["signature"],
-                    issued_at=envelope["issued_at"][:40],
-                )
-                for result, runner, envelope in receipts
+            now = timezone.now()
+            for result in new_results:
+                result.created_at = now
+            bulk.rows_insert(Result, new_results, fields=RESULT_FIELDS)
+            bulk.rows_insert(
+                Receipt,
+                [
+                    Receipt(
+                        result=result,
+                        runner=runner,
+                        nonce=envelope["nonce"],
+                        signature=envelope["signature"],
+                        issued_at=envelope["issued_at"][:40],
+                        received_at=now,
+                    )
+                    for result, runner, envelope in receipts
+                ],
+                fields=[
+                    "result",
+                    "runner",
+                    "nonce",
+                    "signature",
+                    "issued_at",
+                    "received_at",
+                ],
             )
             # One UPDATE per outcome: bulk_update's CASE per row cost more
             # than the rest of the batch.
-            now = timezone.now()
             for state, ids in (
                 (
                     JobState.DONE,
