@@ -49,3 +49,18 @@ def test_bounds_decide_the_rest():
     out[0, 0] += 1.0
     assert "relative error" in verdict(out, TIGHT)
     assert verdict(out) is None
+
+
+FP16 = Tolerance(rel_err=1e-3, atol=1e-3, rtol=2e-3, max_mismatch_ratio=1e-4, reason="")
+
+
+def test_the_output_dtype_rounding_floor_widens_the_bound_and_no_further():
+    # Probabilities of a 128k-wide softmax sit in fp16's subnormal range, where
+    # even the correctly rounded reference is ~1e-3 off in norm.
+    ref = torch.softmax(torch.rand(1, 128256, dtype=torch.float64) * 8 - 4, dim=-1)
+    best = ref.to(torch.float16)
+    comparison = compare_outputs(["Y"], [best], [ref], FP16)
+    assert comparison.rounding_floor > FP16.rel_err / 2
+    assert comparison.verdict(FP16) is None
+    worse = (ref * 1.01).to(torch.float16)
+    assert "relative error" in compare_outputs(["Y"], [worse], [ref], FP16).verdict(FP16)
