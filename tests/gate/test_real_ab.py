@@ -2,11 +2,11 @@
 0.1.15 (this venv) as candidate, target ``c``.
 
 Everything runs the production path: a runner registered with both
-toolchains, the proposal planning jobs through the sweep planner, each job
-signed by the server, executed by ``runners.host.job_execute`` in the
-sandboxed harness with that toolchain's interpreter, its result signed by the
-runner and stored by ``runners.services.result_ingest``. Only the broker hop
-between runner and control worker is replaced by a direct call."""
+toolchains, the proposal planning jobs through the sweep planner, jobs signed
+by the server in messages, executed by ``runners.host.jobs_execute`` in the
+sandboxed harness with each toolchain's interpreter, results signed by the
+runner and stored by ``runners.services.results_ingest``. Only the broker
+hops are replaced by direct calls."""
 
 from __future__ import annotations
 
@@ -18,10 +18,15 @@ from pathlib import Path
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from django.core.exceptions import ValidationError
 
+from matrix.gate.manifest import manifest_for
 from matrix.gate.models import UpgradeProposal
 from matrix.gate.services import (
+    exception_grant,
+    exception_sign_off,
     policy_evaluate,
+    policy_save,
     proposal_approve,
     proposal_diff,
     proposal_open,
@@ -60,7 +65,7 @@ def runner(db, tmp_path, monkeypatch):
         f"{TOOLCHAIN_0113} (make toolchains)"
     )
     monkeypatch.setenv("TILEMATRIX_SERVER_KEY_FILE", str(tmp_path / "server.key"))
-    monkeypatch.setenv(host.HARNESS_ENV, "runners.harness.sandbox:run_job")
+    monkeypatch.setenv(host.HARNESS_ENV, host.DEFAULT_HARNESS)
     # Absolute but not resolved: the venv's python is a symlink to the base one.
     interpreters = [os.path.abspath(python_0113), sys.executable]
     key = Ed25519PrivateKey.generate()
@@ -102,30 +107,33 @@ def runner(db, tmp_path, monkeypatch):
         toolchains=hosted,
     )
 
-    def deliver(envelope):
-        result, _ = services.result_ingest(envelope=envelope)
-        # What the control worker's ingest hook does once a result is stored.
-        proposals_reevaluate_for_results(results=[result])
+    def deliver(envelopes):
+        outcomes = services.results_ingest(envelopes=envelopes)
+        assert [o.status for o in outcomes] == ["stored"] * len(envelopes), outcomes
+        # What the control worker's ingest hook does once results are stored.
+        proposals_reevaluate_for_results(results=[o.result for o in outcomes])
 
-    monkeypatch.setattr(host, "result_send", deliver)
+    monkeypatch.setattr(host, "results_send", deliver)
     return config
 
 
 def execute_open_jobs(config, sweeps) -> int:
+    """Deliver the sweeps' jobs as the broker would: one signed message per
+    chunk of a queue, each run as one harness batch."""
     jobs = list(
         ValidationJob.objects.open()
         .filter(sweep__in=sweeps)
         .select_related("revision__operator", "shape", "device_type", "toolchain")
     )
-    for job in jobs:
-        host.job_execute(
-            envelope=services.job_envelope(job), config=config, timeout_s=180
+    for _, chunk in services.job_chunks(jobs):
+        host.jobs_execute(
+            envelope=services.jobs_envelope(chunk), config=config, timeout_s=180
         )
     return len(jobs)
 
 
-def test_softmax_gates_the_upgrade_both_ways(runner, people):
-    owner, (first, second, _) = people
+def test_softmax_gates_the_upgrade_both_ways(runner, people, admin_user):
+    owner, (first, second, owner_of_c) = people
     operator_sync_library()
     cpu = DeviceType.objects.get(backend="c")
     for name, dims in SERVED:
@@ -178,22 +186,50 @@ def test_softmax_gates_the_upgrade_both_ways(runner, people):
     assert all(r.change == "red_to_green" for r in softmax)
     assert rows["elementwise_add", "M=64,N=256"].candidate_status == "pass"
 
+    # Kernel timings of the c column on this shared 2-core host swing by up
+    # to 2x between runs: no production signal. The policy's answer is an
+    # exception for the c backend's performance, signed by its owner; it
+    # leaves every correctness rule standing.
+    policy_save(by=admin_user, backend_owners={"c": [owner_of_c.username]})
+    waive_cpu_timings(forward, granted_by=first, signed_by=owner_of_c)
+    forward.refresh_from_db()
     assert forward.state == UpgradeProposal.State.READY, forward.blocking_reasons
     proposal_approve(proposal=forward, by=first, comment="softmax now compiles on c")
     proposal_approve(proposal=forward, by=second, comment="agreed")
     forward.refresh_from_db()
     assert forward.state == UpgradeProposal.State.APPROVED
+    manifest = manifest_for(toolchain=new)
+    softmax_sha = Operator.objects.get(name="softmax").current_revision.source_sha256
+    assert {
+        (e["operator"], e["choice"], e["kernel_sha256"])
+        for e in manifest["entries"]
+        if e["operator"] == "softmax"
+    } == {("softmax", "tilelang", softmax_sha)}
 
     # The reverse needs no new jobs: both toolchains' results are fresh.
     reverse = proposal_open(baseline=new, candidate=old, device_types=[cpu], by=owner)
     assert not reverse.sweeps.exists()
+    waive_cpu_timings(reverse, granted_by=first, signed_by=owner_of_c)
+    reverse.refresh_from_db()
     assert reverse.state == UpgradeProposal.State.BLOCKED
     reasons = policy_evaluate(proposal=reverse)
     print("reverse blocked by:", *reasons, sep="\n  ")
-    regressions = [r for r in reasons if "went from pass to" in r]
-    assert regressions == [
+    assert reasons == [
         f"served cell softmax[M=64,N=256] float32 on {cpu} went from pass to "
         "compile_error",
         f"served cell softmax[M=7,N=33] float32 on {cpu} went from pass to "
         "compile_error",
-    ], reasons
+        "needs 2 approvals from the reviewer group, has 0",
+    ]
+    with pytest.raises(ValidationError, match="cannot approve while blocked"):
+        proposal_approve(proposal=reverse, by=first, comment="roll back")
+
+
+def waive_cpu_timings(proposal, *, granted_by, signed_by):
+    exception = exception_grant(
+        proposal=proposal,
+        backend="c",
+        reason="CPU timings on a shared CI host are noise, not a regression",
+        by=granted_by,
+    )
+    exception_sign_off(exception=exception, by=signed_by)
