@@ -103,6 +103,17 @@ PROFILES = {
         experts=8,
         experts_per_token=2,
     ),
+    # A different attention layout: 28 query heads over 4 KV heads (7:1).
+    "qwen2.5-7b": DenseDecoder(
+        name="qwen2.5-7b",
+        hidden=3584,
+        intermediate=18944,
+        heads=28,
+        kv_heads=4,
+        head_dim=128,
+        vocab=152064,
+        layers=28,
+    ),
 }
 SERVED_DTYPES = ("float16", "bfloat16")
 
