@@ -27,7 +27,7 @@ def test_make_run_serves_the_seeded_matrix_and_stops_cleanly_on_ctrl_c(tmp_path)
         for k, v in os.environ.items()
         if not k.startswith(("DJANGO_", "DATABASE_URL", "CELERY_"))
     }
-    env.update(TILEMATRIX_VAR_DIR=str(tmp_path / "var"), TILEMATRIX_PORT=str(port))
+    env.update(TILEMATRIX_VAR_DIR=str(tmp_path / "var"), PORT=str(port))
     for args in (["migrate", "--noinput"], ["seed_demo"], ["ensure_admin"]):
         subprocess.run(
             [sys.executable, "manage.py", *args], cwd=ROOT, env=env, check=True,
