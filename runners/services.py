@@ -15,6 +15,7 @@ import secrets
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import timedelta
+from types import SimpleNamespace
 
 from django.conf import settings
 from django.core.exceptions import PermissionDenied, ValidationError
@@ -847,9 +848,22 @@ def _error_fields(raw) -> tuple[str, str]:
     return signature, message
 
 
-def _result_from(job: ValidationJob, attempt: int, raw: dict) -> Result:
+JOB_ROW = (
+    "pk",
+    "state",
+    "attempt",
+    "runner_id",
+    "revision_id",
+    "shape_id",
+    "device_type_id",
+    "toolchain_id",
+)
+STATUSES = frozenset(Status.values)
+
+
+def _result_from(job: SimpleNamespace, attempt: int, raw: dict) -> Result:
     status = raw.get("status")
-    if status not in Status.values:
+    if status not in STATUSES:
         raise ValidationError(f"unknown result status {status!r}")
     metrics = raw.get("metrics") if isinstance(raw.get("metrics"), dict) else {}
     timings = raw.get("timings") if isinstance(raw.get("timings"), dict) else {}
@@ -866,7 +880,7 @@ def _result_from(job: ValidationJob, attempt: int, raw: dict) -> Result:
     if isinstance(raw.get("error"), dict) and raw["error"].get("pass_name"):
         details["pass_name"] = str(raw["error"]["pass_name"])[:120]
     return Result(
-        job=job,
+        job_id=job.pk,
         attempt=attempt,
         revision_id=job.revision_id,
         shape_id=job.shape_id,
@@ -1015,9 +1029,14 @@ def results_ingest(*, envelopes: list) -> list[Outcome]:
         seen = dict(
             Receipt.objects.filter(nonce__in=nonces).values_list("nonce", "result_id")
         )
-        jobs = ValidationJob.objects.select_for_update().in_bulk(
-            {p["job"] for _, p, _ in checked.values()}
-        )
+        # Rows, not model instances: building thousands of instances cost
+        # more than the query.
+        jobs = {
+            row["pk"]: SimpleNamespace(**row)
+            for row in ValidationJob.objects.select_for_update()
+            .filter(pk__in={p["job"] for _, p, _ in checked.values()})
+            .values(*JOB_ROW)
+        }
         stored = {
             (r.job_id, r.attempt): r
             for r in Result.objects.filter(job_id__in=jobs).only(
