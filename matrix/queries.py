@@ -73,6 +73,9 @@ class MatrixFilters:
     backend: str = ""
     status: str = ""
     served_only: bool = False
+    # The chosen toolchain is superseded: another one is current. Before
+    # any toolchain is marked current, none is stale.
+    toolchain_stale: bool = False
 
     @classmethod
     def from_params(cls, params, toolchains: list[Toolchain]) -> MatrixFilters:
@@ -85,12 +88,16 @@ class MatrixFilters:
         dtype = params.get("dtype", "")
         backend = params.get("backend", "")
         status = params.get("status", "")
+        toolchain = by_name.get(params.get("toolchain", ""), default)
         return cls(
-            toolchain=by_name.get(params.get("toolchain", ""), default),
+            toolchain=toolchain,
             dtype=dtype if dtype in Dtype.values else "",
             backend=backend if backend in Backend.values else "",
             status=status if status in STATE_FILTERS else "",
             served_only=params.get("served") in ("1", "on", "true"),
+            toolchain_stale=toolchain is not None
+            and not toolchain.is_current
+            and any(t.is_current for t in toolchains),
         )
 
     def as_params(self) -> dict[str, str]:
@@ -311,12 +318,11 @@ def matrix_summary(
     grid: dict[int, list[Tally]] = {
         op.id: [Tally() for _ in device_types] for op in operators
     }
-    tc = filters.toolchain
     if groups is None:
         groups = cell_groups(filters, device_types)
     for rev_id, dt_id, status, n in groups:
         op_id = revisions.operator_of[rev_id]
-        stale = not tc.is_current or rev_id != revisions.get(op_id)
+        stale = filters.toolchain_stale or rev_id != revisions.get(op_id)
         grid[op_id][dt_index[dt_id]].add(status, n, stale)
     columns = [Tally() for _ in device_types]
     total = Tally()
@@ -430,7 +436,7 @@ def operator_rows(
                 status, stale, kms, rms = EMPTY, False, None, None
             else:
                 status, rev_id, kms, rms = hit
-                stale = not tc.is_current or rev_id != current
+                stale = filters.toolchain_stale or rev_id != current
             passing += status == Status.PASS and not stale
             cells.append(
                 MatrixCell(
@@ -457,7 +463,7 @@ def _row_status_q(
     if filters.status == EMPTY:
         return ~Q(pk__in=_complete_shapes(filters, dt_ids))
     if filters.status == STALE:
-        if not filters.toolchain.is_current:
+        if filters.toolchain_stale:
             return Q(Exists(cells))
         return Q(Exists(cells.exclude(revision_id=revisions.get(operator.id))))
     return Q(Exists(cells.filter(status=filters.status)))
@@ -542,7 +548,7 @@ def served_gaps(filters: MatrixFilters) -> list[Gap]:
                 reasons.append(MISSING)
             else:
                 status, rev = hit
-                if not tc.is_current or rev != revisions.get(shape.operator_id):
+                if filters.toolchain_stale or rev != revisions.get(shape.operator_id):
                     reasons.append(STALE)
                 if status in FAILURES:
                     reasons.append(FAILING)

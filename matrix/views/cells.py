@@ -61,8 +61,7 @@ def cell_page(request, shape_id: int, device_type_id: int):
     details = result.details if result else {}
     revisions = queries.current_revisions()
     stale = bool(cell) and (
-        not cell.toolchain.is_current
-        or cell.revision_id != revisions.get(shape.operator_id)
+        filters.toolchain_stale or cell.revision_id != revisions.get(shape.operator_id)
     )
     shared = (
         queries.signature_count(cell.error_signature) - 1

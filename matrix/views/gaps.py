@@ -99,4 +99,6 @@ def _render_progress(request, sweep: Sweep) -> HttpResponse:
     )
     if progress["finished"] and request.htmx and request.method == "GET":
         response.status_code = STOP_POLLING
+        # The gap list on the page reloads itself on this event.
+        response["HX-Trigger"] = "sweep-finished"
     return response

@@ -104,6 +104,7 @@ def test_progress_polling_stops_with_286_when_the_sweep_ends(client, results):
     ValidationJob.objects.filter(pk=job.pk).update(state=JobState.DONE)
     done = client.get(url, HTTP_HX_REQUEST="true")
     assert done.status_code == 286
+    assert done["HX-Trigger"] == "sweep-finished"
     body = done.content.decode()
     assert "finished" in body and "1 done" in body and "every 2s" not in body
 
@@ -120,3 +121,16 @@ def test_sweep_page_refuses_post(client, owner):
     sweep = Sweep.objects.create(total=0)
     assert client.post(reverse("sweep", args=[sweep.pk])).status_code == 405
     assert client.post(reverse("gaps")).status_code == 405
+
+
+def test_before_any_toolchain_is_current_passing_cells_are_not_stale(
+    client, results, cpu_runner
+):
+    from matrix.models import Toolchain
+
+    Toolchain.objects.update(is_current=False)
+    gaps = client.get(reverse("gaps"), {"toolchain": "tl-0.1.15"}).context["gaps"]
+    reasons = {(g.shape.pk, g.device_type.backend): g.reasons for g in gaps}
+    assert (results["top"].pk, "c") not in reasons
+    # A revision that is no longer current still is.
+    assert "stale" in reasons[results["fourth"].pk, "hip"]
