@@ -95,7 +95,8 @@ def token_create(*, expires: timedelta, created_by=None) -> str:
     """A new single-use registration token; only its digest is stored."""
     if expires <= timedelta(0):
         raise ValidationError("a token must expire in the future")
-    token = secrets.token_urlsafe(32)
+    # Hex: a token starting with "-" would read as an option on a command line.
+    token = secrets.token_hex(32)
     record = RegistrationToken.objects.create(
         digest=token_digest(token),
         created_by=created_by,

@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 import uuid
@@ -53,10 +55,21 @@ def redis_url(base: str | None) -> str:
 
 
 class Cluster:
-    def __init__(self, root: Path, *, broker: str = "default", harness: str = "edge"):
-        self.root = root
-        self.var = root / "var"
-        self.var.mkdir(parents=True)
+    def __init__(
+        self,
+        *,
+        broker: str = "default",
+        harness: str = "edge",
+        database: str = "default",
+        web_host: str = "127.0.0.1",
+    ):
+        # Not under pytest's 0700 base: a sandboxed harness child runs under
+        # a uid of its own and must reach the kernel cache in a host's
+        # directory. The database and server key stay owner-only in var/.
+        self.root = Path(tempfile.mkdtemp(prefix="tm-cluster-"))
+        self.root.chmod(0o711)
+        self.var = self.root / "var"
+        self.var.mkdir(mode=0o700)
         self.procs: dict[str, subprocess.Popen] = {}
         self.logs: dict[str, Path] = {}
         env = {
@@ -75,7 +88,9 @@ class Cluster:
         if harness == "edge":
             env["TILEMATRIX_HARNESS"] = "tests.runners.edge_harness"
         configured = os.environ.get("CELERY_BROKER_URL", "")
-        if broker == "redis" or (
+        if broker.startswith("redis://"):
+            env["CELERY_BROKER_URL"] = broker
+        elif broker == "redis" or (
             broker == "default" and configured.startswith("redis")
         ):
             env["CELERY_BROKER_URL"] = redis_url(
@@ -83,17 +98,20 @@ class Cluster:
             )
             self.flush_redis(env["CELERY_BROKER_URL"])
         self.pg_admin = None
-        database = os.environ.get("DATABASE_URL", "")
-        if database.startswith(("postgres", "pgsql")):
+        database_url = os.environ.get("DATABASE_URL", "")
+        if database == "default" and database_url.startswith(("postgres", "pgsql")):
             name = f"tm_e2e_{uuid.uuid4().hex[:10]}"
-            self.pg_admin = urlunsplit(urlsplit(database)._replace(path="/postgres"))
+            self.pg_admin = urlunsplit(
+                urlsplit(database_url)._replace(path="/postgres")
+            )
             self._pg_execute(f'CREATE DATABASE "{name}"')
             self.pg_name = name
             env["DATABASE_URL"] = urlunsplit(
-                urlsplit(database)._replace(path=f"/{name}")
+                urlsplit(database_url)._replace(path=f"/{name}")
             )
         self.env = env
         self.port = free_port()
+        self.web_host = web_host
         self.server = f"http://127.0.0.1:{self.port}"
         self.manage("migrate", "--noinput")
         self.manage("seed_demo")
@@ -112,9 +130,11 @@ class Cluster:
         with psycopg.connect(self.pg_admin, autocommit=True) as conn:
             conn.execute(sql)
 
-    def manage(self, *args, check=True, timeout=300) -> subprocess.CompletedProcess:
+    def manage(
+        self, *args, check=True, timeout=300, prefix: tuple = ()
+    ) -> subprocess.CompletedProcess:
         done = subprocess.run(
-            [PY, "manage.py", *args],
+            [*prefix, PY, "manage.py", *args],
             cwd=REPO,
             env=self.env,
             capture_output=True,
@@ -163,13 +183,20 @@ class Cluster:
             self.kill(name, signal.SIGTERM)
         if self.pg_admin:
             self._pg_execute(f'DROP DATABASE IF EXISTS "{self.pg_name}" WITH (FORCE)')
+        shutil.rmtree(self.root, ignore_errors=True)
 
     # The deployment -------------------------------------------------------
 
     def start_web(self) -> None:
         self.start(
             "web",
-            [PY, "manage.py", "runserver", f"127.0.0.1:{self.port}", "--noreload"],
+            [
+                PY,
+                "manage.py",
+                "runserver",
+                f"{self.web_host}:{self.port}",
+                "--noreload",
+            ],
         )
 
         def up():
@@ -205,9 +232,14 @@ class Cluster:
         )
 
     def key_dir(self, runner: str) -> Path:
-        return self.root / "hosts" / runner
+        path = self.root / "hosts" / runner
+        path.mkdir(parents=True, exist_ok=True, mode=0o711)
+        (self.root / "hosts").chmod(0o711)
+        return path
 
-    def register(self, runner: str, server: str | None = None) -> str:
+    def register(
+        self, runner: str, server: str | None = None, prefix: tuple = ()
+    ) -> str:
         token = (
             self.manage("runner", "token", "create", "--expires", "10m")
             .stdout.strip()
@@ -224,13 +256,23 @@ class Cluster:
             runner,
             "--key-dir",
             str(self.key_dir(runner)),
+            prefix=prefix,
         )
         return done.stdout
 
-    def start_runner(self, runner: str, **env) -> None:
+    def start_runner(self, runner: str, prefix: tuple = (), **env) -> None:
+        """``prefix`` runs it elsewhere, e.g. ("ip", "netns", "exec", NAME)."""
         self.start(
             f"runner:{runner}",
-            [PY, "manage.py", "runner", "work", "--key-dir", str(self.key_dir(runner))],
+            [
+                *prefix,
+                PY,
+                "manage.py",
+                "runner",
+                "work",
+                "--key-dir",
+                str(self.key_dir(runner)),
+            ],
             env=env,
         )
 

@@ -37,8 +37,8 @@ def redis_up() -> bool:
 
 
 @pytest.fixture
-def cluster(tmp_path):
-    cluster = Cluster(tmp_path / "cluster", broker="redis")
+def cluster():
+    cluster = Cluster(broker="redis")
     try:
         cluster.start_web()
         cluster.start_control()

@@ -20,8 +20,8 @@ def smoke_cells(device_filter: str, limit: int | None = None) -> str:
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    cluster = Cluster(tmp_path_factory.mktemp("cluster"))
+def cluster():
+    cluster = Cluster()
     try:
         cluster.start_web()
         cluster.start_control()
@@ -38,7 +38,17 @@ def online(cluster, runner):
     )
 
 
-def test_register_sweep_and_real_results(cluster):
+@pytest.fixture
+def stop_runners(cluster):
+    """Runners a test starts are stopped after it, pass or fail: the next
+    test must not find them consuming its queues."""
+    before = set(cluster.procs)
+    yield
+    for name in set(cluster.procs) - before - {"web", "control"}:
+        cluster.kill(name)
+
+
+def test_register_sweep_and_real_results(cluster, stop_runners):
     out = cluster.register("cpu-real")
     assert "registered runner cpu-real" in out
     assert (cluster.key_dir("cpu-real") / "runner.key").stat().st_mode & 0o777 == 0o600
@@ -63,7 +73,6 @@ def test_register_sweep_and_real_results(cluster):
         "SELECT COUNT(*) FROM matrix_cell WHERE status IN ('pass', 'lowered', 'built')"
     )
     assert cells[0][0] == 4
-    cluster.kill("runner:cpu-real")
 
 
 def test_kill_9_of_the_worker_mid_sweep_loses_no_job(cluster):
