@@ -43,13 +43,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_ready(url: str, timeout_s: float = 30) -> None:
+def wait_ready(url: str, timeout_s: float = 30) -> bytes:
+    """The page's body once the server answers it."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:
             with urllib.request.urlopen(url, timeout=5) as response:
                 if response.status == 200:
-                    return
+                    return response.read()
         except OSError:
             time.sleep(0.3)
     raise SystemExit(f"gunicorn did not answer {url} within {timeout_s} s")
@@ -89,7 +90,12 @@ def main() -> None:
     server = subprocess.Popen(gunicorn, cwd=ROOT, env=env)
     url = f"http://127.0.0.1:{port}{args.path}"
     try:
-        wait_ready(url)
+        body = wait_ready(url)
+        # Timing an error page or an empty matrix would prove nothing.
+        if b'id="matrix"' not in body or b"tbody" not in body:
+            raise SystemExit(
+                f"{url} does not serve a filled matrix; run matrix_page.py"
+            )
         with tempfile.NamedTemporaryFile("w", suffix=".lua") as script:
             script.write(REPORT_LUA)
             script.flush()
@@ -129,6 +135,7 @@ def main() -> None:
         "url_path": args.path,
         "connections": args.connections,
         "gunicorn_workers": args.workers,
+        "page_bytes": len(body),
         "cpus": os.cpu_count(),
         "load_average_at_end": os.getloadavg(),
         **result,
