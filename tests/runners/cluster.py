@@ -329,6 +329,14 @@ class Cluster:
         )
         return dict(rows)
 
+    def wait(self, predicate, *, timeout: float, what: str):
+        """wait_for, with the tail of every process's log when it times out."""
+        try:
+            return wait_for(predicate, timeout=timeout, what=what)
+        except AssertionError as exc:
+            tails = "\n".join(f"--- {n}\n{self.log(n)[-2500:]}" for n in self.logs)
+            raise AssertionError(f"{exc}\n{tails}") from None
+
     def finished(self, sweep: int) -> bool:
         jobs = self.jobs(sweep)
         return bool(jobs) and all(

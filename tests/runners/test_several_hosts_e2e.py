@@ -13,6 +13,7 @@ PostgreSQL beyond localhost.
 from __future__ import annotations
 
 import os
+import secrets
 import subprocess
 
 import pytest
@@ -64,8 +65,9 @@ def network():
 
 @pytest.fixture
 def broker(tmp_path, network):
-    """A Redis of this test's own, listening where both hosts can reach it."""
-    port = free_port()
+    """A Redis of this test's own, listening where both hosts can reach it,
+    with a password as a broker on a network has: (port, password)."""
+    port, password = free_port(), secrets.token_hex(16)
     gateways = [h["gateway"] for h in network.values()]
     proc = subprocess.Popen(
         [
@@ -75,6 +77,8 @@ def broker(tmp_path, network):
             "--bind",
             "127.0.0.1",
             *gateways,
+            "--requirepass",
+            password,
             "--save",
             "",
             "--appendonly",
@@ -84,20 +88,17 @@ def broker(tmp_path, network):
         ],
         stdout=subprocess.DEVNULL,
     )
+    ping = ["redis-cli", "-p", str(port), "--no-auth-warning", "-a", password, "ping"]
     try:
         wait_for(
             lambda: (
-                subprocess.run(
-                    ["redis-cli", "-p", str(port), "ping"],
-                    capture_output=True,
-                    text=True,
-                ).stdout.strip()
+                subprocess.run(ping, capture_output=True, text=True).stdout.strip()
                 == "PONG"
             ),
             timeout=20,
             what="the test's redis",
         )
-        yield port
+        yield port, password
     finally:
         proc.terminate()
         proc.wait(timeout=20)
@@ -106,7 +107,7 @@ def broker(tmp_path, network):
 @pytest.fixture
 def cluster(tmp_path, network, broker):
     cluster = Cluster(
-        broker=f"redis://127.0.0.1:{broker}/0",
+        broker=f"redis://:{broker[1]}@127.0.0.1:{broker[0]}/0",
         database="sqlite",
         web_host="0.0.0.0",
     )
@@ -133,11 +134,11 @@ def test_a_host_cut_off_mid_sweep_hands_its_jobs_to_the_other(cluster, network, 
         cluster.start_runner(
             f"host-{name}",
             prefix=prefix,
-            CELERY_BROKER_URL=f"redis://{host['gateway']}:{broker}/0",
-            TILEMATRIX_EDGE_HARNESS_DELAY_S="0.4",
+            CELERY_BROKER_URL=f"redis://:{broker[1]}@{host['gateway']}:{broker[0]}/0",
+            TILEMATRIX_EDGE_HARNESS_DELAY_S="0.2",
         )
     for name in network:
-        wait_for(
+        cluster.wait(
             lambda n=name: cluster.runner_state(f"host-{n}") == "online",
             timeout=90,
             what=f"host-{name} online",
@@ -155,7 +156,7 @@ def test_a_host_cut_off_mid_sweep_hands_its_jobs_to_the_other(cluster, network, 
             if s == "running"
         )
 
-    wait_for(ran_on_a, timeout=120, what="host-a running a job")
+    cluster.wait(ran_on_a, timeout=120, what="host-a running a job")
     sh("ip", "link", "set", network["a"]["link"], "down")
     cluster.wait_finished(sweep, timeout=240)
 
