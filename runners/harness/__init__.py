@@ -5,11 +5,23 @@ Pure Python and stdlib-first: it imports no Django, because the child runs
 inside a toolchain's own interpreter with only that toolchain's packages.
 ``run_job`` and ``run_batch`` (in ``sandbox``) are the supervisor's API;
 ``python -m runners.harness JOB.json`` is the command-line supervisor.
+
+The names below load on first use: the untrusted child imports modules of
+this package without loading the operator library (which ``job`` needs).
 """
 
 from __future__ import annotations
 
-from runners.harness.job import MalformedJob
-from runners.harness.sandbox import run_batch, run_job
-
 __all__ = ["MalformedJob", "run_batch", "run_job"]
+
+
+def __getattr__(name: str):
+    if name == "MalformedJob":
+        from runners.harness.job import MalformedJob
+
+        return MalformedJob
+    if name in ("run_batch", "run_job"):
+        from runners.harness import sandbox
+
+        return getattr(sandbox, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

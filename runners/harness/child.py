@@ -1,6 +1,7 @@
 """The sandboxed child: ``python -m runners.harness.child SPEC.json``.
 
-Started by ``sandbox`` in its own process group with a scrubbed environment.
+Started by ``sandbox`` in its own process group with a scrubbed environment,
+in one of three modes (see ``_runner``).
 It speaks JSON lines on its original stdout (the protocol) and sends every
 other write, the kernel's and the compiler's included, to stderr, so nothing
 a kernel prints can be mistaken for a result:
@@ -70,13 +71,19 @@ def main(argv: list[str]) -> int:
 
     spec = json.loads(Path(argv[1]).read_text())
     apply_limits(spec["limits"])
+    mode = spec.get("mode", "library")
+    if mode == "untrusted":
+        from runners.harness.untrusted import block_reference_modules
+
+        block_reference_modules()
     try:
-        import tilelang  # noqa: F401  (fail here, not inside the first job)
+        if mode != "judge":
+            import tilelang  # noqa: F401  (fail here, not inside the first job)
         import torch  # noqa: F401
 
         from runners.harness.fingerprint import fingerprint
-        from runners.harness.stages import run_stages
 
+        run = _runner(mode, spec)
         toolchain = fingerprint(os.environ.get("TILELANG_CACHE_DIR"))
     except Exception:
         send({"event": "broken", "message": traceback.format_exc(limit=-4)})
@@ -87,7 +94,7 @@ def main(argv: list[str]) -> int:
     for index, job in enumerate(spec["jobs"]):
         send({"event": "start", "index": index})
         try:
-            result = run_stages(
+            result = run(
                 job,
                 fingerprint=toolchain,
                 workdir=os.getcwd(),
@@ -96,21 +103,49 @@ def main(argv: list[str]) -> int:
                 ),
             )
         except Exception:
-            result = _harness_failure(job, toolchain)
+            result = _harness_failure(job, toolchain, mode)
         send({"event": "result", "index": index, "result": result})
         if result["status"] == "runtime_error":
             return 0
     return 0
 
 
-def _harness_failure(job: dict, toolchain: dict) -> dict:
+def _runner(mode: str, spec: dict):
+    """The function that runs one job in this child's mode: ``library``
+    (trusted operator kernels, verdict included), ``untrusted`` (a submitted
+    kernel: compile, run, write outputs) or ``judge`` (compare an untrusted
+    child's outputs with the reference; runs no submitted code)."""
+    from runners.harness import untrusted
+
+    if mode == "library":
+        from runners.harness.stages import run_stages
+
+        return run_stages
+    if mode == "untrusted":
+        return lambda job, **kw: untrusted.run_submitted(
+            job,
+            seeds=spec["seeds"],
+            inputs=spec["inputs"],
+            outputs=spec["outputs"],
+            unsupported=spec["unsupported"],
+            **kw,
+        )
+    if mode == "judge":
+        return lambda job, *, fingerprint, workdir, on_stage: untrusted.judge(
+            job, seeds=spec["seeds"], outputs_dir=spec["outputs_dir"], on_stage=on_stage
+        )
+    raise ValueError(f"unknown harness mode {mode!r}")
+
+
+def _harness_failure(job: dict, toolchain: dict, mode: str) -> dict:
     from runners.harness.result import new_result, set_error
 
     result = new_result(job)
     result["fingerprint"] = toolchain
-    return set_error(
-        result, "infra_error", "harness failure:\n" + traceback.format_exc()
-    )
+    # Next to submitted code, an exception the harness did not expect is
+    # most likely that code's doing: not an infrastructure error to retry.
+    status = "runtime_error" if mode == "untrusted" else "infra_error"
+    return set_error(result, status, "harness failure:\n" + traceback.format_exc())
 
 
 if __name__ == "__main__":

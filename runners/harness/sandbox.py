@@ -3,9 +3,15 @@
 Each child gets its own process group (killed whole on timeout), an
 environment built from an allow-list, a temporary HOME removed afterwards,
 resource limits, a TileLang kernel cache per toolchain (a throwaway one for
-submitted kernels) and a 16 KB cap on what it prints. Trusted library jobs of
-one toolchain share a child, one job after another; a child that crashes or
-hangs costs only its current job, and the rest continue in a fresh one.
+submitted kernels) and a 16 KB cap on what it prints. Where the supervisor is
+root, each child also runs under a uid of its own in an empty network
+namespace (see ``isolation``). Trusted library jobs of one toolchain share a
+child, one job after another; a child that crashes or hangs costs only its
+current job, and the rest continue in a fresh one.
+
+A submitted kernel is run by two children: an untrusted one that compiles it
+and writes its outputs for two input sets, and a judge that imports no
+submitted code and decides pass or mismatch (see ``untrusted``).
 """
 
 from __future__ import annotations
@@ -14,9 +20,11 @@ import json
 import math
 import os
 import re
+import secrets
 import selectors
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -26,7 +34,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from runners.harness.job import parse_job
+from runners.harness import isolation, tensors, timing
+from runners.harness.job import lookup_operator, parse_job
 from runners.harness.result import (
     KERNEL_SOURCE_CAP,
     MESSAGE_CAP,
@@ -93,6 +102,18 @@ class Limits:
     processes: int = 4096
     address_space_extra_bytes: int | None = 16 * 2**30
     core_bytes: int = 0  # a core dump would hold tensor data and environment
+
+
+def untrusted_limits(limits: Limits) -> Limits:
+    """Tighter limits for a child that runs submitted code: an 8 GB
+    allocation, a 1 GB file or a fork bomb fails inside it."""
+    extra = limits.address_space_extra_bytes
+    return replace(
+        limits,
+        file_bytes=256 * 2**20,
+        processes=256,
+        address_space_extra_bytes=None if extra is None else 4 * 2**30,
+    )
 
 
 def child_environment(home: str, cache_dir: str) -> dict[str, str]:
@@ -167,11 +188,12 @@ def run_batch(
 
     def run_group(group: tuple[list[int], str | None]) -> list[dict]:
         indices, cache = group
+        group_jobs = [parsed[i] for i in indices]
+        if group_jobs[0]["source"] is not None:
+            (job,) = group_jobs
+            return [_run_submitted(job, interpreter=interpreter, timeout_s=timeout_s)]
         return _run_group(
-            [parsed[i] for i in indices],
-            interpreter=interpreter,
-            cache_dir=cache,
-            timeout_s=timeout_s,
+            group_jobs, interpreter=interpreter, cache_dir=cache, timeout_s=timeout_s
         )
 
     results: list[dict | None] = [None] * len(parsed)
@@ -196,29 +218,200 @@ def _run_group(
     return results
 
 
+def _run_submitted(job: dict, *, interpreter: str, timeout_s: float) -> dict:
+    """Compile and run a submitted kernel in an untrusted child, then let a
+    judge child compare what it wrote with the reference."""
+    from runners.kernels.base import Unsupported
+
+    operator = lookup_operator(job["operator"])
+    shape, dtype = job["shape"], job["dtype"]
+    try:
+        operator.check(shape, dtype, job["target"])
+        unsupported = None
+    except Unsupported as exc:
+        unsupported = str(exc)
+    out_specs = [tensors.spec_dict(s) for s in operator.outputs(shape, dtype)]
+    # The second seed is drawn here, so nothing can be prepared for it.
+    seeds = [job["seed"], secrets.randbelow(2**63)]
+    staging = tempfile.mkdtemp(prefix="tm-outputs-")
+    try:
+        (ran,) = _run_child(
+            [job],
+            interpreter=interpreter,
+            cache_dir=None,
+            timeout_s=timeout_s,
+            mode="untrusted",
+            extra={
+                "seeds": seeds,
+                "inputs": [tensors.spec_dict(s) for s in operator.inputs(shape, dtype)],
+                "outputs": out_specs,
+                "unsupported": unsupported,
+            },
+            collect=lambda base: _collect_outputs(base, staging, out_specs, len(seeds)),
+        )
+        if job["stage"] != "validate" or ran["status"] != "pass":
+            return ran
+        (verdict,) = _run_child(
+            [job],
+            interpreter=interpreter,
+            cache_dir=None,
+            timeout_s=timeout_s,
+            mode="judge",
+            extra={"seeds": seeds},
+            stage_in=staging,
+        )
+        return _merge_verdict(ran, verdict, operator)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _collect_outputs(base: str, staging: str, specs: list[dict], sets: int) -> None:
+    """Copy the outputs the untrusted child wrote, as regular files of the
+    exact expected size, without following anything it could have swapped
+    for a link, a FIFO or a device."""
+    try:
+        out_fd = os.open(
+            os.path.join(base, "home", "out"),
+            os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW,
+        )
+    except OSError:
+        return
+    try:
+        for input_set in range(sets):
+            for index, spec in enumerate(specs):
+                name = tensors.output_name(input_set, index)
+                data = _read_regular(out_fd, name, tensors.byte_size(spec))
+                if data is not None:
+                    Path(staging, name).write_bytes(data)
+    finally:
+        os.close(out_fd)
+
+
+def _read_regular(dir_fd: int, name: str, size: int) -> bytes | None:
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK
+    try:
+        fd = os.open(name, flags, dir_fd=dir_fd)
+    except OSError:
+        return None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_size != size:
+            return None
+        with os.fdopen(os.dup(fd), "rb") as stream:
+            data = stream.read(size + 1)
+        return data if len(data) == size else None
+    finally:
+        os.close(fd)
+
+
+def _merge_verdict(ran: dict, verdict: dict, operator) -> dict:
+    """The untrusted child's compile evidence with the judge's verdict."""
+    result = dict(ran)
+    timings = dict(ran["timings"])
+    result["timing_trust"] = (
+        "advisory: kernel_ms was measured inside the untrusted child"
+    )
+    if verdict["status"] not in ("pass", "mismatch"):
+        message = (verdict.get("error") or {}).get("message") or verdict["status"]
+        failed = set_error(result, "infra_error", "the judge failed: " + message)
+        failed["error"]["signature"] = error_signature(failed["error"]["message"])
+        return failed
+    result["status"] = verdict["status"]
+    result["error"] = verdict["error"]
+    result["metrics"] = verdict["metrics"]
+    result["tolerance"] = verdict["tolerance"]
+    timings["wall_s"] += verdict["timings"]["wall_s"] or 0.0
+    timings["run_s"] = (timings["run_s"] or 0.0) + (verdict["timings"]["run_s"] or 0.0)
+    timings["overhead_s"] = max(
+        0.0, timings["wall_s"] - (timings["compile_s"] or 0.0) - timings["run_s"]
+    )
+    kernel_ms = timings["kernel_ms"]
+    reference_ms = verdict["timings"]["reference_ms"]
+    if result["status"] != "pass" or not kernel_ms:
+        timings["kernel_ms"] = None
+    else:
+        timings["reference_ms"] = reference_ms
+        timings["speedup"] = reference_ms / kernel_ms if reference_ms else None
+        shape, dtype = ran["shape"], ran["dtype"]
+        timings.update(
+            timing.throughput(
+                flops=operator.flops(shape),
+                bytes_moved=operator.bytes_moved(shape, dtype),
+                kernel_ms=kernel_ms,
+            )
+        )
+    result["timings"] = timings
+    return result
+
+
 def _run_child(
-    jobs: list[dict], *, interpreter: str, cache_dir: str | None, timeout_s: float
+    jobs: list[dict],
+    *,
+    interpreter: str,
+    cache_dir: str | None,
+    timeout_s: float,
+    mode: str = "library",
+    extra: dict | None = None,
+    collect=None,
+    stage_in: str | None = None,
 ) -> list[dict]:
     """Run ``jobs`` in one child until they are done or the child dies or
     hangs. Returns at least one result: the jobs it finished and, if it failed,
-    the failure of the job it was on."""
-    home = tempfile.mkdtemp(prefix="tm-harness-")
+    the failure of the job it was on.
+
+    The child's HOME is ``BASE/home``; BASE itself stays the supervisor's, so
+    the child cannot swap the directory that ``collect(BASE)`` reads after it
+    is gone. ``stage_in`` is copied to ``BASE/inbox`` for the child to read.
+    """
+    base = tempfile.mkdtemp(prefix="tm-harness-")
+    os.chmod(base, 0o755)
+    home = os.path.join(base, "home")
+    os.mkdir(home, 0o700)
     spawned = time.perf_counter()
+    shared_cache = cache_dir is not None and mode == "library"
+    identity = isolation.library() if shared_cache else isolation.acquire()
     try:
-        cache = cache_dir or os.path.join(home, "tilelang-cache")
+        cache = cache_dir if shared_cache else os.path.join(home, "tilelang-cache")
         timeouts = [job["timeout_s"] or timeout_s for job in jobs]
         limits = Limits(cpu_s=math.ceil(2 * (STARTUP_TIMEOUT_S + sum(timeouts))))
         if any(job["target"]["kind"] != "c" for job in jobs):
             limits = replace(limits, address_space_extra_bytes=None)
-        spec = Path(home, "spec.json")
-        spec.write_text(json.dumps({"jobs": jobs, "limits": asdict(limits)}))
-        child = _Child(interpreter, spec, home, child_environment(home, cache))
+        if mode == "untrusted":
+            limits = untrusted_limits(limits)
+        spec = {"jobs": jobs, "limits": asdict(limits), "mode": mode, **(extra or {})}
+        if stage_in is not None:
+            inbox = os.path.join(base, "inbox")
+            shutil.copytree(stage_in, inbox)
+            os.chmod(inbox, 0o755)
+            for name in os.listdir(inbox):
+                os.chmod(os.path.join(inbox, name), 0o644)
+            spec["outputs_dir"] = inbox
+        spec_path = Path(base, "spec.json")
+        spec_path.write_text(json.dumps(spec))
+        env = child_environment(home, cache)
+        if shared_cache:
+            _own_cache(cache, identity)
+        identity.give(home)
+        child = _Child(
+            interpreter, spec_path, home, env, identity, untrusted=mode == "untrusted"
+        )
         try:
-            return _supervise(child, jobs, timeouts, spawned, home)
+            return _supervise(child, jobs, timeouts, spawned, base)
         finally:
             child.kill()
+            identity.kill_all()
+            if collect is not None:
+                collect(base)
     finally:
-        shutil.rmtree(home, ignore_errors=True)
+        identity.release()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _own_cache(cache: str, identity: isolation.Identity) -> None:
+    """Give a shared kernel cache to the library children's uid, once."""
+    os.makedirs(cache, exist_ok=True)
+    if identity.uid is not None and os.stat(cache).st_uid != identity.uid:
+        identity.give(cache)
 
 
 def _supervise(child, jobs, timeouts, spawned, home) -> list[dict]:
@@ -243,7 +436,9 @@ def _supervise(child, jobs, timeouts, spawned, home) -> list[dict]:
         elif event == "stage" and current is not None:
             stage = message.get("stage") if message.get("stage") in STAGES else stage
         elif event == "result" and current is not None:
-            accepted = _accept(message.get("result"), jobs[current], toolchain)
+            accepted = _accept(
+                message.get("result"), jobs[current], toolchain, child.untrusted
+            )
             results.append(_finish(accepted, mark, home))
             mark = time.perf_counter()
             current = None
@@ -294,7 +489,7 @@ def _failed(job, status, message, stage, toolchain) -> dict:
     return set_error(result, status, message)
 
 
-def _accept(result: object, job: dict, toolchain: dict) -> dict:
+def _accept(result: object, job: dict, toolchain: dict, untrusted: bool) -> dict:
     """Rebuild the child's result from the job and the fields a result may
     have, so that a confused (or hostile) child cannot change the echo of
     the job or break the schema."""
@@ -304,7 +499,9 @@ def _accept(result: object, job: dict, toolchain: dict) -> dict:
         _copy_checked(result, clean)
     except (KeyError, TypeError, ValueError):
         text = "the harness child sent a malformed result"
-        return _failed(job, "infra_error", text, None, toolchain)
+        # Submitted code can write to the channel: its garbage is its failure.
+        status = "runtime_error" if untrusted else "infra_error"
+        return _failed(job, status, text, None, toolchain)
     return clean
 
 
@@ -357,9 +554,27 @@ def _finish(result: dict, since: float, home: str) -> dict:
 class _Child:
     """One child process and the pipes it talks on."""
 
-    def __init__(self, interpreter: str, spec: Path, home: str, env: dict):
+    def __init__(
+        self,
+        interpreter: str,
+        spec: Path,
+        home: str,
+        env: dict,
+        identity: isolation.Identity,
+        *,
+        untrusted: bool,
+    ):
+        self.untrusted = untrusted
+        # -P: the child's own cwd (its HOME) never shadows the harness.
+        argv = [
+            os.path.abspath(interpreter) if os.sep in interpreter else interpreter,
+            "-P",
+            "-m",
+            "runners.harness.child",
+            str(spec),
+        ]
         self.proc = subprocess.Popen(
-            [interpreter, "-m", "runners.harness.child", str(spec)],
+            identity.command(argv),
             cwd=home,
             env=env,
             stdin=subprocess.DEVNULL,

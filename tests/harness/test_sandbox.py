@@ -3,6 +3,10 @@ environment holds, and a toolchain that cannot start."""
 
 from __future__ import annotations
 
+import shutil
+import tempfile
+from pathlib import Path
+
 from runners.harness.sandbox import REPO_ROOT, child_environment, run_batch
 from tests.harness.helpers import PLANTED, library_job
 
@@ -24,14 +28,22 @@ def test_the_child_environment_is_an_allow_list(monkeypatch, tmp_path):
 
 
 def test_a_toolchain_that_cannot_start_is_an_infra_error_for_every_job(tmp_path):
-    broken = tmp_path / "python"
+    # A toolchain lives where the children's uid may enter, as on a runner.
+    toolchain = Path(tempfile.mkdtemp(prefix="tm-toolchain-"))
+    toolchain.chmod(0o755)
+    broken = toolchain / "python"
     broken.write_text("#!/bin/sh\necho 'No module named tilelang' >&2\nexit 3\n")
     broken.chmod(0o755)
     jobs = [
         library_job("softmax", {"M": 2, "N": 3}),
         library_job("row_sum", {"M": 2, "N": 3}),
     ]
-    results = run_batch(jobs, interpreter=str(broken), cache_dir=str(tmp_path / "c"))
+    try:
+        results = run_batch(
+            jobs, interpreter=str(broken), cache_dir=str(tmp_path / "c")
+        )
+    finally:
+        shutil.rmtree(toolchain)
     for result in results:
         assert result["status"] == "infra_error"
         assert "failed to start: exit status 3" in result["error"]["message"]

@@ -5,7 +5,9 @@ nothing of the supervisor's environment reaches the child or the result."""
 from __future__ import annotations
 
 import resource
+import shutil
 import signal
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -20,7 +22,11 @@ HANG_TIMEOUT_S = 8.0
 @pytest.fixture(scope="module")
 def results(planted_secrets, tmp_path_factory):
     """All submitted kernels in one batch: each still gets its own child."""
-    report = tmp_path_factory.mktemp("hang") / "report"
+    # The child runs as a uid of its own where the tests run as root: the
+    # report goes where any user may write (sticky, like /tmp).
+    report_dir = Path(tempfile.mkdtemp(prefix="tm-hang-"))
+    report_dir.chmod(0o1777)
+    report = report_dir / "report"
     jobs = {
         "wrong": submitted_job("wrong_add", {"M": 33, "N": 17}),
         "unwritten": submitted_job("unwritten_add"),
@@ -41,7 +47,8 @@ def results(planted_secrets, tmp_path_factory):
     outcome = run_batch(
         list(jobs.values()), cache_dir="unused-for-submitted", workers=2
     )
-    return {**dict(zip(jobs, outcome, strict=True)), "hang_report": report}
+    yield {**dict(zip(jobs, outcome, strict=True)), "hang_report": report}
+    shutil.rmtree(report_dir)
 
 
 def test_a_wrong_kernel_is_a_mismatch(results):

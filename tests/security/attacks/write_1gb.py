@@ -1,0 +1,23 @@
+"""Writes a 1 GB file in its home."""
+
+import tilelang.cpu.language as T
+
+with open("big.bin", "wb") as big:
+    for _ in range(1024):
+        big.write(bytes(2**20))
+
+
+def program(shape, dtype, target):
+    M, N = shape["M"], shape["N"]
+
+    @T.prim_func
+    def good_add(
+        A: T.Tensor((M, N), dtype),
+        B: T.Tensor((M, N), dtype),
+        C: T.Tensor((M, N), dtype),
+    ):
+        with T.Kernel(M) as i:
+            for j in T.serial(N):
+                C[i, j] = A[i, j] + B[i, j]
+
+    return good_add
