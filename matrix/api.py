@@ -55,3 +55,7 @@ def health(request):
 from matrix.api_manifest import router as manifest_router  # noqa: E402
 
 api.add_router("/", manifest_router)
+
+from matrix.api_submissions import router as submissions_router  # noqa: E402
+
+api.add_router("/", submissions_router)

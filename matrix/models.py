@@ -220,6 +220,8 @@ class Shape(models.Model):
         return f"{self.operator.name}[{self.dims_key}] {self.dtype}"
 
     def clean(self) -> None:
+        if self.operator_id is None:
+            return  # the form reports the missing operator itself
         self.dims = self.operator.clean_dims(self.dims)
         self.dims_key = dims_key(self.dims)
 

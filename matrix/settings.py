@@ -27,7 +27,7 @@ CELERY_BROKER_URL, CELERY_BROKER_TRANSPORT_OPTIONS = config.parse_broker(
 )
 
 INSTALLED_APPS = [
-    "django.contrib.admin",
+    "runners.apps.RoleAdminConfig",  # the admin site, for the admin role only
     "django.contrib.auth",
     "django.contrib.contenttypes",
     "django.contrib.sessions",
@@ -37,17 +37,21 @@ INSTALLED_APPS = [
     "template_partials",
     "matrix",
     "runners",
+    "axes",
 ]
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "matrix.security.SecurityHeadersMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "runners.roles.RoleMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "matrix.urls"
@@ -73,6 +77,22 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
 ]
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",  # refuses locked-out logins first
+    "django.contrib.auth.backends.ModelBackend",
+]
+# Login throttling: 5 failures for one username from one address lock that
+# pair out for 15 minutes.
+AXES_FAILURE_LIMIT = 5
+AXES_COOLOFF_TIME = 0.25  # hours
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_VERBOSE = False
+AXES_SENSITIVE_PARAMETERS = ["password", "token", "registration_token"]
+# Anonymous visitors may read pages in the embedded default (DEBUG), so that
+# `make run` opens on the matrix; a deployment needs a role for everything.
+TILEMATRIX_ANONYMOUS_READ = config.parse_bool(
+    "TILEMATRIX_ANONYMOUS_READ", os.environ.get("TILEMATRIX_ANONYMOUS_READ"), DEBUG
+)
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "matrix"
 LOGOUT_REDIRECT_URL = "matrix"
@@ -125,5 +145,5 @@ LOGGING = {
     "disable_existing_loggers": False,
     "handlers": {"console": {"class": "logging.StreamHandler"}},
     "root": {"handlers": ["console"], "level": "INFO"},
-    "loggers": {"django": {"level": "INFO"}},
+    "loggers": {"django": {"level": "INFO"}, "axes": {"level": "WARNING"}},
 }

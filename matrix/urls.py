@@ -5,7 +5,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import path
 
 from matrix.api import api
-from matrix.views import cells, errors, gaps, matrix, runners, upgrades
+from matrix.views import cells, errors, gaps, matrix, runners, submissions, upgrades
 
 urlpatterns = [
     path("", matrix.matrix_page, name="matrix"),
@@ -45,6 +45,14 @@ urlpatterns = [
         "upgrades/exceptions/<int:pk>/sign-off/",
         upgrades.exception_sign_off,
         name="upgrade-exception-sign-off",
+    ),
+    path("submissions/", submissions.submissions_page, name="submissions"),
+    path("submissions/new/", submissions.submission_new, name="submission-new"),
+    path("submissions/<int:pk>/", submissions.submission_page, name="submission"),
+    path(
+        "submissions/<int:pk>/review/",
+        submissions.submission_review,
+        name="submission-review",
     ),
     path("login/", auth_views.LoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),

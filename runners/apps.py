@@ -3,6 +3,7 @@ from __future__ import annotations
 import os
 
 from django.apps import AppConfig
+from django.contrib.admin import apps as admin_apps
 
 
 class RunnersConfig(AppConfig):
@@ -10,9 +11,14 @@ class RunnersConfig(AppConfig):
     verbose_name = "Runner hosts"
 
     def ready(self):
+        from django.db.models.signals import post_migrate
+
         from matrix.celery import app
+        from runners.roles import roles_create
         from runners.tasks import ROUTES
         from runners.worker import RunnerHost
+
+        post_migrate.connect(roles_create, sender=self, dispatch_uid="roles_create")
 
         app.steps["consumer"].add(RunnerHost)
         app.conf.task_routes = {**(app.conf.task_routes or {}), **ROUTES}
@@ -32,3 +38,10 @@ class RunnersConfig(AppConfig):
                 "options": {"queue": "control"},
             },
         }
+
+
+class RoleAdminConfig(admin_apps.AdminConfig):
+    """The admin site behind the admin role (``runners.roles``)."""
+
+    default = False
+    default_site = "runners.roles.RoleAdminSite"

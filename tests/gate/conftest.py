@@ -38,7 +38,7 @@ def fast_password_hashing(settings):
 def people(db, owner, reviewer, django_user_model):
     """The proposer (with the propose permission, and a reviewer too, so
     only the self-approval rule stops them) and three more reviewers."""
-    group = Group.objects.create(name="reviewer")
+    group, _ = Group.objects.get_or_create(name="reviewer")  # a role since migrate
     reviewers = [reviewer] + [
         django_user_model.objects.create_user(f"reviewer{i}", password="pw-123456")
         for i in (2, 3)

@@ -1,0 +1,132 @@
+"""Kernel submissions: a kernel author submits a TileLang source for an
+operator; a reviewer other than the author approves or rejects it. Until it
+is approved it runs nowhere (the planner only plans approved current
+revisions); approved, it becomes the operator's current revision and runs in
+sandboxes only (its jobs carry its text and hash, see ``runners.services``).
+
+These are the workflows; the views and the API call them and nothing else.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.db import transaction
+from django.db.models import Q
+
+from matrix.models import KernelRevision, Operator
+from runners.harness.precheck import precheck
+from runners.roles import is_reviewer
+
+SOURCE_CAP = 128 * 1024
+
+
+def can_submit(user) -> bool:
+    return user.is_authenticated and user.has_perm("matrix.add_kernelrevision")
+
+
+def can_review(user, revision: KernelRevision) -> bool:
+    return is_reviewer(user) and revision.author_id != user.pk
+
+
+def visible_submissions(user):
+    """Submissions a user may read: reviewers and admins see all, an author
+    sees their own, a viewer sees the approved ones."""
+    submitted = KernelRevision.objects.filter(
+        origin=KernelRevision.Origin.SUBMITTED
+    ).select_related("operator", "author")
+    if is_reviewer(user):
+        return submitted
+    return submitted.filter(
+        Q(review_state=KernelRevision.Review.APPROVED) | Q(author_id=user.pk)
+    )
+
+
+def kernel_submit(*, operator: Operator, source: str, author) -> KernelRevision:
+    """Store a pending submitted revision, or raise PermissionDenied /
+    ValidationError (the pre-check's reasons, one per message)."""
+    if not can_submit(author):
+        raise PermissionDenied("submitting kernels needs the kernel author role")
+    source = source.replace("\r\n", "\n")
+    if not source.strip():
+        raise ValidationError("the source is empty")
+    if len(source.encode()) > SOURCE_CAP:
+        raise ValidationError(f"the source is over {SOURCE_CAP // 1024} KB")
+    refusals = precheck(source)
+    if refusals:
+        raise ValidationError([str(r) for r in refusals])
+    digest = hashlib.sha256(source.encode()).hexdigest()
+    with transaction.atomic():
+        existing = KernelRevision.objects.filter(
+            operator=operator, source_sha256=digest
+        ).first()
+        if existing is not None:
+            raise ValidationError(
+                f"this exact source is already revision {digest[:12]} "
+                f"({existing.get_review_state_display()})"
+            )
+        return KernelRevision.objects.create(
+            operator=operator,
+            source=source,
+            source_sha256=digest,
+            origin=KernelRevision.Origin.SUBMITTED,
+            review_state=KernelRevision.Review.PENDING,
+            is_current=False,
+            author=author,
+        )
+
+
+def kernel_review(*, revision: KernelRevision, by, approve: bool) -> KernelRevision:
+    """Approve (the revision becomes the operator's current one) or reject a
+    pending submission. The author never reviews their own."""
+    if not is_reviewer(by):
+        raise PermissionDenied("only reviewers review submissions")
+    if revision.author_id == by.pk:
+        raise PermissionDenied("the author cannot review their own submission")
+    state = (
+        KernelRevision.Review.APPROVED if approve else KernelRevision.Review.REJECTED
+    )
+    with transaction.atomic():
+        claimed = KernelRevision.objects.filter(
+            pk=revision.pk,
+            origin=KernelRevision.Origin.SUBMITTED,
+            review_state=KernelRevision.Review.PENDING,
+        ).update(review_state=state)
+        if not claimed:
+            raise ValidationError("this submission was already reviewed")
+        if approve:
+            KernelRevision.objects.filter(
+                operator_id=revision.operator_id, is_current=True
+            ).update(is_current=False)
+            KernelRevision.objects.filter(pk=revision.pk).update(is_current=True)
+    revision.refresh_from_db()
+    return revision
+
+
+def revision_diff(revision: KernelRevision) -> list[str]:
+    """The unified diff of a revision against the operator's current one
+    (the library module's text for a library revision)."""
+    others = KernelRevision.objects.filter(
+        operator_id=revision.operator_id, review_state=KernelRevision.Review.APPROVED
+    ).exclude(pk=revision.pk)
+    # Once approved, the revision is current itself: compare with the one
+    # it replaced.
+    current = (
+        others.filter(is_current=True).first()
+        or others.filter(created_at__lte=revision.created_at)
+        .order_by("-created_at")
+        .first()
+    )
+    before = current.source if current else ""
+    label = f"current {current.source_sha256[:12]}" if current else "nothing"
+    return list(
+        difflib.unified_diff(
+            before.splitlines(),
+            revision.source.splitlines(),
+            fromfile=label,
+            tofile=f"submitted {revision.source_sha256[:12]}",
+            lineterm="",
+        )
+    )

@@ -1,0 +1,105 @@
+"""Kernel submissions: list, submit, read with its diff, review."""
+
+from __future__ import annotations
+
+from django import forms
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.http import Http404, HttpResponseBadRequest
+from django.shortcuts import redirect, render
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
+
+from matrix import submissions
+from matrix.models import KernelRevision, Operator
+
+
+class SubmissionForm(forms.Form):
+    operator = forms.ModelChoiceField(
+        queryset=Operator.objects.order_by("name"), to_field_name="name"
+    )
+    source = forms.CharField(
+        widget=forms.Textarea(attrs={"rows": 24, "spellcheck": "false"}),
+        max_length=submissions.SOURCE_CAP,
+        strip=False,
+        help_text="A Python module defining program(shape, dtype, target) that "
+        "returns a TileLang prim_func; it may import tilelang only.",
+    )
+
+
+class ReviewForm(forms.Form):
+    decision = forms.ChoiceField(choices=[("approve", "Approve"), ("reject", "Reject")])
+
+
+def _get_submission_for_user(request, pk: int) -> KernelRevision:
+    try:
+        return submissions.visible_submissions(request.user).get(pk=pk)
+    except KernelRevision.DoesNotExist:
+        raise Http404("no such submission") from None
+
+
+@require_GET
+def submissions_page(request):
+    rows = submissions.visible_submissions(request.user).order_by("-created_at")
+    context = {"rows": rows[:200], "can_submit": submissions.can_submit(request.user)}
+    return render(request, "submissions/list.html", context)
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def submission_new(request):
+    if not submissions.can_submit(request.user):
+        raise PermissionDenied("submitting kernels needs the kernel author role")
+    form = SubmissionForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        try:
+            revision = submissions.kernel_submit(
+                operator=form.cleaned_data["operator"],
+                source=form.cleaned_data["source"],
+                author=request.user,
+            )
+        except ValidationError as exc:
+            for message in exc.messages:
+                form.add_error("source", message)
+        else:
+            messages.success(
+                request, "Submitted; it runs once another reviewer approves it."
+            )
+            return redirect("submission", pk=revision.pk)
+    status = 400 if request.method == "POST" else 200
+    return render(request, "submissions/new.html", {"form": form}, status=status)
+
+
+@require_GET
+def submission_page(request, pk: int):
+    revision = _get_submission_for_user(request, pk)
+    context = {
+        "revision": revision,
+        "diff": submissions.revision_diff(revision),
+        "can_review": revision.review_state == KernelRevision.Review.PENDING
+        and submissions.can_review(request.user, revision),
+        "form": ReviewForm(),
+    }
+    return render(request, "submissions/detail.html", context)
+
+
+@login_required
+@require_POST
+def submission_review(request, pk: int):
+    revision = _get_submission_for_user(request, pk)
+    if revision.author_id == request.user.pk:
+        raise PermissionDenied("the author cannot review their own submission")
+    if not submissions.can_review(request.user, revision):
+        raise PermissionDenied("only reviewers review submissions")
+    form = ReviewForm(request.POST)
+    if not form.is_valid():
+        return HttpResponseBadRequest("decision must be approve or reject")
+    try:
+        submissions.kernel_review(
+            revision=revision,
+            by=request.user,
+            approve=form.cleaned_data["decision"] == "approve",
+        )
+    except ValidationError as exc:
+        messages.error(request, " ".join(exc.messages))
+    return redirect("submission", pk=revision.pk)

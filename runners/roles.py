@@ -1,0 +1,139 @@
+"""Roles: five groups and what each may do, deny by default.
+
+A role is a Django group holding permissions; views check permissions (or,
+for reviews, membership of the reviewer group) and ``RoleMiddleware`` lets no
+one past who holds no role at all: an account without a role reads nothing,
+whatever a view forgets. The groups are created (and their permissions set)
+after every migrate, so a fresh database has them.
+
+    viewer        reads the matrix, gaps, errors, runners, upgrades, submissions
+    kernel author submits kernel revisions
+    reviewer      approves or rejects submissions (never their own), decides
+                  upgrades, runs sweeps
+    runner admin  creates registration tokens, sets maintenance, revokes runners,
+                  runs sweeps
+    admin         everything, the admin site included
+
+Anonymous reading is the embedded default's convenience (``make run`` opens
+on a populated matrix): ``TILEMATRIX_ANONYMOUS_READ``, off unless DEBUG.
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.contrib.admin import AdminSite
+from django.contrib.auth.views import redirect_to_login
+from django.core.exceptions import PermissionDenied
+from django.urls import Resolver404, resolve
+
+VIEWER = "viewer"
+KERNEL_AUTHOR = "kernel author"
+REVIEWER = "reviewer"
+RUNNER_ADMIN = "runner admin"
+ADMIN = "admin"
+ROLES = (VIEWER, KERNEL_AUTHOR, REVIEWER, RUNNER_ADMIN, ADMIN)
+
+# "app_label.codename" per role; admin gets every permission of these apps.
+ROLE_PERMISSIONS = {
+    VIEWER: (),
+    KERNEL_AUTHOR: ("matrix.add_kernelrevision",),
+    REVIEWER: ("matrix.change_kernelrevision", "matrix.add_sweep"),
+    RUNNER_ADMIN: (
+        "runners.add_registrationtoken",
+        "runners.change_runner",
+        "matrix.add_sweep",
+    ),
+}
+ADMIN_APPS = ("matrix", "runners", "auth", "axes")
+
+# Reachable without a role: signing in and out, the API (which authenticates
+# each route itself: signed runner messages, tokens) and static files.
+PUBLIC_URL_NAMES = {"login", "logout"}
+PUBLIC_NAMESPACES = {"api"}
+SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
+
+
+def roles_create(**kwargs) -> None:
+    """Create the role groups and set their permissions; idempotent (a
+    post_migrate receiver)."""
+    from django.contrib.auth.models import Group, Permission
+
+    for role in ROLES:
+        group, _ = Group.objects.get_or_create(name=role)
+        if role == ADMIN:
+            permissions = Permission.objects.filter(
+                content_type__app_label__in=ADMIN_APPS
+            )
+        else:
+            wanted = [name.split(".") for name in ROLE_PERMISSIONS[role]]
+            permissions = [
+                p
+                for p in Permission.objects.filter(
+                    codename__in=[codename for _, codename in wanted]
+                ).select_related("content_type")
+                if [p.content_type.app_label, p.codename] in wanted
+            ]
+        group.permissions.set(permissions)
+
+
+def roles_of(user) -> set[str]:
+    if not user.is_authenticated:
+        return set()
+    cached = getattr(user, "_tilematrix_roles", None)
+    if cached is None:
+        cached = set(user.groups.filter(name__in=ROLES).values_list("name", flat=True))
+        if user.is_superuser:
+            cached.add(ADMIN)
+        user._tilematrix_roles = cached
+    return cached
+
+
+def has_role(user, *roles: str) -> bool:
+    """True if ``user`` holds one of ``roles`` (any role when none named).
+    Admin holds every role."""
+    held = roles_of(user)
+    return bool(held) and (not roles or ADMIN in held or bool(held & set(roles)))
+
+
+def is_reviewer(user) -> bool:
+    return has_role(user, REVIEWER)
+
+
+class RoleMiddleware:
+    """Deny by default: every page but the public ones needs a signed-in
+    user with a role. Views still check the permission of each action."""
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        try:
+            match = resolve(request.path_info)
+        except Resolver404:
+            return self.get_response(request)
+        if match.url_name in PUBLIC_URL_NAMES or PUBLIC_NAMESPACES & set(
+            match.namespaces
+        ):
+            return self.get_response(request)
+        if "admin" in match.namespaces:
+            # The admin site applies the same rule itself (RoleAdminSite).
+            return self.get_response(request)
+        user = request.user
+        if has_role(user):
+            return self.get_response(request)
+        if (
+            getattr(settings, "TILEMATRIX_ANONYMOUS_READ", False)
+            and request.method in SAFE_METHODS
+        ):
+            return self.get_response(request)
+        if not user.is_authenticated:
+            return redirect_to_login(request.get_full_path())
+        raise PermissionDenied("your account has no role; ask an admin for one")
+
+
+class RoleAdminSite(AdminSite):
+    """The admin site for holders of the admin role only (staff status alone
+    is not enough)."""
+
+    def has_permission(self, request):
+        return request.user.is_active and has_role(request.user, ADMIN)
