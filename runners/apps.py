@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from django.apps import AppConfig
 from django.contrib.admin import apps as admin_apps
@@ -25,9 +26,15 @@ class RunnersConfig(AppConfig):
         if app.conf.broker_url.startswith("filesystem"):
             # The filesystem broker is polled; its 1 s default made each job of
             # a demo sweep wait up to a second for delivery.
+            # Its exchange bindings go under var/, not into the current
+            # directory, which is kombu's default.
+            options = app.conf.broker_transport_options or {}
             app.conf.broker_transport_options = {
                 "polling_interval": 0.1,
-                **(app.conf.broker_transport_options or {}),
+                "control_folder": str(
+                    Path(options["data_folder_out"]).parent / "control"
+                ),
+                **options,
             }
         reap_every = float(os.environ.get("TILEMATRIX_REAP_S", 30))
         app.conf.beat_schedule = {
