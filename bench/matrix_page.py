@@ -307,18 +307,20 @@ def reset_results() -> None:
 
 
 def naive_groups(filters, device_types):
-    """(revision, device type, status, count) from the newest Result of each
-    cell, found by GROUP BY over every stored result."""
+    """(operator, revision, device type, status, count) from the newest
+    Result of each cell, found by GROUP BY over every stored result."""
     from django.db import connection
 
-    from matrix.models import Result
+    from matrix.models import KernelRevision, Result
 
     ids = [d.id for d in device_types]
     with connection.cursor() as cur:
         cur.execute(
             f"""
-            SELECT r.revision_id, r.device_type_id, r.status, count(*)
+            SELECT kr.operator_id, r.revision_id, r.device_type_id, r.status,
+                count(*)
             FROM {table(Result)} r
+            JOIN {table(KernelRevision)} kr ON kr.id = r.revision_id
             JOIN (
                 SELECT shape_id, device_type_id, max(created_at) AS newest
                 FROM {table(Result)}
@@ -328,7 +330,7 @@ def naive_groups(filters, device_types):
                 AND latest.device_type_id = r.device_type_id
                 AND latest.newest = r.created_at
             WHERE r.toolchain_id = %s
-            GROUP BY 1, 2, 3
+            GROUP BY 1, 2, 3, 4
             """,
             [filters.toolchain.pk, ids, filters.toolchain.pk],
         )
@@ -370,7 +372,11 @@ def time_page(client, url: str, requests: int) -> dict:
     from django.db import connection
 
     for _ in range(3):  # warm caches and the connection
-        assert client.get(url).status_code == 200
+        response = client.get(url)
+        if response.status_code != 200:
+            raise SystemExit(
+                f"{url}: HTTP {response.status_code}\n{response.content[:2000]}"
+            )
     # Counted by a wrapper: the request_started signal empties the debug log.
     executed = []
     with connection.execute_wrapper(

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from django.db.models import Count, Exists, Max, OuterRef, Q
+from django.db.models import Count, Exists, Max, OuterRef, Q, Subquery
 
 from matrix.models import (
     BACKEND_PRIORITY,
@@ -151,22 +151,10 @@ def backend_groups(device_types: list[DeviceType]) -> list[tuple[str, int]]:
     return groups
 
 
-class Revisions(dict):
-    """operator id -> its current revision id, and, for every revision, the
-    operator it belongs to: one query over the (small) revision table."""
-
-    def __init__(self, rows):
-        super().__init__()
-        self.operator_of: dict[int, int] = {}
-        for rev_id, op_id, is_current in rows:
-            self.operator_of[rev_id] = op_id
-            if is_current:
-                self[op_id] = rev_id
-
-
-def current_revisions() -> Revisions:
-    return Revisions(
-        KernelRevision.objects.values_list("id", "operator_id", "is_current")
+def current_revisions() -> dict[int, int]:
+    """operator id -> id of its current kernel revision."""
+    return dict(
+        KernelRevision.objects.filter(is_current=True).values_list("operator_id", "id")
     )
 
 
@@ -267,10 +255,10 @@ class MatrixSummary:
 
 
 def cell_groups(filters: MatrixFilters, device_types: list[DeviceType]):
-    """(revision id, device type id, status, count) over the latest result of
-    every cell: one grouped query on Cell. A revision belongs to one
-    operator, so grouping by it avoids joining Shape unless a shape filter
-    asks for it."""
+    """(operator id, revision id, device type id, status, count) over the
+    latest result of every cell: one grouped query on Cell. The operator
+    comes through the (small) revision table, so Shape is joined only when
+    a shape filter asks for it."""
     if filters.toolchain is None or not device_types:
         return []
     return (
@@ -279,18 +267,23 @@ def cell_groups(filters: MatrixFilters, device_types: list[DeviceType]):
             toolchain=filters.toolchain,
             device_type_id__in=[d.id for d in device_types],
         )
-        .values_list("revision_id", "device_type_id", "status")
+        .values_list("revision__operator_id", "revision_id", "device_type_id", "status")
         .annotate(n=Count("id"))
         .order_by()
     )
 
 
 def operator_list(filters: MatrixFilters) -> list[Operator]:
-    """Operators, each with ``shape_count``: its shapes under the filters."""
+    """Operators, each with ``shape_count`` (its shapes under the filters)
+    and ``current_revision_id``."""
     shape_q = filters.shape_q("shapes__")
+    current = KernelRevision.objects.filter(
+        operator=OuterRef("pk"), is_current=True
+    ).values("id")[:1]
     return list(
         Operator.objects.only("id", "name", "dims").annotate(
-            shape_count=Count("shapes", filter=shape_q or None)
+            shape_count=Count("shapes", filter=shape_q or None),
+            current_revision_id=Subquery(current),
         )
     )
 
@@ -307,7 +300,7 @@ def cells_version() -> int | None:
 def matrix_summary(
     filters: MatrixFilters,
     device_types: list[DeviceType],
-    revisions: Revisions,
+    revisions: dict[int, int],
     operators: list[Operator],
     groups=None,
 ) -> MatrixSummary:
@@ -320,8 +313,7 @@ def matrix_summary(
     }
     if groups is None:
         groups = cell_groups(filters, device_types)
-    for rev_id, dt_id, status, n in groups:
-        op_id = revisions.operator_of[rev_id]
+    for op_id, rev_id, dt_id, status, n in groups:
         stale = filters.toolchain_stale or rev_id != revisions.get(op_id)
         grid[op_id][dt_index[dt_id]].add(status, n, stale)
     columns = [Tally() for _ in device_types]
@@ -397,7 +389,7 @@ def operator_rows(
     operator: Operator,
     filters: MatrixFilters,
     device_types: list[DeviceType],
-    revisions: Revisions,
+    revisions: dict[int, int],
     limit: int,
 ) -> tuple[list[ShapeRow], bool]:
     """Shape × dtype rows of one operator, served first by weight, with one
@@ -518,13 +510,16 @@ def served_gaps(filters: MatrixFilters) -> list[Gap]:
 
     tc = filters.toolchain
     device_types = device_type_list(filters)
+    current = KernelRevision.objects.filter(
+        operator=OuterRef("operator"), is_current=True
+    ).values("id")[:1]
     shapes = list(
         Shape.objects.served()
         .filter(filters.shape_q())
         .select_related("operator")
+        .annotate(current_revision=Subquery(current))
         .by_weight()
     )
-    revisions = current_revisions()
     routable = set(
         Runner.objects.online()
         .filter(device_types__isnull=False)
@@ -548,7 +543,7 @@ def served_gaps(filters: MatrixFilters) -> list[Gap]:
                 reasons.append(MISSING)
             else:
                 status, rev = hit
-                if filters.toolchain_stale or rev != revisions.get(shape.operator_id):
+                if filters.toolchain_stale or rev != shape.current_revision:
                     reasons.append(STALE)
                 if status in FAILURES:
                     reasons.append(FAILING)

@@ -46,7 +46,7 @@ class Catalogue:
 
     toolchains: list[Toolchain]
     device_types: list[DeviceType]
-    revisions: queries.Revisions
+    revisions: dict[int, int]
     operators: list[Operator]
     digest: str = ""
 
@@ -55,7 +55,6 @@ class Catalogue:
         parts = (
             [(t.pk, t.name, t.is_current) for t in self.toolchains],
             [(d.pk, str(d)) for d in self.device_types],
-            sorted(self.revisions.operator_of.items()),
             sorted(self.revisions.items()),
             [(o.pk, o.name, o.shape_count) for o in self.operators],
         )
@@ -70,11 +69,12 @@ def catalogue_read(params) -> Catalogue:
     if found is None:
         toolchains = queries.toolchain_list()
         filters = queries.MatrixFilters.from_params(params, toolchains)
+        operators = queries.operator_list(filters)
         found = Catalogue(
             toolchains,
             list(DeviceType.objects.all()),
-            queries.current_revisions(),
-            queries.operator_list(filters),
+            {o.pk: o.current_revision_id for o in operators if o.current_revision_id},
+            operators,
         )
         if seconds:
             cache.set(key, found, seconds)

@@ -22,15 +22,12 @@ TOKEN_LIFETIME = timedelta(hours=1)
 
 
 def can_manage_runners(user) -> bool:
-    return user.is_authenticated and (
-        user.is_staff or user.has_perm("runners.change_runner")
-    )
+    # The runner admin role holds both permissions.
+    return user.is_authenticated and user.has_perm("runners.change_runner")
 
 
 def can_register_runners(user) -> bool:
-    return user.is_authenticated and (
-        user.is_staff or user.has_perm("runners.add_registrationtoken")
-    )
+    return user.is_authenticated and user.has_perm("runners.add_registrationtoken")
 
 
 def _queue_names(runner: Runner) -> list[str]:

@@ -205,9 +205,20 @@ def cpu_runner(device_types, toolchains):
 
 
 @pytest.fixture
+def viewer(django_user_model):
+    """A reader with the viewer role, as most users of these pages are."""
+    from django.contrib.auth.models import Group
+
+    user = django_user_model.objects.create_user("viewer", password="viewer-pass-123")
+    user.groups.add(Group.objects.get(name="viewer"))
+    return user
+
+
+@pytest.fixture
 def sweeper(django_user_model):
-    from django.contrib.auth.models import Permission
+    """A reviewer: the role that may run sweeps."""
+    from django.contrib.auth.models import Group
 
     user = django_user_model.objects.create_user("sweeper", password="sweeper-pass-123")
-    user.user_permissions.add(Permission.objects.get(codename="add_sweep"))
+    user.groups.add(Group.objects.get(name="reviewer"))
     return user

@@ -3,7 +3,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from django.contrib.auth.models import Permission
+from django.contrib.auth.models import Group
 from django.urls import reverse
 
 from matrix.models import AuditEvent, Shape, ValidationJob
@@ -15,11 +15,7 @@ pytestmark = pytest.mark.django_db
 @pytest.fixture
 def runner_admin(django_user_model):
     user = django_user_model.objects.create_user("labadmin", password="lab-pass-123")
-    user.user_permissions.add(
-        *Permission.objects.filter(
-            codename__in=["change_runner", "add_registrationtoken"]
-        )
-    )
+    user.groups.add(Group.objects.get(name="runner admin"))
     return user
 
 
