@@ -1,7 +1,8 @@
 """The matrix page under load: wrk with 50 connections against gunicorn on
 loopback, over the database bench/matrix_page.py filled (run that first).
 
-Prints p50/p95/p99, requests per second and errors, and writes
+Requests carry the session of a user with the viewer role. Prints
+p50/p95/p99, requests per second and errors, and writes
 bench/out/matrix_load.json. Target: p95 ≤ 300 ms, no errors.
 
     .venv/bin/python bench/matrix_load.py [--connections 50] [--duration 20]
@@ -43,17 +44,33 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_ready(url: str, timeout_s: float = 30) -> bytes:
+def wait_ready(url: str, cookie: str, timeout_s: float = 30) -> bytes:
     """The page's body once the server answers it."""
     deadline = time.monotonic() + timeout_s
+    request = urllib.request.Request(url, headers={"Cookie": cookie})
     while time.monotonic() < deadline:
         try:
-            with urllib.request.urlopen(url, timeout=5) as response:
+            with urllib.request.urlopen(request, timeout=5) as response:
                 if response.status == 200:
                     return response.read()
         except OSError:
             time.sleep(0.3)
     raise SystemExit(f"gunicorn did not answer {url} within {timeout_s} s")
+
+
+def viewer_session_cookie(url: str) -> str:
+    """A session of the benchmark's viewer, stored in the database the
+    server reads."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import matrix_page
+
+    matrix_page.setup_django(url)
+    from django.conf import settings
+    from django.test import Client
+
+    client = Client()
+    matrix_page.viewer_login(client)
+    return f"{settings.SESSION_COOKIE_NAME}={client.cookies[settings.SESSION_COOKIE_NAME].value}"
 
 
 def main() -> None:
@@ -68,6 +85,7 @@ def main() -> None:
     )
     args = parser.parse_args()
 
+    cookie = viewer_session_cookie(os.environ.get("DATABASE_URL") or DEFAULT_URL)
     port = free_port()
     env = {
         **os.environ,
@@ -90,7 +108,7 @@ def main() -> None:
     server = subprocess.Popen(gunicorn, cwd=ROOT, env=env)
     url = f"http://127.0.0.1:{port}{args.path}"
     try:
-        body = wait_ready(url)
+        body = wait_ready(url, cookie)
         # Timing an error page or an empty matrix would prove nothing.
         if b'id="matrix"' not in body or b"tbody" not in body:
             raise SystemExit(
@@ -107,10 +125,12 @@ def main() -> None:
                     f"-d{args.duration}s",
                     "--timeout",
                     "10s",
+                    "-H",
+                    f"Cookie: {cookie}",
                     "-s",
                     script.name,
                     url,
-                ],  # fmt: skip
+                ],
                 capture_output=True,
                 text=True,
                 check=True,

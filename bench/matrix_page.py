@@ -15,7 +15,8 @@ process:
 - ``naive``: the same page whose per-cell status comes from a latest-result-
   per-cell GROUP BY over Result, the baseline that Cell exists to avoid.
 
-Prints a table and writes bench/out/matrix_page.json.
+Requests come from a user with the viewer role, signed in. Prints a table
+and writes bench/out/matrix_page.json.
 
     .venv/bin/python bench/matrix_page.py [--requests 200] [--sizes 10000 1000000]
 """
@@ -86,6 +87,17 @@ def setup_django(url: str) -> None:
     from django.core.management import call_command
 
     call_command("migrate", verbosity=0)
+
+
+def viewer_login(client) -> None:
+    """Sign ``client`` in as a user with the viewer role: with DEBUG off
+    nobody without a role reads the matrix."""
+    from django.contrib.auth import get_user_model
+    from django.contrib.auth.models import Group
+
+    user, _ = get_user_model().objects.get_or_create(username="bench-viewer")
+    user.groups.add(Group.objects.get(name="viewer"))
+    client.force_login(user)
 
 
 def table(model) -> str:
@@ -439,6 +451,7 @@ def main() -> None:
     reset()
     cat = catalogue(args.device_types, args.shapes_per_operator)
     client = Client()
+    viewer_login(client)
     runs = []
     for size in args.sizes:
         loaded = fill(cat, size, min(args.cells, size))
