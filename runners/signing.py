@@ -9,6 +9,7 @@ models: callers look the signer's public key up themselves.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import secrets
@@ -138,6 +139,13 @@ def envelope_signer(envelope) -> str:
     return envelope["signer"]
 
 
+@functools.lru_cache(maxsize=1024)
+def public_key_load(public_key: str) -> Ed25519PublicKey:
+    """Parsed once per key: ingest verifies thousands of envelopes from the
+    same few runners."""
+    return Ed25519PublicKey.from_public_bytes(bytes.fromhex(public_key))
+
+
 def envelope_verify(
     envelope, *, public_key: str, max_age_s: float | None = None
 ) -> dict:
@@ -145,7 +153,7 @@ def envelope_verify(
     EnvelopeError naming the problem."""
     envelope_signer(envelope)
     try:
-        key = Ed25519PublicKey.from_public_bytes(bytes.fromhex(public_key))
+        key = public_key_load(public_key)
         signature = bytes.fromhex(envelope["signature"])
     except ValueError:
         raise EnvelopeError("malformed envelope: signature or key is not hex") from None
