@@ -2,8 +2,8 @@
 
 A role is a Django group holding permissions; views check permissions (or,
 for reviews, membership of the reviewer group) and ``RoleMiddleware`` lets no
-one past who holds no role at all: an account without a role reads nothing,
-whatever a view forgets. The groups are created (and their permissions set)
+one past who holds nothing at all: an account with no role and no permission
+granted to it directly reads nothing, whatever a view forgets. The groups are created (and their permissions set)
 after every migrate, so a fresh database has them.
 
     viewer        reads the matrix, gaps, errors, runners, upgrades, submissions
@@ -89,10 +89,34 @@ def roles_of(user) -> set[str]:
 
 
 def has_role(user, *roles: str) -> bool:
-    """True if ``user`` holds one of ``roles`` (any role when none named).
-    Admin holds every role."""
+    """True if ``user`` holds one of ``roles``; admin holds every role.
+    With no role named: any role, or any permission an admin granted the
+    account directly (a grant is a role of one)."""
+    if not roles:
+        return _has_any_grant(user)
     held = roles_of(user)
-    return bool(held) and (not roles or ADMIN in held or bool(held & set(roles)))
+    return ADMIN in held or bool(held & set(roles))
+
+
+def _has_any_grant(user) -> bool:
+    """One EXISTS query per request, however many groups the user has."""
+    if not user.is_authenticated:
+        return False
+    if user.is_superuser:
+        return True
+    cached = getattr(user, "_tilematrix_granted", None)
+    if cached is None:
+        from django.contrib.auth import get_user_model
+        from django.db.models import Q
+
+        cached = (
+            get_user_model()
+            .objects.filter(pk=user.pk)
+            .filter(Q(groups__name__in=ROLES) | Q(user_permissions__isnull=False))
+            .exists()
+        )
+        user._tilematrix_granted = cached
+    return cached
 
 
 def is_reviewer(user) -> bool:
@@ -118,13 +142,13 @@ class RoleMiddleware:
         if "admin" in match.namespaces:
             # The admin site applies the same rule itself (RoleAdminSite).
             return self.get_response(request)
-        user = request.user
-        if has_role(user):
-            return self.get_response(request)
         if (
             getattr(settings, "TILEMATRIX_ANONYMOUS_READ", False)
             and request.method in SAFE_METHODS
         ):
+            return self.get_response(request)
+        user = request.user
+        if has_role(user):
             return self.get_response(request)
         if not user.is_authenticated:
             return redirect_to_login(request.get_full_path())

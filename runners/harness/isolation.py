@@ -37,8 +37,13 @@ UID_RANGE = range(61000, 61512)
 # per-toolchain kernel caches they share.
 LIBRARY_UID = 61999
 _LOCK_DIR = Path(tempfile.gettempdir(), "tm-sandbox-uids")
+_MOUNTS = Path("/run/tm-sandbox")
 # A mount point that only exists for the bind-back below (root only).
-_STASH = Path("/run/tm-sandbox/stash")
+_STASH = _MOUNTS / "stash"
+# Where a shared kernel cache appears inside the child's mount namespace:
+# the cache may live under a directory the child's uid cannot enter (the
+# runner's own directory, next to its key).
+CACHE_POINT = _MOUNTS / "kernel-cache"
 _KILL_ROUNDS = 100
 _UID_LINE = re.compile(r"^Uid:\s+(\d+)", re.MULTILINE)
 
@@ -53,16 +58,25 @@ class Identity:
     def isolated(self) -> bool:
         return self.uid is not None
 
-    def command(self, argv: list[str]) -> list[str]:
+    def cache_path(self, cache: str) -> str:
+        """Where the child sees the shared kernel cache ``cache``."""
+        return cache if self.uid is None else str(CACHE_POINT)
+
+    def command(self, argv: list[str], *, cache: str | None = None) -> list[str]:
         """``argv`` wrapped to start in fresh network and mount namespaces
-        as the child's uid, with every capability dropped."""
+        as the child's uid, with every capability dropped; ``cache`` is bound
+        at ``CACHE_POINT``."""
         if self.uid is None:
             return argv
+        _MOUNTS.mkdir(mode=0o755, exist_ok=True)
         lines = []
+        if cache is not None:
+            CACHE_POINT.mkdir(mode=0o755, exist_ok=True)
+            lines.append(f"mount --bind {shlex.quote(cache)} {CACHE_POINT}")
         hidden = closed_ancestor(argv[0])
         if hidden is not None:
             closed, exposed = (shlex.quote(p) for p in hidden)
-            _STASH.mkdir(mode=0o700, parents=True, exist_ok=True)
+            _STASH.mkdir(mode=0o700, exist_ok=True)
             stash = shlex.quote(str(_STASH))
             lines += [
                 f"mount --rbind {exposed} {stash}",

@@ -388,12 +388,20 @@ def _run_child(
             spec["outputs_dir"] = inbox
         spec_path = Path(base, "spec.json")
         spec_path.write_text(json.dumps(spec))
-        env = child_environment(home, cache)
+        env = child_environment(
+            home, identity.cache_path(cache) if shared_cache else cache
+        )
         if shared_cache:
             _own_cache(cache, identity)
         identity.give(home)
         child = _Child(
-            interpreter, spec_path, home, env, identity, untrusted=mode == "untrusted"
+            interpreter,
+            spec_path,
+            home,
+            env,
+            identity,
+            untrusted=mode == "untrusted",
+            cache=cache if shared_cache else None,
         )
         try:
             return _supervise(child, jobs, timeouts, spawned, base)
@@ -563,6 +571,7 @@ class _Child:
         identity: isolation.Identity,
         *,
         untrusted: bool,
+        cache: str | None,
     ):
         self.untrusted = untrusted
         # -P: the child's own cwd (its HOME) never shadows the harness.
@@ -574,7 +583,7 @@ class _Child:
             str(spec),
         ]
         self.proc = subprocess.Popen(
-            identity.command(argv),
+            identity.command(argv, cache=cache),
             cwd=home,
             env=env,
             stdin=subprocess.DEVNULL,

@@ -5,7 +5,22 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+from runners.roles import ADMIN, KERNEL_AUTHOR, REVIEWER, RUNNER_ADMIN, VIEWER
+
 ATTACKS = Path(__file__).parent / "attacks"
+
+ANONYMOUS, NO_ROLE, SUPERUSER = "anonymous", "no role", "superuser"
+PERSONAS = (
+    ANONYMOUS,
+    NO_ROLE,
+    VIEWER,
+    KERNEL_AUTHOR,
+    REVIEWER,
+    RUNNER_ADMIN,
+    ADMIN,
+    SUPERUSER,
+)
+
 
 # Planted where a careless harness or page would leak them.
 ENV_CANARY = "tm-env-canary-5f0c11e9"

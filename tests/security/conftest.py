@@ -1,0 +1,78 @@
+"""Fixtures: one user per role, a real object for every URL argument, and
+the page tests' catalogue with results."""
+
+from __future__ import annotations
+
+import pytest
+from django.contrib.auth.models import Group
+
+from matrix.gate import services as gate
+from matrix.models import DeviceType, Shape, Sweep
+from matrix.services import toolchain_register
+from matrix.submissions import kernel_submit
+from runners.models import Runner
+from runners.roles import ADMIN, KERNEL_AUTHOR, REVIEWER, RUNNER_ADMIN, VIEWER
+from tests.security.helpers import PERSONAS, SUPERUSER, attack_source
+from tests.ui.conftest import (  # noqa: F401
+    device_types,
+    empty_cache,
+    toolchains,
+    ui_catalog,
+)
+
+
+@pytest.fixture
+def people(db, django_user_model):
+    users = {}
+    for persona in PERSONAS[1:]:
+        name = persona.replace(" ", "-")
+        if persona == SUPERUSER:
+            user = django_user_model.objects.create_superuser(name, password="x")
+        else:
+            user = django_user_model.objects.create_user(name, password="x")
+        if persona in (VIEWER, KERNEL_AUTHOR, REVIEWER, RUNNER_ADMIN, ADMIN):
+            user.groups.add(Group.objects.get(name=persona))
+        users[persona] = user
+    return users
+
+
+@pytest.fixture
+def objects(catalog, people):
+    """A real object for every URL argument."""
+    shape = Shape.objects.filter(dtype="float32").select_related("operator").first()
+    device_type = DeviceType.objects.filter(backend="c").first()
+    baseline = toolchain_register(
+        name="tilelang-0.1.13", components={"tilelang": "0.1.13"}
+    )
+    candidate = toolchain_register(
+        name="tilelang-0.1.99", components={"tilelang": "0.1.99"}
+    )
+    proposal = gate.proposal_open(
+        baseline=baseline,
+        candidate=candidate,
+        device_types=[device_type],
+        by=people[ADMIN],
+    )
+    exception = gate.exception_grant(
+        proposal=proposal, backend="c", reason="noise", by=people[REVIEWER]
+    )
+    submission = kernel_submit(
+        operator=shape.operator,
+        source=attack_source("good_add").replace("good_add", "matrix_add"),
+        author=people[KERNEL_AUTHOR],
+    )
+    runner = Runner.objects.create(name="perm-host", public_key="cd" * 32)
+    sweep = Sweep.objects.create(created_by=people[ADMIN])
+    return {
+        "sweep": sweep.pk,
+        "runner-health": runner.pk,
+        "runner-revoke": runner.pk,
+        "upgrade-exception-sign-off": exception.pk,
+        "submission": submission.pk,
+        "submission-review": submission.pk,
+        "api:kernel_read": submission.pk,
+        "api:kernel_review": submission.pk,
+        "shape_id": shape.pk,
+        "device_type_id": device_type.pk,
+        "upgrade": proposal.pk,
+    }
