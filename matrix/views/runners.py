@@ -11,6 +11,7 @@ from django.core.exceptions import PermissionDenied
 from django.db.models import Count
 from django.http import HttpResponseBadRequest
 from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.debug import sensitive_post_parameters, sensitive_variables
 from django.views.decorators.http import require_GET, require_POST
 from django.views.decorators.vary import vary_on_headers
 
@@ -93,6 +94,8 @@ def runners_page(request):
 
 @login_required
 @require_POST
+@sensitive_post_parameters()
+@sensitive_variables("token", "context")
 def runner_token_create(request):
     """A registration token, shown once with the command to run on the host."""
     if not can_register_runners(request.user):

@@ -68,7 +68,6 @@ EXPECTED = {
     # The API authenticates each route itself (signed runner messages,
     # registration tokens, sessions for kernel submissions).
     "api:openapi-json": page(get=EVERYONE, post=EVERYONE),
-    "api:openapi-view": page(get=EVERYONE, post=EVERYONE),
     "api:api-root": page(get=NOBODY, post=NOBODY, hidden_from=EVERYONE),
     "api:health": page(get=EVERYONE),
     "api:register": page(post=EVERYONE),
