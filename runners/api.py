@@ -5,7 +5,6 @@ a 5xx."""
 from __future__ import annotations
 
 from django.core.exceptions import PermissionDenied, ValidationError
-from django.views.decorators.debug import sensitive_variables
 from ninja import Body, Router, Schema, Status
 
 from runners import services, signing
@@ -69,7 +68,6 @@ def _problem(exc: Exception) -> Status:
     response={201: Registered, 400: Problem, 403: Problem, 409: Problem},
     auth=None,
 )
-@sensitive_variables("body")
 def register(request, body: Registration):
     """Exchange a single-use registration token for a runner record."""
     try:
