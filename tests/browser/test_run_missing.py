@@ -23,8 +23,8 @@ SMALL_SERVED = (
 
 
 @pytest.fixture
-def cluster(tmp_path):
-    cluster = Cluster(tmp_path / "cluster", harness="real")
+def cluster():
+    cluster = Cluster(harness="real")
     try:
         cluster.env.update(
             DJANGO_SUPERUSER_USERNAME=ADMIN[0], DJANGO_SUPERUSER_PASSWORD=ADMIN[1]
