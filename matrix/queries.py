@@ -1,8 +1,9 @@
 """Coverage, gap and error-group reads for the pages and the API.
 
-Every read here goes through ``Cell`` (the latest result per cell), never
-through ``Result``: the number of stored results grows without bound, the
-number of cells only with the catalogue. Each function issues a fixed number
+Every read here goes through ``Cell`` (the latest result per cell) and never
+scans ``Result``: the number of stored results grows without bound, the
+number of cells only with the catalogue. (``cells_version`` reads the newest
+result id, one primary-key index lookup.) Each function issues a fixed number
 of queries, whatever the size of the matrix.
 """
 
