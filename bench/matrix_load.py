@@ -47,7 +47,7 @@ def free_port() -> int:
 def wait_ready(url: str, cookie: str, timeout_s: float = 30) -> bytes:
     """The page's body once the server answers it."""
     deadline = time.monotonic() + timeout_s
-    request = urllib.request.Request(url, headers={"Cookie": cookie})
+    request = urllib.request.Request(url, headers={"Cookie": cookie} if cookie else {})
     while time.monotonic() < deadline:
         try:
             with urllib.request.urlopen(request, timeout=5) as response:
@@ -81,11 +81,19 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2, help="gunicorn workers")
     parser.add_argument("--path", default="/")
     parser.add_argument(
+        "--anonymous",
+        action="store_true",
+        help="no session: the server allows anonymous reads "
+        "(TILEMATRIX_ANONYMOUS_READ, the embedded default's convenience)",
+    )
+    parser.add_argument(
         "--out", default=str(ROOT / "bench" / "out" / "matrix_load.json")
     )
     args = parser.parse_args()
 
-    cookie = viewer_session_cookie(os.environ.get("DATABASE_URL") or DEFAULT_URL)
+    cookie = ""
+    if not args.anonymous:
+        cookie = viewer_session_cookie(os.environ.get("DATABASE_URL") or DEFAULT_URL)
     port = free_port()
     env = {
         **os.environ,
@@ -96,6 +104,7 @@ def main() -> None:
         ),
         "DJANGO_ALLOWED_HOSTS": "127.0.0.1,localhost",
         "DJANGO_SECURE_SSL_REDIRECT": "0",
+        "TILEMATRIX_ANONYMOUS_READ": "1" if args.anonymous else "0",
     }
     gunicorn = [
         str(Path(sys.executable).parent / "gunicorn"),
@@ -125,8 +134,7 @@ def main() -> None:
                     f"-d{args.duration}s",
                     "--timeout",
                     "10s",
-                    "-H",
-                    f"Cookie: {cookie}",
+                    *(["-H", f"Cookie: {cookie}"] if cookie else []),
                     "-s",
                     script.name,
                     url,
@@ -153,6 +161,7 @@ def main() -> None:
     )
     report = {
         "url_path": args.path,
+        "signed_in": not args.anonymous,
         "connections": args.connections,
         "gunicorn_workers": args.workers,
         "page_bytes": len(body),
