@@ -47,6 +47,7 @@ def test_a_cell_shows_its_evidence(tab, results):
         f"#op-{results['top'].operator.name} tr.shape-row td.c.k-pass a"
     ).first.click()
     page.wait_for_selector("h2#history")
+    tab.open(page.url.removeprefix(tab.base_url))  # timed, like every page
     assert page.locator("svg.chart polyline").count() == 2
     assert "python -m runners.harness job.json" in page.inner_text("#repro-cmd")
     assert '"operator"' in page.inner_text("#job-json")
