@@ -81,6 +81,17 @@ class Command(BaseCommand):
             dest="interpreters",
             help="a toolchain interpreter this host offers (repeatable; default: this one)",
         )
+        register.add_argument(
+            "--inventory",
+            help="an inventory written by `runner probe` on an air-gapped host, "
+            "registered from a machine that reaches the server",
+        )
+
+        probe = sub.add_parser(
+            "probe", help="write this host's inventory (devices, toolchains) as JSON"
+        )
+        probe.add_argument("--out", required=True)
+        probe.add_argument("--python", action="append", dest="interpreters")
 
         for name, text in (
             ("work", "run this host's Celery worker and heartbeats"),
@@ -134,15 +145,35 @@ class Command(BaseCommand):
         self.stdout.write(f"registration token, single use, expires in {expires}:")
         self.stdout.write(token)
 
-    def do_register(self, *, server, token, name, key_dir, interpreters, **_):
+    def do_probe(self, *, out, interpreters, **_):
+        try:
+            inventory = host.inventory_probe(
+                interpreters or host.default_interpreters()
+            )
+        except host.HostError as exc:
+            raise CommandError(str(exc)) from None
+        Path(out).write_text(json.dumps(inventory, indent=1) + "\n")
+        devices = ", ".join(f"{d['vendor']} {d['model']}" for d in inventory["devices"])
+        self.stdout.write(f"inventory of {devices} in {out}")
+
+    def do_register(
+        self, *, server, token, name, key_dir, interpreters, inventory, **_
+    ):
         directory = host.runner_dir(key_dir)
         directory.mkdir(parents=True, exist_ok=True)
         key = signing.key_load_or_create(directory / "runner.key")
-        interpreters = interpreters or host.default_interpreters()
-        try:
-            inventory = host.inventory_probe(interpreters)
-        except host.HostError as exc:
-            raise CommandError(str(exc)) from None
+        if inventory:
+            try:
+                inventory = json.loads(Path(inventory).read_text())
+            except (OSError, ValueError) as exc:
+                raise CommandError(f"cannot read the inventory: {exc}") from None
+        else:
+            try:
+                inventory = host.inventory_probe(
+                    interpreters or host.default_interpreters()
+                )
+            except host.HostError as exc:
+                raise CommandError(str(exc)) from None
         status, reply = post_json(
             server.rstrip("/") + "/api/v1/runners/register",
             {
