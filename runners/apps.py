@@ -36,6 +36,14 @@ class RunnersConfig(AppConfig):
                 ),
                 **options,
             }
+        prefix = os.environ.get("TILEMATRIX_BROKER_KEYPREFIX")
+        if prefix and app.conf.broker_url.startswith(("redis", "rediss")):
+            # Several deployments (or test runs) sharing one Redis keep to
+            # their own keys: the same queue names would otherwise cross.
+            app.conf.broker_transport_options = {
+                **(app.conf.broker_transport_options or {}),
+                "global_keyprefix": prefix,
+            }
         reap_every = float(os.environ.get("TILEMATRIX_REAP_S", 30))
         app.conf.beat_schedule = {
             **(app.conf.beat_schedule or {}),

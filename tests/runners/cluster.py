@@ -28,8 +28,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 REPO = Path(__file__).resolve().parents[2]
 PY = sys.executable
-# Far from the index CI uses, so concurrent suites never consume each other's
-# messages on a shared Redis.
+# Away from the index CI uses; deployments also prefix their keys.
 E2E_REDIS_DB = 11
 
 
@@ -84,6 +83,9 @@ class Cluster:
             TILEMATRIX_HEARTBEAT_S="1",
             TILEMATRIX_REAP_S="1",
             PYTHONUNBUFFERED="1",
+            # Suites run side by side on one Redis (CI, other engineers):
+            # each deployment keeps to keys of its own.
+            TILEMATRIX_BROKER_KEYPREFIX=f"tm-e2e-{uuid.uuid4().hex[:8]}:",
         )
         if harness == "edge":
             env["TILEMATRIX_HARNESS"] = "tests.runners.edge_harness"
@@ -96,7 +98,6 @@ class Cluster:
             env["CELERY_BROKER_URL"] = redis_url(
                 configured if configured.startswith("redis") else None
             )
-            self.flush_redis(env["CELERY_BROKER_URL"])
         self.pg_admin = None
         database_url = os.environ.get("DATABASE_URL", "")
         if database == "default" and database_url.startswith(("postgres", "pgsql")):
@@ -117,12 +118,6 @@ class Cluster:
         self.manage("seed_demo")
 
     # Plumbing ---------------------------------------------------------------
-
-    @staticmethod
-    def flush_redis(url: str) -> None:
-        import redis
-
-        redis.Redis.from_url(url).flushdb()
 
     def _pg_execute(self, sql: str) -> None:
         import psycopg
@@ -286,7 +281,7 @@ class Cluster:
         if self.broker_url().startswith("filesystem"):
             folder = str(self.var / "broker" / "out")
             return {"data_folder_in": folder, "data_folder_out": folder}
-        return {}
+        return {"global_keyprefix": self.env["TILEMATRIX_BROKER_KEYPREFIX"]}
 
     # Reading outcomes -----------------------------------------------------
 

@@ -31,7 +31,7 @@ def cluster():
 
 
 def online(cluster, runner):
-    wait_for(
+    cluster.wait(
         lambda: cluster.runner_state(runner) == "online",
         timeout=90,
         what=f"{runner} online",
@@ -117,7 +117,7 @@ def test_a_malformed_message_is_dropped_and_the_worker_carries_on(cluster):
     cluster.wait_finished(sweep, timeout=120)
     # The runner queue and the validation queue are consumed side by side:
     # the good job may finish before the bad messages are read.
-    wait_for(
+    cluster.wait(
         lambda: (
             "dropped job message" in cluster.log("runner:cpu-b")
             and "no_such_task" in cluster.log("runner:cpu-b")
