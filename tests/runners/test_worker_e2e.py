@@ -97,22 +97,28 @@ def test_kill_9_of_the_worker_mid_sweep_loses_no_job(cluster):
 
 
 def test_a_malformed_message_is_dropped_and_the_worker_carries_on(cluster):
+    from celery import Celery
     from kombu import Connection
 
+    # The sender's own connection: a Celery app takes CELERY_BROKER_URL from
+    # the environment over anything it is given, and that is the suite's.
+    sender = Celery()
     with Connection(
         cluster.broker_url(), transport_options=cluster.transport_options()
     ) as conn:
         queue = conn.SimpleQueue("runner.cpu-b")
         queue.put("not a task at all", serializer="json")
         queue.close()
-    from celery import Celery
-
-    sender = Celery(broker=cluster.broker_url())
-    sender.conf.broker_transport_options = cluster.transport_options()
-    sender.send_task(
-        "runners.execute_job", args=[{"payload": "garbage"}], queue="runner.cpu-b"
-    )
-    sender.send_task("runners.no_such_task", args=[], queue="runner.cpu-b")
+        producer = conn.Producer()
+        sender.send_task(
+            "runners.execute_job",
+            args=[{"payload": "garbage"}],
+            queue="runner.cpu-b",
+            producer=producer,
+        )
+        sender.send_task(
+            "runners.no_such_task", args=[], queue="runner.cpu-b", producer=producer
+        )
     sweep = cluster.plan(smoke_cells("backend='c'", limit=1))
     cluster.wait_finished(sweep, timeout=120)
     # The runner queue and the validation queue are consumed side by side:
