@@ -75,10 +75,16 @@ def test_register_sweep_and_real_results(cluster, stop_runners):
     assert cells[0][0] == 4
 
 
-def test_kill_9_of_the_worker_mid_sweep_loses_no_job(cluster):
+@pytest.fixture(scope="module")
+def cpu_b(cluster):
+    """A CPU runner with the edge harness, shared by the tests below."""
     cluster.register("cpu-b")
     cluster.start_runner("cpu-b", TILEMATRIX_EDGE_HARNESS_DELAY_S="0.3")
     online(cluster, "cpu-b")
+    return "cpu-b"
+
+
+def test_kill_9_of_the_worker_mid_sweep_loses_no_job(cluster, cpu_b):
     sweep = cluster.plan(smoke_cells("pk__gt=0"))
     total = len(cluster.jobs(sweep))
     assert total >= 20
@@ -96,7 +102,7 @@ def test_kill_9_of_the_worker_mid_sweep_loses_no_job(cluster):
     assert set(cluster.results_per_job(sweep).values()) == {1}
 
 
-def test_a_malformed_message_is_dropped_and_the_worker_carries_on(cluster):
+def test_a_malformed_message_is_dropped_and_the_worker_carries_on(cluster, cpu_b):
     from celery import Celery
     from kombu import Connection
 
@@ -134,11 +140,11 @@ def test_a_malformed_message_is_dropped_and_the_worker_carries_on(cluster):
     assert cluster.procs["runner:cpu-b"].poll() is None
 
 
-def test_a_revoked_runner_stays_offline_and_its_heartbeats_are_refused(cluster):
+def test_a_revoked_runner_stays_offline_and_its_heartbeats_are_refused(cluster, cpu_b):
     cluster.manage("runner", "revoke", "cpu-b")
-    wait_for(
+    cluster.wait(
         lambda: "refused heartbeat from 'cpu-b'" in cluster.log("control"),
-        timeout=30,
+        timeout=60,
         what="a refused heartbeat",
     )
     assert cluster.runner_state("cpu-b") == "offline"
