@@ -25,7 +25,11 @@ PRODUCTION_ENV = {
 
 
 def _manage(*args: str, code: str | None = None) -> subprocess.CompletedProcess:
-    env = {**os.environ, **PRODUCTION_ENV}
+    # The browser tests' opt-out of async safety is theirs, not a deployment's.
+    env = {
+        **{k: v for k, v in os.environ.items() if k != "DJANGO_ALLOW_ASYNC_UNSAFE"},
+        **PRODUCTION_ENV,
+    }
     command = [sys.executable, "manage.py", *args]
     if code is not None:
         command = [sys.executable, "-c", code]
