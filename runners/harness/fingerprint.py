@@ -15,7 +15,6 @@ import platform
 import re
 import shutil
 import subprocess
-import sys
 from importlib import metadata
 from pathlib import Path
 
@@ -64,9 +63,12 @@ def _packages() -> dict:
 
 def _torch_components() -> dict:
     """CUDA/HIP build of torch and the visible GPU, from an imported torch."""
-    torch = sys.modules.get("torch")
     found = {"torch_cuda": None, "torch_hip": None, "gpu_name": None, "gpu_arch": None}
-    if torch is None:
+    # Imported here when the caller has not (a runner's inventory probe): the
+    # hash must not depend on whether torch happened to be loaded already.
+    try:
+        import torch
+    except ImportError:
         return found
     found["torch_cuda"] = torch.version.cuda
     found["torch_hip"] = getattr(torch.version, "hip", None)

@@ -371,7 +371,12 @@ def _run_child(
     shared_cache = cache_dir is not None and mode == "library"
     identity = isolation.library() if shared_cache else isolation.acquire()
     try:
-        cache = cache_dir if shared_cache else os.path.join(home, "tilelang-cache")
+        # Absolute: the child may bind it into a mount namespace of its own.
+        cache = (
+            os.path.abspath(cache_dir)
+            if shared_cache
+            else os.path.join(home, "tilelang-cache")
+        )
         timeouts = [job["timeout_s"] or timeout_s for job in jobs]
         limits = Limits(cpu_s=math.ceil(2 * (STARTUP_TIMEOUT_S + sum(timeouts))))
         if any(job["target"]["kind"] != "c" for job in jobs):

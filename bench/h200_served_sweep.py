@@ -1,0 +1,106 @@
+"""The served sweep on a GPU runner host, cold kernel cache then warm.
+
+Runs ``manage.py runner execute-bundle`` on a bundle of server-signed jobs
+twice: first with an empty kernel cache (compiling across the host's cores,
+then validating and timing one kernel at a time on the device), then again
+with the cache filled. Prints a table, writes JSON beside the signed results:
+
+    python bench/h200_served_sweep.py --jobs var/h200-runner/jobs.json \\
+        --key-dir var/h200-runner --out "$OUT"
+
+The signed results of the cold run (``results.json``) are what comes home and
+is uploaded with ``manage.py runner upload``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def execute(jobs: Path, key_dir: Path, out: Path) -> float:
+    """Run the bundle; its per-job lines go to a log beside the results, so a
+    run cut short still shows how far it got."""
+    started = time.perf_counter()
+    with out.with_suffix(".log").open("w") as log:
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "manage.py",
+                "runner",
+                "execute-bundle",
+                str(jobs),
+                "--key-dir",
+                str(key_dir),
+                "--out",
+                str(out),
+            ],
+            cwd=ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    if proc.returncode != 0:
+        print(out.with_suffix(".log").read_text()[-3000:])
+    return time.perf_counter() - started
+
+
+def summarize(results_file: Path, wall_s: float) -> dict:
+    results = [
+        r["payload"]["result"] for r in json.loads(results_file.read_text())["results"]
+    ]
+    split = defaultdict(float)
+    for r in results:
+        for key in ("compile_s", "run_s", "overhead_s"):
+            split[key] += (r.get("timings") or {}).get(key) or 0.0
+    return {
+        "cells": len(results),
+        "wall_s": round(wall_s, 1),
+        "status": dict(Counter(r["status"] for r in results)),
+        # Time inside the timed (serial) pass; the cold run's parallel
+        # compilation before it is wall_s minus these.
+        "serial_compile_s": round(split["compile_s"], 1),
+        "serial_run_s": round(split["run_s"], 1),
+        "serial_overhead_s": round(split["overhead_s"], 1),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=Path, required=True)
+    parser.add_argument("--key-dir", type=Path, required=True)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(args.key_dir / "kernel-cache", ignore_errors=True)
+
+    cold_wall = execute(args.jobs, args.key_dir, args.out / "results.json")
+    cold = summarize(args.out / "results.json", cold_wall)
+    (args.out / "h200_sweep.json").write_text(json.dumps({"cold": cold}) + "\n")
+    warm_wall = execute(args.jobs, args.key_dir, args.out / "results-warm.json")
+    warm = summarize(args.out / "results-warm.json", warm_wall)
+    # Only the cold run's results travel home; the warm run is its timing.
+    (args.out / "results-warm.json").unlink()
+
+    report = {"cold": cold, "warm": warm}
+    (args.out / "h200_sweep.json").write_text(json.dumps(report, indent=1) + "\n")
+    print(
+        f"{'run':<6}{'cells':>7}{'wall s':>9}{'compile s':>11}{'run s':>8}"
+        f"{'overhead s':>12}  status"
+    )
+    for name, row in report.items():
+        print(
+            f"{name:<6}{row['cells']:>7}{row['wall_s']:>9}{row['serial_compile_s']:>11}"
+            f"{row['serial_run_s']:>8}{row['serial_overhead_s']:>12}  {row['status']}"
+        )
+
+
+if __name__ == "__main__":
+    main()
