@@ -1151,6 +1151,10 @@ def results_ingest(*, envelopes: list) -> list[Outcome]:
                         state=state, finished_at=now
                     )
             _cells_upsert(new_results)
+            # The gate re-evaluates as results arrive, in the same transaction.
+            from matrix.gate.services import proposals_reevaluate_for_results
+
+            proposals_reevaluate_for_results(results=new_results)
     return outcomes
 
 

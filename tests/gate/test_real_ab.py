@@ -30,7 +30,6 @@ from matrix.gate.services import (
     proposal_approve,
     proposal_diff,
     proposal_open,
-    proposals_reevaluate_for_results,
 )
 from matrix.models import (
     DeviceType,
@@ -110,8 +109,7 @@ def runner(db, tmp_path, monkeypatch):
     def deliver(envelopes):
         outcomes = services.results_ingest(envelopes=envelopes)
         assert [o.status for o in outcomes] == ["stored"] * len(envelopes), outcomes
-        # What the control worker's ingest hook does once results are stored.
-        proposals_reevaluate_for_results(results=[o.result for o in outcomes])
+        # Ingest itself re-evaluates the proposals these results touch.
 
     monkeypatch.setattr(host, "results_send", deliver)
     return config
