@@ -9,17 +9,11 @@ from django.urls import reverse
 from matrix.models import Operator
 from matrix.security import CONTENT_SECURITY_POLICY
 from matrix.submissions import kernel_submit
-from tests.browser.conftest import chromium, tab  # noqa: F401
 from tests.security.helpers import attack_source
-from tests.ui.conftest import cpu_runner, results  # noqa: F401
 
 
 def test_no_page_breaks_the_content_security_policy(
-    tab,  # noqa: F811
-    results,  # noqa: F811
-    cpu_runner,  # noqa: F811
-    device_types,
-    admin_user,
+    tab, results, cpu_runner, device_types, admin_user
 ):
     top = results["top"]
     operator = Operator.objects.get(pk=top.operator_id)
