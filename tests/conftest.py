@@ -4,7 +4,22 @@ them (CI runs the suite once embedded and once against PostgreSQL + Redis)."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 
 
 def _viewer(user):
@@ -49,3 +64,20 @@ def catalog(db):
 
     catalog_seed()
     return catalog
+
+
+@pytest.fixture(scope="session")
+def chromium():
+    """Debian's headless Chromium, one per test session: Playwright's sync API
+    runs an event loop in this thread, and a second one would collide."""
+    from playwright.sync_api import sync_playwright
+
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"{CHROMIUM} is missing: apt-get install chromium")
+    # The live server's database access happens in its own thread, and the
+    # fixtures' in this one outside any coroutine.
+    os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()

@@ -3,7 +3,6 @@ pytest-django's live server. Never downloads a browser."""
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 
@@ -19,36 +18,8 @@ from tests.ui.conftest import (  # noqa: F401  (fixtures shared with the page te
     ui_catalog,
 )
 
-# Playwright's sync API runs an event loop in this thread; the live server's
-# database access happens in its own thread, and the fixtures' in this one
-# outside any coroutine.
-os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-
-CHROMIUM = "/usr/bin/chromium"
-ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 SCREENSHOTS = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
 PAGE_BUDGET_S = 1.0
-
-
-@pytest.fixture(scope="session")
-def chromium():
-    from playwright.sync_api import sync_playwright
-
-    if not Path(CHROMIUM).exists():
-        pytest.fail(f"{CHROMIUM} is missing: apt-get install chromium")
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        yield browser
-        browser.close()
 
 
 class Page:
