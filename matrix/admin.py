@@ -24,7 +24,14 @@ class KernelRevisionAdmin(admin.ModelAdmin):
 
 @admin.register(models.Shape)
 class ShapeAdmin(admin.ModelAdmin):
-    list_display = ["operator", "dims_key", "dtype", "served", "weight", "source_profile"]
+    list_display = [
+        "operator",
+        "dims_key",
+        "dtype",
+        "served",
+        "weight",
+        "source_profile",
+    ]
     list_filter = ["operator", "dtype", "served", "source_profile"]
 
 
@@ -35,14 +42,30 @@ class ToolchainAdmin(admin.ModelAdmin):
 
 @admin.register(models.ValidationJob)
 class ValidationJobAdmin(admin.ModelAdmin):
-    list_display = ["id", "shape", "device_type", "toolchain", "state", "attempt", "runner"]
+    list_display = [
+        "id",
+        "shape",
+        "device_type",
+        "toolchain",
+        "state",
+        "attempt",
+        "runner",
+    ]
     list_filter = ["state", "stage"]
     raw_id_fields = ["shape", "revision", "sweep", "runner"]
 
 
 @admin.register(models.Result)
 class ResultAdmin(admin.ModelAdmin):
-    list_display = ["id", "shape", "device_type", "toolchain", "status", "rel_err", "kernel_ms"]
+    list_display = [
+        "id",
+        "shape",
+        "device_type",
+        "toolchain",
+        "status",
+        "rel_err",
+        "kernel_ms",
+    ]
     list_filter = ["status"]
     raw_id_fields = ["job", "shape", "revision"]
 

@@ -51,7 +51,9 @@ def parse_database(raw: str | None, embedded_path: Path) -> dict:
     try:
         config = environ.Env.db_url_config(raw)
     except Exception as exc:  # environ raises several types for odd URLs
-        raise bad("DATABASE_URL", f"cannot be parsed ({exc.__class__.__name__})")
+        raise bad(
+            "DATABASE_URL", f"cannot be parsed ({exc.__class__.__name__})"
+        ) from None
     if config["ENGINE"].endswith("postgresql"):
         if not config.get("NAME"):
             raise bad("DATABASE_URL", "names no database (…/NAME at the end)")

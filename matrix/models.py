@@ -85,7 +85,9 @@ class DeviceType(models.Model):
         ]
 
     def __str__(self) -> str:
-        return " · ".join(p for p in (f"{self.vendor} {self.model}", self.arch, self.backend) if p)
+        return " · ".join(
+            p for p in (f"{self.vendor} {self.model}", self.arch, self.backend) if p
+        )
 
     @property
     def target(self) -> dict:
@@ -146,14 +148,19 @@ class KernelRevision(models.Model):
     Origin = RevisionOrigin
     Review = ReviewState
 
-    operator = models.ForeignKey(Operator, on_delete=models.PROTECT, related_name="revisions")
+    operator = models.ForeignKey(
+        Operator, on_delete=models.PROTECT, related_name="revisions"
+    )
     source_sha256 = models.CharField(max_length=64)
     source = models.TextField(blank=True)
     origin = models.CharField(max_length=10, choices=Origin.choices)
     review_state = models.CharField(max_length=10, choices=Review.choices)
     is_current = models.BooleanField(default=False)
     author = models.ForeignKey(
-        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
         related_name="+",
     )
     created_at = models.DateTimeField(auto_now_add=True)
@@ -165,7 +172,8 @@ class KernelRevision(models.Model):
                 fields=["operator", "source_sha256"], name="revision_unique_source"
             ),
             models.UniqueConstraint(
-                fields=["operator"], condition=Q(is_current=True),
+                fields=["operator"],
+                condition=Q(is_current=True),
                 name="revision_one_current_per_operator",
             ),
             models.CheckConstraint(
@@ -190,18 +198,24 @@ class ShapeQuerySet(models.QuerySet):
         return self.filter(served=True)
 
     def by_weight(self):
-        return self.order_by("-served", "-weight", "operator__name", "dims_key", "dtype")
+        return self.order_by(
+            "-served", "-weight", "operator__name", "dims_key", "dtype"
+        )
 
 
 class Shape(models.Model):
     """An operator's dims and dtype; `served` when a production model calls it."""
 
-    operator = models.ForeignKey(Operator, on_delete=models.PROTECT, related_name="shapes")
+    operator = models.ForeignKey(
+        Operator, on_delete=models.PROTECT, related_name="shapes"
+    )
     dims = models.JSONField()
     dims_key = models.CharField(max_length=200, editable=False)
     dtype = models.CharField(max_length=10, choices=Dtype.choices)
     served = models.BooleanField(default=False)
-    weight = models.FloatField(default=0.0, help_text="calls per token or share of time")
+    weight = models.FloatField(
+        default=0.0, help_text="calls per token or share of time"
+    )
     source_profile = models.CharField(max_length=80, blank=True)
 
     objects = ShapeQuerySet.as_manager()
@@ -213,21 +227,23 @@ class Shape(models.Model):
                 fields=["operator", "dims_key", "dtype"], name="shape_unique"
             ),
             choices_check("dtype", Dtype, "shape_dtype_valid"),
-            models.CheckConstraint(condition=Q(weight__gte=0), name="shape_weight_nonnegative"),
+            models.CheckConstraint(
+                condition=Q(weight__gte=0), name="shape_weight_nonnegative"
+            ),
         ]
 
     def __str__(self) -> str:
         return f"{self.operator.name}[{self.dims_key}] {self.dtype}"
+
+    def save(self, *args, **kwargs):
+        self.dims_key = dims_key(self.dims)
+        super().save(*args, **kwargs)
 
     def clean(self) -> None:
         if self.operator_id is None:
             return  # the form reports the missing operator itself
         self.dims = self.operator.clean_dims(self.dims)
         self.dims_key = dims_key(self.dims)
-
-    def save(self, *args, **kwargs):
-        self.dims_key = dims_key(self.dims)
-        super().save(*args, **kwargs)
 
 
 def fingerprint_of(components: dict) -> str:
@@ -262,7 +278,10 @@ class Sweep(models.Model):
     """A batch of jobs planned together, so progress can be shown for it."""
 
     created_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
         related_name="+",
     )
     created_at = models.DateTimeField(auto_now_add=True)
@@ -324,18 +343,32 @@ class ValidationJob(models.Model):
     State = JobState
     Stage = JobStage
 
-    revision = models.ForeignKey(KernelRevision, on_delete=models.PROTECT, related_name="jobs")
+    revision = models.ForeignKey(
+        KernelRevision, on_delete=models.PROTECT, related_name="jobs"
+    )
     shape = models.ForeignKey(Shape, on_delete=models.PROTECT, related_name="jobs")
-    device_type = models.ForeignKey(DeviceType, on_delete=models.PROTECT, related_name="jobs")
-    toolchain = models.ForeignKey(Toolchain, on_delete=models.PROTECT, related_name="jobs")
-    stage = models.CharField(max_length=10, choices=Stage.choices, default=Stage.VALIDATE)
+    device_type = models.ForeignKey(
+        DeviceType, on_delete=models.PROTECT, related_name="jobs"
+    )
+    toolchain = models.ForeignKey(
+        Toolchain, on_delete=models.PROTECT, related_name="jobs"
+    )
+    stage = models.CharField(
+        max_length=10, choices=Stage.choices, default=Stage.VALIDATE
+    )
     state = models.CharField(max_length=10, choices=State.choices, default=State.QUEUED)
     attempt = models.PositiveSmallIntegerField(default=1)
     seed = models.PositiveIntegerField(default=0)
     queue = models.CharField(max_length=120, blank=True)
-    sweep = models.ForeignKey(Sweep, null=True, blank=True, on_delete=models.SET_NULL, related_name="jobs")
+    sweep = models.ForeignKey(
+        Sweep, null=True, blank=True, on_delete=models.SET_NULL, related_name="jobs"
+    )
     runner = models.ForeignKey(
-        "runners.Runner", null=True, blank=True, on_delete=models.SET_NULL, related_name="jobs"
+        "runners.Runner",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="jobs",
     )
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
@@ -345,11 +378,16 @@ class ValidationJob(models.Model):
 
     class Meta:
         ordering = ["-created_at"]
-        indexes = [models.Index(fields=["state", "runner"]), models.Index(fields=["sweep", "state"])]
+        indexes = [
+            models.Index(fields=["state", "runner"]),
+            models.Index(fields=["sweep", "state"]),
+        ]
         constraints = [
             choices_check("state", JobState, "job_state_valid"),
             choices_check("stage", JobStage, "job_stage_valid"),
-            models.CheckConstraint(condition=Q(attempt__gte=1), name="job_attempt_positive"),
+            models.CheckConstraint(
+                condition=Q(attempt__gte=1), name="job_attempt_positive"
+            ),
         ]
 
     def __str__(self) -> str:
@@ -367,12 +405,18 @@ class ResultQuerySet(models.QuerySet):
 class Result(models.Model):
     """What one job attempt produced. Stored once per (job, attempt)."""
 
-    job = models.ForeignKey(ValidationJob, on_delete=models.CASCADE, related_name="results")
+    job = models.ForeignKey(
+        ValidationJob, on_delete=models.CASCADE, related_name="results"
+    )
     attempt = models.PositiveSmallIntegerField()
     # The cell, denormalized, so history and matrix reads need no job join.
-    revision = models.ForeignKey(KernelRevision, on_delete=models.PROTECT, related_name="+")
+    revision = models.ForeignKey(
+        KernelRevision, on_delete=models.PROTECT, related_name="+"
+    )
     shape = models.ForeignKey(Shape, on_delete=models.PROTECT, related_name="+")
-    device_type = models.ForeignKey(DeviceType, on_delete=models.PROTECT, related_name="+")
+    device_type = models.ForeignKey(
+        DeviceType, on_delete=models.PROTECT, related_name="+"
+    )
     toolchain = models.ForeignKey(Toolchain, on_delete=models.PROTECT, related_name="+")
     status = models.CharField(max_length=16, choices=Status.choices)
     stage_reached = models.CharField(max_length=10, blank=True)
@@ -387,16 +431,24 @@ class Result(models.Model):
     error_signature = models.CharField(max_length=64, blank=True, db_index=True)
     error_message = models.TextField(blank=True)
     fingerprint = models.CharField(max_length=64, blank=True)
-    details = models.JSONField(default=dict, blank=True, help_text="tolerance, kernel source, fingerprint components")
+    details = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="tolerance, kernel source, fingerprint components",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     objects = ResultQuerySet.as_manager()
 
     class Meta:
         ordering = ["-created_at"]
-        indexes = [models.Index(fields=["shape", "device_type", "toolchain", "-created_at"])]
+        indexes = [
+            models.Index(fields=["shape", "device_type", "toolchain", "-created_at"])
+        ]
         constraints = [
-            models.UniqueConstraint(fields=["job", "attempt"], name="result_one_per_attempt"),
+            models.UniqueConstraint(
+                fields=["job", "attempt"], name="result_one_per_attempt"
+            ),
             choices_check("status", Status, "result_status_valid"),
         ]
 
@@ -413,9 +465,15 @@ class Cell(models.Model):
     """The latest result of one (shape, device type, toolchain)."""
 
     shape = models.ForeignKey(Shape, on_delete=models.CASCADE, related_name="cells")
-    device_type = models.ForeignKey(DeviceType, on_delete=models.CASCADE, related_name="cells")
-    toolchain = models.ForeignKey(Toolchain, on_delete=models.CASCADE, related_name="cells")
-    revision = models.ForeignKey(KernelRevision, on_delete=models.PROTECT, related_name="cells")
+    device_type = models.ForeignKey(
+        DeviceType, on_delete=models.CASCADE, related_name="cells"
+    )
+    toolchain = models.ForeignKey(
+        Toolchain, on_delete=models.CASCADE, related_name="cells"
+    )
+    revision = models.ForeignKey(
+        KernelRevision, on_delete=models.PROTECT, related_name="cells"
+    )
     result = models.ForeignKey(Result, on_delete=models.PROTECT, related_name="+")
     status = models.CharField(max_length=16, choices=Status.choices)
     error_signature = models.CharField(max_length=64, blank=True, db_index=True)
@@ -434,7 +492,9 @@ class Cell(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"{self.shape} on {self.device_type} with {self.toolchain}: {self.status}"
+        return (
+            f"{self.shape} on {self.device_type} with {self.toolchain}: {self.status}"
+        )
 
 
 class AuditEventQuerySet(models.QuerySet):
@@ -449,7 +509,10 @@ class AuditEvent(models.Model):
     """Who did what, when, with the state before and after. Append-only."""
 
     actor = models.ForeignKey(
-        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
         related_name="+",
     )
     actor_label = models.CharField(max_length=150, help_text="user name or runner name")
@@ -477,7 +540,16 @@ class AuditEvent(models.Model):
         raise PermissionError("the audit log is append-only")
 
     @classmethod
-    def record(cls, *, actor=None, actor_label: str = "", verb: str, obj, before=None, after=None):
+    def record(
+        cls,
+        *,
+        actor=None,
+        actor_label: str = "",
+        verb: str,
+        obj,
+        before=None,
+        after=None,
+    ):
         label = actor_label or (actor.get_username() if actor is not None else "system")
         return cls.objects.create(
             actor=actor if actor is not None and actor.pk else None,
@@ -488,7 +560,6 @@ class AuditEvent(models.Model):
             before=before or {},
             after=after or {},
         )
-
 
 
 # The upgrade gate's models live in their own module to keep this one short.

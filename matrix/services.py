@@ -22,9 +22,27 @@ from matrix.models import (
 )
 
 DEMO_DEVICE_TYPES = [
-    {"vendor": "NVIDIA", "model": "H200", "arch": "sm_90a", "backend": "cuda", "memory_gb": 141},
-    {"vendor": "AMD", "model": "MI300X", "arch": "gfx942", "backend": "hip", "memory_gb": 192},
-    {"vendor": "Apple", "model": "M3 Max", "arch": "", "backend": "metal", "memory_gb": 64},
+    {
+        "vendor": "NVIDIA",
+        "model": "H200",
+        "arch": "sm_90a",
+        "backend": "cuda",
+        "memory_gb": 141,
+    },
+    {
+        "vendor": "AMD",
+        "model": "MI300X",
+        "arch": "gfx942",
+        "backend": "hip",
+        "memory_gb": 192,
+    },
+    {
+        "vendor": "Apple",
+        "model": "M3 Max",
+        "arch": "",
+        "backend": "metal",
+        "memory_gb": 64,
+    },
     {"vendor": "x86-64", "model": "CPU", "arch": "", "backend": "c", "memory_gb": None},
 ]
 # Small float32 shapes the CPU (`c`) column can really run, ragged on purpose.
@@ -46,7 +64,8 @@ def operator_sync_library() -> list[Operator]:
     synced = []
     for name, spec in kernels.OPERATORS.items():
         op, _ = Operator.objects.update_or_create(
-            name=name, defaults={"dims": list(spec.dims), "description": spec.description}
+            name=name,
+            defaults={"dims": list(spec.dims), "description": spec.description},
         )
         # The operator's own module, as a runner hashes its copy before it runs
         # a library job (runners.host.library_source_sha256).
@@ -72,7 +91,9 @@ def operator_sync_library() -> list[Operator]:
 def shape_clean(*, operator: Operator, dims, dtype: str) -> dict:
     dims = operator.clean_dims(dims)
     if dtype not in Dtype.values:
-        raise ValidationError({"dtype": f"unknown dtype {dtype!r}; expected one of {Dtype.values}"})
+        raise ValidationError(
+            {"dtype": f"unknown dtype {dtype!r}; expected one of {Dtype.values}"}
+        )
     return dims
 
 
@@ -88,14 +109,25 @@ def shape_import(*, rows, source_profile: str, served: bool = True) -> int:
         try:
             dims = shape_clean(operator=operators[name], dims=dims, dtype=dtype)
         except ValidationError as exc:
-            raise ValidationError(f"row {i} ({name}): {'; '.join(exc.messages)}") from None
+            raise ValidationError(
+                f"row {i} ({name}): {'; '.join(exc.messages)}"
+            ) from None
         if not isinstance(weight, int | float) or weight < 0:
-            raise ValidationError(f"row {i} ({name}): weight must be a non-negative number")
+            raise ValidationError(
+                f"row {i} ({name}): weight must be a non-negative number"
+            )
         clean.append((operators[name], dims, dtype, float(weight)))
     for op, dims, dtype, weight in clean:
         shape, created = Shape.objects.get_or_create(
-            operator=op, dims_key=",".join(f"{k}={v}" for k, v in dims.items()), dtype=dtype,
-            defaults={"dims": dims, "served": served, "weight": weight, "source_profile": source_profile},
+            operator=op,
+            dims_key=",".join(f"{k}={v}" for k, v in dims.items()),
+            dtype=dtype,
+            defaults={
+                "dims": dims,
+                "served": served,
+                "weight": weight,
+                "source_profile": source_profile,
+            },
         )
         if not created and served and (not shape.served or shape.weight != weight):
             shape.served, shape.weight = True, weight
@@ -105,7 +137,9 @@ def shape_import(*, rows, source_profile: str, served: bool = True) -> int:
 
 
 @transaction.atomic
-def toolchain_register(*, name: str, components: dict, current: bool = False) -> Toolchain:
+def toolchain_register(
+    *, name: str, components: dict, current: bool = False
+) -> Toolchain:
     """Record a toolchain by its fingerprint; the same components under a new
     name, or a taken name, are refused with the reason."""
     fingerprint = fingerprint_of(components)
@@ -136,7 +170,10 @@ def catalog_seed() -> dict:
     """The demo catalogue; running it again changes nothing."""
     for spec in DEMO_DEVICE_TYPES:
         DeviceType.objects.get_or_create(
-            vendor=spec["vendor"], model=spec["model"], arch=spec["arch"], backend=spec["backend"],
+            vendor=spec["vendor"],
+            model=spec["model"],
+            arch=spec["arch"],
+            backend=spec["backend"],
             defaults={"memory_gb": spec["memory_gb"]},
         )
     operators = operator_sync_library()
@@ -146,7 +183,8 @@ def catalog_seed() -> dict:
     known = {op.name for op in operators}
     cpu_rows = [
         (name, dims, "float32", 0.0)
-        for name, shapes in CPU_SHAPES.items() if name in known
+        for name, shapes in CPU_SHAPES.items()
+        if name in known
         for dims in shapes
     ]
     shape_import(rows=cpu_rows, source_profile="cpu-smoke", served=False)

@@ -33,12 +33,21 @@ def gemm():
 @pytest.fixture
 def cell_parts(gemm):
     revision = KernelRevision.objects.create(
-        operator=gemm, source_sha256=SHA, origin="library", review_state="approved",
+        operator=gemm,
+        source_sha256=SHA,
+        origin="library",
+        review_state="approved",
         is_current=True,
     )
-    shape = Shape.objects.create(operator=gemm, dims={"M": 1, "N": 2, "K": 3}, dtype="float16")
-    device = DeviceType.objects.create(vendor="NVIDIA", model="H200", arch="sm_90a", backend="cuda")
-    toolchain = Toolchain.objects.create(name="tl", tilelang_version="0.1.15", fingerprint="b" * 64)
+    shape = Shape.objects.create(
+        operator=gemm, dims={"M": 1, "N": 2, "K": 3}, dtype="float16"
+    )
+    device = DeviceType.objects.create(
+        vendor="NVIDIA", model="H200", arch="sm_90a", backend="cuda"
+    )
+    toolchain = Toolchain.objects.create(
+        name="tl", tilelang_version="0.1.15", fingerprint="b" * 64
+    )
     return revision, shape, device, toolchain
 
 
@@ -52,38 +61,55 @@ def test_an_unknown_backend_is_refused_by_the_database():
 
 
 def test_a_device_type_is_recorded_once():
-    DeviceType.objects.create(vendor="AMD", model="MI300X", arch="gfx942", backend="hip")
+    DeviceType.objects.create(
+        vendor="AMD", model="MI300X", arch="gfx942", backend="hip"
+    )
     with refused(), transaction.atomic():
-        DeviceType.objects.create(vendor="AMD", model="MI300X", arch="gfx942", backend="hip")
+        DeviceType.objects.create(
+            vendor="AMD", model="MI300X", arch="gfx942", backend="hip"
+        )
 
 
 def test_an_unknown_dtype_is_refused_by_the_database(gemm):
     with refused(), transaction.atomic():
-        Shape.objects.create(operator=gemm, dims={"M": 1, "N": 1, "K": 1}, dtype="float8")
+        Shape.objects.create(
+            operator=gemm, dims={"M": 1, "N": 1, "K": 1}, dtype="float8"
+        )
 
 
 def test_the_same_shape_and_dtype_is_stored_once(gemm):
     Shape.objects.create(operator=gemm, dims={"M": 1, "N": 2, "K": 3}, dtype="float16")
     with refused(), transaction.atomic():
-        Shape.objects.create(operator=gemm, dims={"M": 1, "N": 2, "K": 3}, dtype="float16")
+        Shape.objects.create(
+            operator=gemm, dims={"M": 1, "N": 2, "K": 3}, dtype="float16"
+        )
 
 
 def test_an_operator_has_at_most_one_current_revision(gemm):
     KernelRevision.objects.create(
-        operator=gemm, source_sha256="1" * 64, origin="library", review_state="approved",
+        operator=gemm,
+        source_sha256="1" * 64,
+        origin="library",
+        review_state="approved",
         is_current=True,
     )
     with refused(), transaction.atomic():
         KernelRevision.objects.create(
-            operator=gemm, source_sha256="2" * 64, origin="library",
-            review_state="approved", is_current=True,
+            operator=gemm,
+            source_sha256="2" * 64,
+            origin="library",
+            review_state="approved",
+            is_current=True,
         )
 
 
 def test_a_revision_hash_must_be_a_sha256(gemm):
     with refused(), transaction.atomic():
         KernelRevision.objects.create(
-            operator=gemm, source_sha256="not-a-hash", origin="library", review_state="approved"
+            operator=gemm,
+            source_sha256="not-a-hash",
+            origin="library",
+            review_state="approved",
         )
 
 
@@ -94,18 +120,27 @@ def test_a_toolchain_fingerprint_is_unique_and_a_duplicate_says_whose_it_is():
     assert Toolchain.objects.count() == 1
     with refused(), transaction.atomic():
         Toolchain.objects.create(
-            name="raw", tilelang_version="x",
+            name="raw",
+            tilelang_version="x",
             fingerprint=Toolchain.objects.get().fingerprint,
         )
 
 
-def test_a_result_is_stored_once_per_job_attempt_and_status_is_on_the_ladder(cell_parts):
+def test_a_result_is_stored_once_per_job_attempt_and_status_is_on_the_ladder(
+    cell_parts,
+):
     revision, shape, device, toolchain = cell_parts
     job = ValidationJob.objects.create(
         revision=revision, shape=shape, device_type=device, toolchain=toolchain
     )
-    common = dict(job=job, attempt=1, revision=revision, shape=shape, device_type=device,
-                  toolchain=toolchain)
+    common = dict(
+        job=job,
+        attempt=1,
+        revision=revision,
+        shape=shape,
+        device_type=device,
+        toolchain=toolchain,
+    )
     Result.objects.create(status="pass", **common)
     with refused(), transaction.atomic():
         Result.objects.create(status="pass", **common)
@@ -117,7 +152,10 @@ def test_a_job_state_outside_the_lifecycle_is_refused(cell_parts):
     revision, shape, device, toolchain = cell_parts
     with refused(), transaction.atomic():
         ValidationJob.objects.create(
-            revision=revision, shape=shape, device_type=device, toolchain=toolchain,
+            revision=revision,
+            shape=shape,
+            device_type=device,
+            toolchain=toolchain,
             state="paused",
         )
 
@@ -127,10 +165,24 @@ def test_one_cell_per_shape_device_and_toolchain(cell_parts):
     job = ValidationJob.objects.create(
         revision=revision, shape=shape, device_type=device, toolchain=toolchain
     )
-    result = Result.objects.create(job=job, attempt=1, revision=revision, shape=shape,
-                                   device_type=device, toolchain=toolchain, status="pass")
-    parts = dict(shape=shape, device_type=device, toolchain=toolchain, revision=revision,
-                 result=result, status="pass", updated_at=timezone.now())
+    result = Result.objects.create(
+        job=job,
+        attempt=1,
+        revision=revision,
+        shape=shape,
+        device_type=device,
+        toolchain=toolchain,
+        status="pass",
+    )
+    parts = dict(
+        shape=shape,
+        device_type=device,
+        toolchain=toolchain,
+        revision=revision,
+        result=result,
+        status="pass",
+        updated_at=timezone.now(),
+    )
     Cell.objects.create(**parts)
     with refused(), transaction.atomic():
         Cell.objects.create(**parts)
@@ -148,7 +200,9 @@ def test_shape_dims_must_match_the_operator_and_nothing_is_half_written(gemm):
 
 def test_an_unknown_dtype_in_an_import_is_a_clear_error(gemm):
     with pytest.raises(ValidationError, match="unknown dtype 'float8'"):
-        shape_import(rows=[("gemm", {"M": 1, "N": 1, "K": 1}, "float8", 1.0)], source_profile="p")
+        shape_import(
+            rows=[("gemm", {"M": 1, "N": 1, "K": 1}, "float8", 1.0)], source_profile="p"
+        )
 
 
 def test_the_audit_log_is_append_only(gemm):

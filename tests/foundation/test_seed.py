@@ -12,8 +12,16 @@ def snapshot():
     return (
         sorted(DeviceType.objects.values_list("vendor", "model", "arch", "backend")),
         sorted(Operator.objects.values_list("name", flat=True)),
-        sorted(KernelRevision.objects.values_list("operator__name", "source_sha256", "is_current")),
-        sorted(Shape.objects.values_list("operator__name", "dims_key", "dtype", "served", "weight")),
+        sorted(
+            KernelRevision.objects.values_list(
+                "operator__name", "source_sha256", "is_current"
+            )
+        ),
+        sorted(
+            Shape.objects.values_list(
+                "operator__name", "dims_key", "dtype", "served", "weight"
+            )
+        ),
     )
 
 
@@ -29,7 +37,13 @@ def test_the_demo_has_the_four_device_families_and_the_library_operators():
     backends = set(DeviceType.objects.values_list("backend", flat=True))
     assert backends == {"cuda", "hip", "metal", "c"}
     names = set(Operator.objects.values_list("name", flat=True))
-    assert {"gemm", "softmax", "rmsnorm", "elementwise_add", "attention_causal"} <= names
+    assert {
+        "gemm",
+        "softmax",
+        "rmsnorm",
+        "elementwise_add",
+        "attention_causal",
+    } <= names
     for op in Operator.objects.all():
         assert op.current_revision is not None, op.name
 
@@ -49,5 +63,7 @@ def test_llama_3_8b_served_shapes_are_seeded_at_each_token_count(tokens):
             f"B=1,H=32,HKV=8,S={tokens},D=128",
             dtype,
         ) in keys
-    rmsnorm = served.get(operator__name="rmsnorm", dims_key=f"M={tokens},N=4096", dtype="float16")
+    rmsnorm = served.get(
+        operator__name="rmsnorm", dims_key=f"M={tokens},N=4096", dtype="float16"
+    )
     assert rmsnorm.weight == 65  # two per layer and one final, 32 layers

@@ -45,7 +45,8 @@ def test_postgres_url_gives_postgresql_with_health_checks(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "raw", ["mysql://u@h/db", "not a url", "postgres:/missing-slashes", "postgres://h:5432/"]
+    "raw",
+    ["mysql://u@h/db", "not a url", "postgres:/missing-slashes", "postgres://h:5432/"],
 )
 def test_a_malformed_database_url_names_the_variable(raw, tmp_path):
     with pytest.raises(ImproperlyConfigured, match="^DATABASE_URL: "):

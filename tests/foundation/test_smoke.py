@@ -30,19 +30,29 @@ def test_make_run_serves_the_seeded_matrix_and_stops_cleanly_on_ctrl_c(tmp_path)
     env.update(TILEMATRIX_VAR_DIR=str(tmp_path / "var"), PORT=str(port))
     for args in (["migrate", "--noinput"], ["seed_demo"], ["ensure_admin"]):
         subprocess.run(
-            [sys.executable, "manage.py", *args], cwd=ROOT, env=env, check=True,
-            capture_output=True, timeout=300,
+            [sys.executable, "manage.py", *args],
+            cwd=ROOT,
+            env=env,
+            check=True,
+            capture_output=True,
+            timeout=300,
         )
     proc = subprocess.Popen(
-        ["scripts/run-dev"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, start_new_session=True,
+        ["scripts/run-dev"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
     )
     try:
         body = ""
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline:
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5) as r:
+                with urllib.request.urlopen(
+                    f"http://127.0.0.1:{port}/", timeout=5
+                ) as r:
                     assert r.status == 200
                     body = r.read().decode()
                     break

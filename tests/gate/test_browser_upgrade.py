@@ -11,7 +11,6 @@ from matrix.gate.models import UpgradeProposal
 pytestmark = pytest.mark.browser
 
 
-
 @pytest.fixture
 def browser(chromium):
     return chromium

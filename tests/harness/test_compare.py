@@ -63,4 +63,6 @@ def test_the_output_dtype_rounding_floor_widens_the_bound_and_no_further():
     assert comparison.rounding_floor > FP16.rel_err / 2
     assert comparison.verdict(FP16) is None
     worse = (ref * 1.01).to(torch.float16)
-    assert "relative error" in compare_outputs(["Y"], [worse], [ref], FP16).verdict(FP16)
+    assert "relative error" in compare_outputs(["Y"], [worse], [ref], FP16).verdict(
+        FP16
+    )

@@ -26,7 +26,9 @@ class Command(BaseCommand):
         User.objects.create_superuser(username=username, email="", password=password)
         if generated:
             self.stdout.write(
-                self.style.WARNING(f"admin account: {username} / {password}  (shown once)")
+                self.style.WARNING(
+                    f"admin account: {username} / {password}  (shown once)"
+                )
             )
         else:
             self.stdout.write(f"admin account {username!r} created")
