@@ -25,6 +25,7 @@ from pathlib import Path
 
 from matrix.models import fingerprint_of
 from runners import signing
+from runners.harness.fingerprint import TOOLCHAIN_KEYS
 
 log = logging.getLogger(__name__)
 
@@ -216,19 +217,13 @@ def toolchain_probe(interpreter: str) -> dict:
     except (ValueError, IndexError):
         raise HostError(f"cannot fingerprint the toolchain of {interpreter}") from None
     components = found["components"]
-    server_fp = fingerprint_of({k: components.get(k) for k in _toolchain_keys()})
+    server_fp = fingerprint_of({k: components.get(k) for k in TOOLCHAIN_KEYS})
     return {
         "name": f"tilelang-{components.get('tilelang')}-{server_fp[:8]}",
         "interpreter": interpreter,
         "components": components,
         "fingerprint": found["hash"],
     }
-
-
-def _toolchain_keys():
-    from runners.services import TOOLCHAIN_KEYS
-
-    return TOOLCHAIN_KEYS
 
 
 def inventory_probe(interpreters: list[str]) -> dict:

@@ -42,6 +42,7 @@ from matrix.models import (
 )
 from matrix.services import toolchain_register
 from runners import bulk, signing
+from runners.harness.fingerprint import TOOLCHAIN_KEYS
 from runners.models import (
     Receipt,
     RegistrationToken,
@@ -68,18 +69,6 @@ VERIFY_THREADS = 4
 # result may be weeks old when it arrives; its nonce still makes it single-use.
 RESULT_MAX_AGE_S = 90 * 24 * 3600
 HEARTBEAT_MAX_AGE_S = 300
-TOOLCHAIN_KEYS = (
-    "tilelang",
-    "apache_tvm_ffi",
-    "torch",
-    "torch_cuda",
-    "torch_hip",
-    "nvcc",
-    "hipcc",
-    "driver",
-    "python",
-    "platform",
-)
 
 
 class Conflict(ValidationError):

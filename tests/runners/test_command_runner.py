@@ -152,3 +152,47 @@ def test_an_offline_bundle_runs_without_a_broker_and_comes_home(
     assert set(Cell.objects.values_list("status", flat=True)) == {Status.PASS}
     with pytest.raises(CommandError, match=r"refused \(409\): replayed envelope"):
         run("upload", str(results), "--server", live_server.url)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_air_gapped_host_registers_from_its_probed_inventory(live_server, tmp_path):
+    from matrix.services import catalog_seed
+
+    catalog_seed()
+    inventory = tmp_path / "inventory.json"
+    assert "inventory of x86-64 CPU" in run("probe", "--out", str(inventory))
+    probed = json.loads(inventory.read_text())
+    # What a GPU host in a closed lab would have written.
+    probed["devices"].insert(
+        0,
+        {
+            "vendor": "NVIDIA",
+            "model": "H200",
+            "arch": "sm_90a",
+            "backend": "cuda",
+            "memory_gb": 140,
+        },
+    )
+    inventory.write_text(json.dumps(probed))
+    token = run("token", "create").strip().splitlines()[-1]
+    run(
+        "register", "--server", live_server.url, "--token", token, "--name",
+        "closed-lab", "--key-dir", str(tmp_path / "host"),
+        "--inventory", str(inventory),
+    )  # fmt: skip
+    runner = Runner.objects.get(name="closed-lab")
+    assert {str(d) for d in runner.device_types.all()} == {
+        "NVIDIA H200 · sm_90a · cuda",
+        "x86-64 CPU · c",
+    }
+    hosted = runner.runnertoolchain_set.get()
+    assert hosted.interpreter == probed["toolchains"][0]["interpreter"]
+
+
+def test_register_with_an_unreadable_inventory_says_so(catalog, tmp_path):
+    with pytest.raises(CommandError, match="cannot read the inventory"):
+        run(
+            "register", "--server", "http://127.0.0.1:9", "--token", "t",
+            "--name", "x", "--key-dir", str(tmp_path / "h"),
+            "--inventory", str(tmp_path / "missing.json"),
+        )  # fmt: skip
