@@ -9,6 +9,8 @@ from __future__ import annotations
 import pytest
 import schemathesis
 from django.contrib.auth.models import Group
+from django.core.signals import request_finished, request_started
+from django.db import close_old_connections
 from django.test import Client
 from django.urls import reverse
 from hypothesis import HealthCheck, settings
@@ -29,7 +31,16 @@ def session(catalog, django_user_model):
     browser.force_login(user)
     browser.get(reverse("login"))
     cookies = {name: morsel.value for name, morsel in browser.cookies.items()}
-    return cookies, cookies["csrftoken"]
+    # The WSGI handler closes the database connection around each request, as
+    # it should in production; inside the test's transaction that would close
+    # it under the test (PostgreSQL then fails every later request). Django's
+    # test client unhooks the same signal around its own requests and hooks it
+    # back after each, so this comes after the client is done.
+    for signal in (request_started, request_finished):
+        signal.disconnect(close_old_connections)
+    yield cookies, cookies["csrftoken"]
+    for signal in (request_started, request_finished):
+        signal.connect(close_old_connections)
 
 
 @schema.parametrize()
