@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from django.db import connection
+from django.db import DataError, connection
 from ninja import NinjaAPI, Schema, Status
 
 api = NinjaAPI(
@@ -15,6 +15,18 @@ api = NinjaAPI(
     # Content-Security-Policy and unusable offline. The schema stays.
     docs_url=None,
 )
+
+
+@api.exception_handler(DataError)
+def text_with_nul(request, exc):
+    """PostgreSQL cannot hold NUL characters in text, and psycopg refuses such
+    a parameter before it is sent: that is the caller's bad input, not a
+    server error. Any other DataError is still a bug and stays a 500."""
+    if "NUL" not in str(exc):
+        raise exc
+    return api.create_response(
+        request, {"detail": "text may not contain NUL characters"}, status=400
+    )
 
 
 class Health(Schema):

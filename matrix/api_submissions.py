@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.http import Http404
-from ninja import Router, Schema, Status
+from ninja import Field, Router, Schema, Status
 from ninja.security import django_auth
 
 from matrix import submissions
@@ -15,8 +15,10 @@ router = Router(tags=["kernels"], auth=django_auth)
 
 
 class KernelIn(Schema):
-    operator: str
-    source: str
+    # Operator names are slugs; NUL characters are refused up front because
+    # PostgreSQL cannot store them in text (found by the API fuzzing).
+    operator: str = Field(pattern=r"^[-a-zA-Z0-9_]{1,60}$")
+    source: str = Field(pattern=r"^[^\x00]*$")
 
 
 class KernelOut(Schema):
