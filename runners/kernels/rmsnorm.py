@@ -17,23 +17,15 @@ from .common import (
     GPU_DTYPES,
     METAL_DTYPES,
     ROUNDED_ONCE,
-    clamp,
     element_size,
     language,
-    next_pow2,
+    resident_row_tile,
 )
 
 EPS = 1e-6
 RESIDENT_MAX = 16384
 CHUNK = 4096
 METAL_THREADS = 256
-
-
-def _resident_tile(shape: dict) -> tuple[int, int, int]:
-    width = max(32, next_pow2(shape["N"]))
-    block_m = clamp(2048 // width, 1, next_pow2(shape["M"]))
-    threads = clamp(block_m * width // 16, 64, 512)
-    return block_m, width, threads
 
 
 def build_gpu(shape: dict, dtype: str, target: dict):
@@ -45,7 +37,7 @@ def build_gpu(shape: dict, dtype: str, target: dict):
 def _build_resident(shape: dict, dtype: str, target: dict):
     T = language(target)
     M, N = shape["M"], shape["N"]
-    block_m, width, threads = _resident_tile(shape)
+    block_m, width, threads = resident_row_tile(shape)
 
     @T.prim_func
     def rmsnorm(
