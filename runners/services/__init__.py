@@ -1,0 +1,66 @@
+"""Runner workflows on the server side: registration, heartbeats, planning
+sweeps, claiming jobs, ingesting signed results and reaping lost runners.
+
+Each is keyword-only and atomic. Bad input raises ``ValidationError`` (400),
+an identity or permission problem ``PermissionDenied`` (403) and a conflict
+with what is stored ``Conflict`` (409); nothing is half-written.
+
+Callers use this package's names (``services.results_ingest``); the
+modules behind them are an arrangement, not an interface.
+"""
+
+from __future__ import annotations
+
+from runners.services.envelopes import heartbeat_envelope, result_envelope
+from runners.services.errors import Conflict
+from runners.services.ingest import result_ingest, results_ingest
+from runners.services.liveness import (
+    heartbeat_interval_s,
+    job_claim,
+    jobs_requeue,
+    queued_republish,
+    runner_heartbeat,
+    runner_reap,
+    runner_recover,
+)
+from runners.services.planning import (
+    bundle_plan,
+    cells_select,
+    job_budget_s,
+    job_chunks,
+    job_payload,
+    jobs_envelope,
+    jobs_publish,
+    sweep_plan,
+)
+from runners.services.registration import (
+    runner_register,
+    runner_revoke,
+    token_create,
+)
+
+__all__ = [
+    "Conflict",
+    "bundle_plan",
+    "cells_select",
+    "heartbeat_envelope",
+    "heartbeat_interval_s",
+    "job_budget_s",
+    "job_chunks",
+    "job_claim",
+    "job_payload",
+    "jobs_envelope",
+    "jobs_publish",
+    "jobs_requeue",
+    "queued_republish",
+    "result_envelope",
+    "result_ingest",
+    "results_ingest",
+    "runner_heartbeat",
+    "runner_reap",
+    "runner_recover",
+    "runner_register",
+    "runner_revoke",
+    "sweep_plan",
+    "token_create",
+]

@@ -1,0 +1,178 @@
+"""Liveness: signed heartbeats, claiming jobs, and giving the jobs of silent,
+revoked or restarted runners another attempt (or ending them ``lost``)."""
+
+from __future__ import annotations
+
+import hashlib
+from datetime import timedelta
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.db import transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from matrix.models import JobState, Result, Status, ValidationJob
+from runners.models import Runner
+from runners.services.envelopes import (
+    HEARTBEAT_MAX_AGE_S,
+    envelope_runner,
+    payload_verify,
+)
+from runners.services.errors import Conflict
+from runners.services.planning import jobs_publish
+
+MAX_ATTEMPTS = 3
+MISSED_HEARTBEATS = 3
+
+
+def heartbeat_interval_s() -> float:
+    return float(getattr(settings, "TILEMATRIX_HEARTBEAT_S", 30))
+
+
+@transaction.atomic
+def runner_heartbeat(*, envelope) -> Runner:
+    """Record a signed heartbeat; its sequence must grow, so an old one
+    replayed is refused."""
+    runner = envelope_runner(envelope)
+    payload = payload_verify(
+        envelope, runner, kind="heartbeat", max_age_s=HEARTBEAT_MAX_AGE_S
+    )
+    sequence = payload.get("sequence")
+    if isinstance(sequence, bool) or not isinstance(sequence, int):
+        raise ValidationError("heartbeat sequence must be an integer")
+    runner = Runner.objects.select_for_update().get(pk=runner.pk)
+    if sequence <= runner.last_sequence:
+        raise Conflict(
+            f"stale heartbeat: sequence {sequence} is not above {runner.last_sequence}"
+        )
+    runner.last_sequence = sequence
+    runner.last_heartbeat = timezone.now()
+    runner.save(update_fields=["last_sequence", "last_heartbeat"])
+    if payload.get("state") == Runner.State.BUSY:
+        runner.go_busy()
+    else:
+        runner.go_online()
+    return runner
+
+
+def job_claim(*, job_id: int, attempt: int, runner: Runner) -> bool:
+    """Take a queued job for this runner; False when another delivery, another
+    runner or a newer attempt has it, or the runner may not take work."""
+    if runner.revoked_at is not None or runner.health != Runner.Health.ACTIVE:
+        return False
+    return bool(
+        ValidationJob.objects.filter(
+            pk=job_id, attempt=attempt, state=JobState.QUEUED
+        ).update(state=JobState.RUNNING, runner=runner, started_at=timezone.now())
+    )
+
+
+def _infra_result(job: ValidationJob, message: str) -> Result:
+    return Result(
+        job=job,
+        attempt=job.attempt,
+        revision_id=job.revision_id,
+        shape_id=job.shape_id,
+        device_type_id=job.device_type_id,
+        toolchain_id=job.toolchain_id,
+        status=Status.INFRA_ERROR,
+        stage_reached="",
+        error_signature=hashlib.sha256(message.encode()).hexdigest()[:16],
+        error_message=message,
+    )
+
+
+def jobs_requeue(*, jobs: list[ValidationJob], reason: str) -> dict:
+    """Give running jobs another attempt, or end them `lost` with an
+    infra_error result once they have had MAX_ATTEMPTS."""
+    now = timezone.now()
+    retry, lost = [], []
+    for job in jobs:
+        if job.attempt >= MAX_ATTEMPTS:
+            job.state, job.finished_at = JobState.LOST, now
+            lost.append(job)
+        else:
+            job.attempt += 1
+            job.state, job.runner, job.started_at = JobState.QUEUED, None, None
+            retry.append(job)
+    ValidationJob.objects.bulk_update(
+        retry, ["attempt", "state", "runner", "started_at"]
+    )
+    ValidationJob.objects.bulk_update(lost, ["state", "finished_at"])
+    Result.objects.bulk_create(
+        [
+            _infra_result(job, f"lost after {MAX_ATTEMPTS} attempts: {reason}")
+            for job in lost
+        ],
+        ignore_conflicts=True,
+    )
+    if retry:
+        jobs_publish(
+            list(
+                ValidationJob.objects.filter(
+                    pk__in=[j.pk for j in retry]
+                ).select_related(
+                    "revision__operator", "shape", "device_type", "toolchain"
+                )
+            )
+        )
+    return {"requeued": len(retry), "lost": len(lost)}
+
+
+@transaction.atomic
+def runner_reap(*, now=None) -> dict:
+    """Mark runners silent for MISSED_HEARTBEATS intervals offline and give
+    their running jobs to someone else."""
+    now = now or timezone.now()
+    cutoff = now - timedelta(seconds=MISSED_HEARTBEATS * heartbeat_interval_s())
+    silent = list(
+        Runner.objects.select_for_update()
+        .exclude(state=Runner.State.OFFLINE)
+        .filter(Q(last_heartbeat__lt=cutoff) | Q(last_heartbeat__isnull=True))
+    )
+    totals = {"offline": 0, "requeued": 0, "lost": 0}
+    for runner in silent:
+        runner.go_offline()
+        totals["offline"] += 1
+    # Revoked or silent runners' running jobs, whether just marked or earlier.
+    jobs = list(
+        ValidationJob.objects.select_for_update()
+        .filter(state=JobState.RUNNING)
+        .filter(
+            Q(runner__state=Runner.State.OFFLINE) | Q(runner__revoked_at__isnull=False)
+        )
+        .exclude(queue__startswith="bundle.")
+    )
+    counts = jobs_requeue(jobs=jobs, reason="runner went offline")
+    totals["requeued"], totals["lost"] = counts["requeued"], counts["lost"]
+    return totals
+
+
+@transaction.atomic
+def runner_recover(*, runner: Runner) -> dict:
+    """After a runner's worker (re)starts: nothing it was running survives,
+    so those jobs get another attempt; queued jobs on its queues are sent
+    again because a broker without acknowledgements (the embedded one) drops
+    messages a killed worker had prefetched. A duplicate is harmless: only
+    one delivery can claim a job."""
+    running = list(
+        ValidationJob.objects.select_for_update().filter(
+            state=JobState.RUNNING, runner=runner
+        )
+    )
+    counts = jobs_requeue(jobs=running, reason=f"worker of {runner.name} restarted")
+    republished = queued_republish(runner=runner, exclude={j.pk for j in running})
+    return {**counts, "republished": republished}
+
+
+def queued_republish(*, runner: Runner, exclude: set[int] = frozenset()) -> int:
+    """Send again the queued jobs on a runner's queues (after its worker
+    restarts or reconnects, when a broker may have lost them)."""
+    queued = list(
+        ValidationJob.objects.filter(state=JobState.QUEUED, queue__in=runner.queues())
+        .exclude(pk__in=exclude)
+        .select_related("revision__operator", "shape", "device_type", "toolchain")
+    )
+    jobs_publish(queued)
+    return len(queued)

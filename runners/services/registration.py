@@ -1,0 +1,235 @@
+"""Registration: single-use tokens exchanged for a Runner that holds the
+runner's public key, device types and toolchains; and revocation."""
+
+from __future__ import annotations
+
+import secrets
+from datetime import timedelta
+
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.db import transaction
+from django.utils import timezone
+
+from matrix.models import AuditEvent, Backend, DeviceType, Toolchain, fingerprint_of
+from matrix.services import toolchain_register
+from runners import signing
+from runners.harness.fingerprint import TOOLCHAIN_KEYS
+from runners.models import RegistrationToken, Runner, RunnerToolchain, token_digest
+from runners.services.errors import Conflict
+
+INVENTORY_MAX_BYTES = 64 * 1024
+INVENTORY_MAX_DEVICES = 64
+INVENTORY_MAX_TOOLCHAINS = 16
+
+
+@transaction.atomic
+def token_create(*, expires: timedelta, created_by=None) -> str:
+    """A new single-use registration token; only its digest is stored."""
+    if expires <= timedelta(0):
+        raise ValidationError("a token must expire in the future")
+    # Hex: a token starting with "-" would read as an option on a command line.
+    token = secrets.token_hex(32)
+    record = RegistrationToken.objects.create(
+        digest=token_digest(token),
+        created_by=created_by,
+        expires_at=timezone.now() + expires,
+    )
+    AuditEvent.record(
+        actor=created_by,
+        verb="token.create",
+        obj=record,
+        after={"expires_at": record.expires_at.isoformat()},
+    )
+    return token
+
+
+def _clean_device(i: int, raw) -> dict:
+    if not isinstance(raw, dict):
+        raise ValidationError(f"inventory.devices[{i}] must be an object")
+    backend = raw.get("backend")
+    if backend not in Backend.values:
+        raise ValidationError(
+            f"inventory.devices[{i}].backend must be one of {Backend.values}"
+        )
+    clean = {"backend": backend}
+    for field, limit in (("vendor", 40), ("model", 80), ("arch", 40)):
+        value = raw.get(field, "")
+        if not isinstance(value, str) or len(value) > limit:
+            raise ValidationError(
+                f"inventory.devices[{i}].{field} must be text of at most {limit} characters"
+            )
+        clean[field] = value.strip()
+    if not clean["vendor"] or not clean["model"]:
+        raise ValidationError(f"inventory.devices[{i}] needs a vendor and a model")
+    memory = raw.get("memory_gb")
+    if memory is not None and (
+        isinstance(memory, bool) or not isinstance(memory, int) or memory < 0
+    ):
+        raise ValidationError(f"inventory.devices[{i}].memory_gb must be an integer")
+    clean["memory_gb"] = memory
+    return clean
+
+
+def _clean_toolchain(i: int, raw) -> dict:
+    if not isinstance(raw, dict):
+        raise ValidationError(f"inventory.toolchains[{i}] must be an object")
+    name, interpreter = raw.get("name"), raw.get("interpreter")
+    components, harness_hash = raw.get("components"), raw.get("fingerprint", "")
+    if not isinstance(name, str) or not 0 < len(name) <= 80:
+        raise ValidationError(f"inventory.toolchains[{i}].name must be 1-80 characters")
+    if not isinstance(interpreter, str) or not interpreter.startswith("/"):
+        raise ValidationError(
+            f"inventory.toolchains[{i}].interpreter must be an absolute path"
+        )
+    if not isinstance(components, dict) or not components.get("tilelang"):
+        raise ValidationError(
+            f"inventory.toolchains[{i}].components must name at least tilelang"
+        )
+    if not isinstance(harness_hash, str) or len(harness_hash) > 64:
+        raise ValidationError(f"inventory.toolchains[{i}].fingerprint must be a hash")
+    # Only the toolchain itself identifies it: the same toolchain on two hosts
+    # with different GPUs or kernels must match one Toolchain row.
+    components = {k: components.get(k) for k in TOOLCHAIN_KEYS}
+    return {
+        "name": name,
+        "interpreter": interpreter[:300],
+        "components": components,
+        "harness_fingerprint": harness_hash,
+    }
+
+
+def inventory_clean(inventory) -> dict:
+    """Check an inventory's size and shape; raise ValidationError naming the
+    first problem."""
+    if not isinstance(inventory, dict):
+        raise ValidationError("inventory must be a JSON object")
+    size = len(signing.canonical(inventory))
+    if size > INVENTORY_MAX_BYTES:
+        raise ValidationError(
+            f"inventory is {size} bytes; the limit is {INVENTORY_MAX_BYTES}"
+        )
+    devices, toolchains = inventory.get("devices"), inventory.get("toolchains")
+    if not isinstance(devices, list) or not isinstance(toolchains, list):
+        raise ValidationError("inventory needs lists 'devices' and 'toolchains'")
+    if len(devices) > INVENTORY_MAX_DEVICES:
+        raise ValidationError(
+            f"inventory lists more than {INVENTORY_MAX_DEVICES} devices"
+        )
+    if not toolchains:
+        raise ValidationError(
+            "inventory lists no toolchain: the runner could run nothing"
+        )
+    if len(toolchains) > INVENTORY_MAX_TOOLCHAINS:
+        raise ValidationError(
+            f"inventory lists more than {INVENTORY_MAX_TOOLCHAINS} toolchains"
+        )
+    host = inventory.get("host", {})
+    if not isinstance(host, dict):
+        raise ValidationError("inventory.host must be an object")
+    return {
+        "devices": [_clean_device(i, d) for i, d in enumerate(devices)],
+        "toolchains": [_clean_toolchain(i, t) for i, t in enumerate(toolchains)],
+        "nvcc": bool(inventory.get("nvcc", False)),
+        "host": host,
+    }
+
+
+def _public_key_clean(public_key) -> str:
+    try:
+        if not isinstance(public_key, str) or len(bytes.fromhex(public_key)) != 32:
+            raise ValueError
+    except ValueError:
+        raise ValidationError(
+            "public_key must be a 32-byte Ed25519 key in hex"
+        ) from None
+    return public_key.lower()
+
+
+@transaction.atomic
+def runner_register(*, token: str, name: str, public_key: str, inventory) -> Runner:
+    """Exchange a registration token for a Runner holding the runner's public
+    key, its device types and its toolchains."""
+    if not isinstance(token, str) or not token:
+        raise PermissionDenied("a registration token is required")
+    record = (
+        RegistrationToken.objects.select_for_update()
+        .filter(digest=token_digest(token))
+        .first()
+    )
+    if record is None:
+        raise PermissionDenied("unknown registration token")
+    if record.used_at is not None:
+        raise PermissionDenied("registration token already used")
+    if record.expires_at <= timezone.now():
+        raise PermissionDenied("registration token expired")
+    try:
+        Runner._meta.get_field("name").run_validators(name)
+        if not name or len(name) > 60:
+            raise ValidationError("name must be 1-60 characters")
+    except ValidationError:
+        raise ValidationError(
+            "name must be 1-60 letters, digits, hyphens or underscores"
+        ) from None
+    public_key = _public_key_clean(public_key)
+    clean = inventory_clean(inventory)
+    if Runner.objects.filter(name=name).exists():
+        raise Conflict(f"a runner named {name!r} is already registered")
+
+    device_types = []
+    for spec in clean["devices"]:
+        device_type, _ = DeviceType.objects.get_or_create(
+            vendor=spec["vendor"],
+            model=spec["model"],
+            arch=spec["arch"],
+            backend=spec["backend"],
+            defaults={"memory_gb": spec["memory_gb"]},
+        )
+        device_types.append(device_type)
+    hosted = []
+    for spec in clean["toolchains"]:
+        toolchain = Toolchain.objects.filter(
+            fingerprint=fingerprint_of(spec["components"])
+        ).first() or toolchain_register(
+            name=spec["name"], components=spec["components"]
+        )
+        hosted.append((toolchain, spec))
+
+    runner = Runner.objects.create(
+        name=name,
+        public_key=public_key,
+        inventory=clean,
+        state=Runner.State.OFFLINE,
+    )
+    runner.device_types.set(device_types)
+    RunnerToolchain.objects.bulk_create(
+        RunnerToolchain(
+            runner=runner,
+            toolchain=toolchain,
+            interpreter=spec["interpreter"],
+            harness_fingerprint=spec["harness_fingerprint"],
+        )
+        for toolchain, spec in {t.pk: (t, s) for t, s in hosted}.values()
+    )
+    record.used_at = timezone.now()
+    record.used_by = runner
+    record.save(update_fields=["used_at", "used_by"])
+    AuditEvent.record(
+        actor_label=name,
+        verb="runner.register",
+        obj=runner,
+        after={
+            "device_types": [str(d) for d in device_types],
+            "toolchains": sorted({t.name for t, _ in hosted}),
+        },
+    )
+    return runner
+
+
+@transaction.atomic
+def runner_revoke(*, name: str, by=None) -> Runner:
+    runner = Runner.objects.select_for_update().filter(name=name).first()
+    if runner is None:
+        raise ValidationError(f"no runner named {name!r}")
+    runner.revoke(by=by)
+    runner.go_offline()
+    return runner
