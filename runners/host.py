@@ -26,6 +26,7 @@ from pathlib import Path
 from matrix.models import fingerprint_of
 from runners import signing
 from runners.harness.fingerprint import TOOLCHAIN_KEYS
+from runners.harness.sandbox import compile_workers
 
 log = logging.getLogger(__name__)
 
@@ -301,60 +302,38 @@ def harness_job(job: dict) -> dict:
     return out
 
 
-def compile_workers() -> int:
-    """Children compiling side by side: the host's cores, up to 8 (each child
-    holds torch and TileLang, about 1.5 GB)."""
-    return int(
-        os.environ.get("TILEMATRIX_COMPILE_WORKERS") or min(8, os.cpu_count() or 1)
-    )
-
-
-def cache_warm(
-    *, jobs: list[dict], interpreter: str, cache_dir: Path, timeout_s: float
-):
-    """Fill the kernel cache for a batch of device jobs across the host's
-    cores, so that the timed run after it validates one kernel at a time on
-    the device (no two timings share the GPU) and compiles nothing. Library
-    kernels only: a submitted one gets a throwaway cache anyway."""
-    device_jobs = [
-        harness_job(job) | {"repeats": 1}
+def batch_workers(jobs: list[dict]) -> int:
+    """Children for one batch. Library kernels for a device compile side by
+    side, taking the device in turn to validate and time (the harness's
+    device lock); CPU timings, and submitted kernels, get one child at a
+    time, so that nothing else runs beside what is being timed."""
+    parallel = all(
+        job.get("library", True)
+        and not (job["target"].get("kind") == "c" and job["stage"] == "validate")
         for job in jobs
-        if job["stage"] == "validate"
-        and job["target"].get("kind") in ("cuda", "hip")
-        and job.get("library", True)
-    ]
-    workers = min(compile_workers(), len(device_jobs))
-    if workers < 2:
-        return
-    harness_batch()(
-        device_jobs,
-        interpreter=interpreter,
-        cache_dir=str(cache_dir),
-        timeout_s=timeout_s,
-        workers=workers,
     )
+    return min(compile_workers(), len(jobs)) if parallel else 1
 
 
 def jobs_run(
     *, jobs: list[dict], interpreter: str, cache_dir: Path, timeout_s: float
 ) -> list[dict]:
     """Run jobs of one toolchain in the sandboxed harness, library jobs
-    sharing one child. Jobs that end in infra_error (the sandbox's trouble,
+    sharing children. Jobs that end in infra_error (the sandbox's trouble,
     never the kernel's) are run again with backoff; any other status is an
     answer."""
     run_batch = harness_batch()
-    cache_warm(
-        jobs=jobs, interpreter=interpreter, cache_dir=cache_dir, timeout_s=timeout_s
-    )
     results: list[dict | None] = [None] * len(jobs)
     pending = list(range(len(jobs)))
     for attempt in range(INFRA_RETRIES):
+        batch = [jobs[i] for i in pending]
         try:
             answers = run_batch(
-                [harness_job(jobs[i]) for i in pending],
+                [harness_job(job) for job in batch],
                 interpreter=interpreter,
                 cache_dir=str(cache_dir),
                 timeout_s=timeout_s,
+                workers=batch_workers(batch),
             )
         except Exception as exc:  # the harness must not take the worker down
             # A batch the harness refuses is refused again on retry: report it.
@@ -532,14 +511,16 @@ def outbox_flush(*, config: HostConfig) -> int:
 def bundle_execute(*, envelopes: list, config: HostConfig) -> tuple[list, list[str]]:
     """Run the jobs of an offline bundle: signed results, and a reason for
     each message skipped. Its jobs were assigned to this runner when the
-    bundle was made, so there is nothing to claim."""
-    results, skipped = [], []
-    timeout_s = float(os.environ.get("TILEMATRIX_JOB_TIMEOUT_S", 300))
+    bundle was made, so there is nothing to claim. All the bundle's jobs run
+    as one batch, so their kernels compile across all the host's cores at
+    once and one child then times them, rather than one round per message."""
+    jobs, skipped = [], []
     for i, envelope in enumerate(envelopes, start=1):
         try:
-            jobs = jobs_verify(envelope=envelope, config=config)
+            jobs += jobs_verify(envelope=envelope, config=config)
         except signing.EnvelopeError as exc:
             skipped.append(f"message {i}: {exc}")
-            continue
-        results += results_for(jobs=jobs, config=config, timeout_s=timeout_s)
-    return results, skipped
+    if not jobs:
+        return [], skipped
+    timeout_s = float(os.environ.get("TILEMATRIX_JOB_TIMEOUT_S", 300))
+    return results_for(jobs=jobs, config=config, timeout_s=timeout_s), skipped

@@ -17,6 +17,7 @@ submitted code and decides pass or mismatch (see ``untrusted``).
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import re
@@ -49,6 +50,9 @@ from runners.harness.result import (
     set_error,
 )
 from runners.harness.sanitize import error_signature, sanitize
+from runners.harness.stages import DEVICE_LOCK_ENV
+
+log = logging.getLogger(__name__)
 
 REPO_ROOT = str(Path(__file__).resolve().parents[2])
 DEFAULT_TIMEOUT_S = 300.0
@@ -160,6 +164,14 @@ def run_job(
         trusted=trusted,
     )
     return result
+
+
+def compile_workers() -> int:
+    """Children compiling side by side: the host's cores, up to 16 (each child
+    holds torch and TileLang, about 1.5 GB)."""
+    return int(
+        os.environ.get("TILEMATRIX_COMPILE_WORKERS") or min(16, os.cpu_count() or 1)
+    )
 
 
 def run_batch(
@@ -397,6 +409,10 @@ def _run_child(
             home, identity.cache_path(cache) if shared_cache else cache
         )
         if shared_cache:
+            env[DEVICE_LOCK_ENV] = os.path.join(
+                env["TILELANG_CACHE_DIR"], "tilematrix-device.lock"
+            )
+        if shared_cache:
             _own_cache(cache, identity)
         identity.give(home)
         child = _Child(
@@ -453,6 +469,7 @@ def _supervise(child, jobs, timeouts, spawned, home) -> list[dict]:
                 message.get("result"), jobs[current], toolchain, child.untrusted
             )
             results.append(_finish(accepted, mark, home))
+            _progress(results[-1], time.perf_counter() - mark)
             mark = time.perf_counter()
             current = None
             deadline = mark + STARTUP_TIMEOUT_S
@@ -492,6 +509,19 @@ def _supervise(child, jobs, timeouts, spawned, home) -> list[dict]:
         status = "runtime_error"
         text = "the kernel process died: " + child.describe_exit()
     return results + [_finish(_failed(job, status, text, stage, toolchain), mark, home)]
+
+
+def _progress(result: dict, seconds: float) -> None:
+    """A line per finished job, so a long batch shows how far it got."""
+    log.info(
+        "%s %s %s on %s: %s in %.1fs",
+        result.get("operator"),
+        result.get("shape"),
+        result.get("dtype"),
+        (result.get("target") or {}).get("kind"),
+        result.get("status"),
+        seconds,
+    )
 
 
 def _failed(job, status, message, stage, toolchain) -> dict:

@@ -9,10 +9,12 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import math
+import os
 import re
 import time
 import traceback
 from collections.abc import Callable
+from contextlib import contextmanager
 from pathlib import Path
 
 from runners.harness import compare, timing
@@ -25,6 +27,10 @@ from runners.harness.result import (
 )
 
 DEFAULT_REPEATS = {"cpu": 5, "gpu": 100}
+# Set by the supervisor for library children that share a device: a file
+# they lock in turn, so kernels compile side by side but no two children
+# validate or time on the device at once.
+DEVICE_LOCK_ENV = "TILEMATRIX_DEVICE_LOCK"
 _PASS_CALL = re.compile(r"\b(?:tilelang|tl|tir|tirx)\.transform\.(\w+)\s*\(")
 _COMPILERS = {"nvcc", "hipcc", "gcc", "g++", "cc", "c++", "clang", "clang++"}
 
@@ -84,11 +90,12 @@ def run_stages(
         return set_error(
             result, "infra_error", f"{job['operator']} has no tolerance for {dtype}"
         )
-    started = time.perf_counter()
-    try:
-        return _validate(job, operator, kernel, tolerance, result)
-    finally:
-        result["timings"]["run_s"] = time.perf_counter() - started
+    with device_turn(device_for(target)):
+        started = time.perf_counter()
+        try:
+            return _validate(job, operator, kernel, tolerance, result)
+        finally:
+            result["timings"]["run_s"] = time.perf_counter() - started
 
 
 def _compile(job: dict, operator, workdir: str, result: dict, on_stage):
@@ -245,6 +252,29 @@ def device_for(target: dict) -> str | None:
     if kind == "metal" and torch.backends.mps.is_available():
         return "mps"
     return None
+
+
+@contextmanager
+def device_turn(device: str | None):
+    """Hold the device alone (see DEVICE_LOCK_ENV); give back the memory
+    this child cached before the next child's turn."""
+    path = os.environ.get(DEVICE_LOCK_ENV)
+    if not path or device in (None, "cpu"):
+        yield
+        return
+    import fcntl
+
+    import torch
+
+    with open(path, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            if device == "cuda":
+                torch.cuda.synchronize()
+                torch.cuda.empty_cache()
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def _synchronize(device: str) -> None:

@@ -15,6 +15,8 @@ from collections.abc import Callable, Sequence
 L2_ROTATION_BYTES = 60 * 2**20
 MAX_ROTATION_SETS = 64
 MAX_ROTATION_BYTES = 4 * 2**30
+GPU_TIMED_BUDGET_MS = 200.0
+MIN_GPU_REPEATS = 10
 
 
 def median_ms(samples_s: Sequence[float]) -> float:
@@ -45,13 +47,25 @@ def time_cpu(fn: Callable[[int], object], *, repeats: int, warmup: int = 1) -> f
 def time_gpu(fn: Callable[[int], object], *, repeats: int, warmup: int = 10) -> float:
     """Median milliseconds of ``fn(i)`` by CUDA events, after ``warmup`` calls.
 
-    ``fn(i)`` is expected to pick its i-th rotated input set.
+    ``fn(i)`` is expected to pick its i-th rotated input set. Long kernels
+    take fewer than ``repeats`` samples (no fewer than MIN_GPU_REPEATS): about
+    GPU_TIMED_BUDGET_MS of timed calls is as steady a median as more.
     """
     import torch
 
+    started, warmed = (
+        torch.cuda.Event(enable_timing=True),
+        torch.cuda.Event(enable_timing=True),
+    )
+    started.record()
     for i in range(warmup):
         fn(i)
+    warmed.record()
     torch.cuda.synchronize()
+    if warmup:
+        per_call_ms = max(started.elapsed_time(warmed) / warmup, 1e-6)
+        affordable = math.ceil(GPU_TIMED_BUDGET_MS / per_call_ms)
+        repeats = max(min(repeats, MIN_GPU_REPEATS), min(repeats, affordable))
     events = [
         (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
         for _ in range(repeats)

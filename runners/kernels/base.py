@@ -118,19 +118,7 @@ class Operator:
         """Seeded inputs for one cell: the same (shape, dtype, seed) gives the
         same tensors on every host, and no element is zero or repeated
         constant, so an unwritten or constant output cannot match."""
-        import torch
+        from runners.harness.tensors import seeded_inputs, spec_dict
 
-        generator = torch.Generator(device="cpu").manual_seed(seed)
-        tensors = []
-        for spec in self.inputs(shape, dtype):
-            magnitude = 0.25 + 0.75 * torch.rand(
-                spec.shape, generator=generator, dtype=torch.float32
-            )
-            values = magnitude * spec.scale
-            if not spec.positive:
-                sign = torch.randint(
-                    0, 2, spec.shape, generator=generator, dtype=torch.int8
-                )
-                values = torch.where(sign.bool(), values, -values)
-            tensors.append(values.to(getattr(torch, spec.dtype)).to(device))
-        return tensors
+        specs = [spec_dict(s) for s in self.inputs(shape, dtype)]
+        return seeded_inputs(specs, seed, device)

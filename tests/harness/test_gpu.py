@@ -61,3 +61,17 @@ def test_an_illegal_address_is_a_runtime_error_and_the_next_job_runs(results):
     illegal, after = results[-2:]
     assert illegal["status"] == "runtime_error", illegal["error"]
     assert after["status"] == "pass", after["error"]
+
+
+def test_inputs_made_on_the_gpu_equal_those_made_on_the_cpu():
+    from runners.harness.tensors import seeded_inputs
+
+    specs = [
+        {"shape": [4096, 3000], "dtype": dtype, "scale": 0.3, "positive": positive}
+        for dtype in ("float16", "bfloat16", "float32")
+        for positive in (False, True)
+    ]
+    on_gpu = seeded_inputs(specs, seed=2**62 + 9, device="cuda")
+    on_cpu = seeded_inputs(specs, seed=2**62 + 9, device="cpu")
+    for gpu, cpu in zip(on_gpu, on_cpu, strict=True):
+        assert torch.equal(gpu.cpu(), cpu)
