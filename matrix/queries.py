@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from django.db import connection
 from django.db.models import Count, Exists, Max, OuterRef, Q, Subquery
 
 from matrix.models import (
@@ -262,7 +263,7 @@ def cell_groups(filters: MatrixFilters, device_types: list[DeviceType]):
     a shape filter asks for it."""
     if filters.toolchain is None or not device_types:
         return []
-    return (
+    groups = (
         Cell.objects.filter(
             filters.shape_q("shape__"),
             toolchain=filters.toolchain,
@@ -272,6 +273,12 @@ def cell_groups(filters: MatrixFilters, device_types: list[DeviceType]):
         .annotate(n=Count("id"))
         .order_by()
     )
+    # Thousands of small rows, fetched as plain tuples: the ORM's per-row
+    # machinery added a millisecond on the benchmark's 10,000 cells.
+    sql, params = groups.query.sql_with_params()
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.fetchall()
 
 
 def operator_list(filters: MatrixFilters) -> list[Operator]:
@@ -352,9 +359,10 @@ def _filter_tally(t: Tally, status_filter: str) -> None:
     t._kinds = None
 
 
-@dataclass
+@dataclass(slots=True)
 class MatrixCell:
-    shape_id: int
+    """One cell of a shape row (the row holds the shape)."""
+
     device_type_id: int
     status: str
     stale: bool
@@ -383,7 +391,6 @@ class ShapeRow:
     cells: list[MatrixCell]
     passing: int
     total: int
-    cells_html: str = ""
 
 
 def operator_rows(
@@ -419,6 +426,13 @@ def operator_rows(
         ):
             found[row[0], row[1]] = row[2:]
     current = revisions.get(operator.id)
+    # A cell never run reads the same in every row: one shared object per
+    # column rather than thousands in a sparse matrix.
+    empty_dimmed = not matches(filters.status, EMPTY, False)
+    never_run = {
+        dt_id: MatrixCell(dt_id, EMPTY, False, None, None, empty_dimmed)
+        for dt_id in dt_ids
+    }
     rows = []
     for shape in shapes:
         cells = []
@@ -426,14 +440,13 @@ def operator_rows(
         for dt_id in dt_ids:
             hit = found.get((shape.id, dt_id))
             if hit is None:
-                status, stale, kms, rms = EMPTY, False, None, None
-            else:
-                status, rev_id, kms, rms = hit
-                stale = filters.toolchain_stale or rev_id != current
+                cells.append(never_run[dt_id])
+                continue
+            status, rev_id, kms, rms = hit
+            stale = filters.toolchain_stale or rev_id != current
             passing += status == Status.PASS and not stale
             cells.append(
                 MatrixCell(
-                    shape.id,
                     dt_id,
                     status,
                     stale,

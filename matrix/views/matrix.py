@@ -28,7 +28,14 @@ from django.views.decorators.vary import vary_on_headers
 
 from matrix import queries
 from matrix.models import Backend, DeviceType, Dtype, Operator, Toolchain
-from matrix.views.matrix_html import cell_link_prefix, shape_cells, summary_cells
+from matrix.views.matrix_html import (
+    backend_headers,
+    cell_link_prefix,
+    column_counts,
+    device_headers,
+    shape_rows,
+    summary_cells,
+)
 
 ROWS = 100
 MAX_ROWS = 2000
@@ -61,11 +68,20 @@ class Catalogue:
         self.digest = hashlib.sha256(repr(parts).encode()).hexdigest()
 
 
+# Catalogues this process has read, by cache key and digest. The cache holds
+# only the digest, so it still decides when a catalogue expires (and a test's
+# cache.clear() empties it), while a view skips unpickling some hundred model
+# instances on every request.
+_catalogues: dict[tuple[str, str], Catalogue] = {}
+CATALOGUES_KEPT = 32
+
+
 def catalogue_read(params) -> Catalogue:
     seconds = CATALOGUE_SECONDS if cache_seconds() else 0
     shape_filters = repr((params.get("dtype", ""), params.get("served", "")))
     key = "matrix-catalogue:" + hashlib.sha256(shape_filters.encode()).hexdigest()
-    found = cache.get(key) if seconds else None
+    digest = cache.get(key) if seconds else None
+    found = _catalogues.get((key, digest)) if digest else None
     if found is None:
         toolchains = queries.toolchain_list()
         filters = queries.MatrixFilters.from_params(params, toolchains)
@@ -77,7 +93,10 @@ def catalogue_read(params) -> Catalogue:
             operators,
         )
         if seconds:
-            cache.set(key, found, seconds)
+            if len(_catalogues) >= CATALOGUES_KEPT:
+                _catalogues.clear()
+            _catalogues[key, found.digest] = found
+            cache.set(key, found.digest, seconds)
     return found
 
 
@@ -155,10 +174,12 @@ def matrix_context(
             rows, more = queries.operator_rows(
                 row.operator, filters, device_types, revisions, limit
             )
-            prefix = cell_link_prefix()
-            for r in rows:
-                r.cells_html = shape_cells(r.shape.id, r.cells, prefix, query)
-            expanded = {"name": open_name, "rows": rows, "more": more}
+            expanded = {
+                "name": open_name,
+                "rows": rows,
+                "rows_html": shape_rows(rows, cell_link_prefix(), query),
+                "more": more,
+            }
     return {
         "filters": filters,
         "toolchains": catalogue.toolchains,
@@ -167,7 +188,11 @@ def matrix_context(
         "states": queries.STATE_FILTERS,
         "labels": queries.STATE_LABELS,
         "summary": summary,
-        "groups": queries.backend_groups(summary.device_types),
+        "backend_headers": backend_headers(
+            queries.backend_groups(summary.device_types)
+        ),
+        "device_headers": device_headers(summary.device_types),
+        "column_counts": column_counts(summary.columns),
         "expanded": expanded,
         "limit": limit,
         "more_limit": min(limit * 2, MAX_ROWS),

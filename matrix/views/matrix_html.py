@@ -1,19 +1,23 @@
-"""Table cells of the matrix, rendered in Python.
+"""Table rows and cells of the matrix, rendered in Python.
 
 A matrix row holds up to 50 cells and an expanded operator up to 2,000 rows;
 through the template engine each cell costs a dozen variable lookups and
-number localizations, which made an expanded operator take seconds. Built
-here from integers and fixed labels (nothing user-supplied reaches these
-strings unescaped), a row is one template variable.
+number localizations, which made an expanded operator take seconds and the
+collapsed page tens of milliseconds. Built here from integers and fixed
+labels, with every catalogue string (device names, shape keys) escaped, the
+column headers are one template variable and so is each block of rows.
 """
 
 from __future__ import annotations
 
+import functools
+
+from django.template.defaultfilters import floatformat
 from django.urls import reverse
 from django.utils.html import escape
 from django.utils.safestring import SafeString, mark_safe
 
-from matrix.queries import MatrixCell, Tally
+from matrix.queries import STATE_LABELS, MatrixCell, ShapeRow, Tally, status_kind
 
 # Bar segments are SVG geometry with presentation attributes: the
 # Content-Security-Policy forbids inline style attributes.
@@ -62,27 +66,88 @@ def cell_link_prefix() -> str:
     return reverse("cell", args=[1, 1])[: -len("1/1/")]
 
 
+@functools.cache
+def _cell_parts(status: str, stale: bool, dimmed: bool) -> tuple[str, str, str]:
+    """The fixed text of a cell around its link and title: a handful of
+    (status, stale, dimmed) combinations, each built once."""
+    icon, short, long = STATE_LABELS.get(status, ("?", status, status))
+    classes = f"c k-{status_kind(status)}"
+    title = long
+    mark = ""
+    if stale:
+        classes += " stale"
+        title += " (stale)"
+        mark = ' <span class="stale-mark">↻<span class="sr">stale</span></span>'
+    if dimmed:
+        classes += " dim"
+    return (
+        f'<td class="{escape(classes)}"><a data-nav tabindex="-1" href="',
+        escape(title),
+        f'"><span aria-hidden="true">{escape(icon)}</span> {escape(short)}{mark}'
+        "</a></td>",
+    )
+
+
 def shape_cells(
     shape_id: int, cells: list[MatrixCell], prefix: str, query: str
 ) -> SafeString:
+    link = f"{prefix}{shape_id}/"
     query = escape(query)
     parts = []
     for c in cells:
-        icon, short, long = c.label
-        classes = f"c k-{c.kind}"
-        title = long
-        stale = ""
-        if c.stale:
-            classes += " stale"
-            title += " (stale)"
-            stale = ' <span class="stale-mark">↻<span class="sr">stale</span></span>'
-        if c.dimmed:
-            classes += " dim"
-        if c.speedup:
-            title += f" · {c.speedup:.2f}× vs reference"
+        head, title, tail = _cell_parts(c.status, c.stale, c.dimmed)
+        speedup = c.speedup
+        if speedup:
+            title = f"{title} · {speedup:.2f}× vs reference"
+        parts.append(f'{head}{link}{c.device_type_id}/?{query}" title="{title}{tail}')
+    return mark_safe("".join(parts))
+
+
+def shape_rows(rows: list[ShapeRow], prefix: str, query: str) -> SafeString:
+    """The ``<tr>`` of each shape × dtype row of an expanded operator."""
+    parts = []
+    for r in rows:
+        shape = r.shape
+        served = ""
+        if shape.served:
+            weight = floatformat(shape.weight, "-2")
+            served = f' <span class="served" title="served weight">w {weight}</span>'
         parts.append(
-            f'<td class="{classes}"><a data-nav tabindex="-1" '
-            f'href="{prefix}{shape_id}/{c.device_type_id}/?{query}" title="{title}">'
-            f'<span aria-hidden="true">{icon}</span> {short}{stale}</a></td>'
+            '<tr class="shape-row"><th scope="row" class="shape">'
+            f"{escape(shape.dims_key)} "
+            f'<span class="dtype">{escape(shape.dtype)}</span>{served}</th>'
+            f'<td class="count">{r.passing} / {r.total}</td>'
+            f"{shape_cells(shape.id, r.cells, prefix, query)}</tr>\n"
         )
     return mark_safe("".join(parts))
+
+
+def backend_headers(groups: list[tuple[str, int]]) -> SafeString:
+    return mark_safe(
+        "".join(
+            f'<th scope="colgroup" colspan="{span}" class="backend">'
+            f"{escape(label)}</th>"
+            for label, span in groups
+        )
+    )
+
+
+def device_headers(device_types) -> SafeString:
+    parts = []
+    for d in device_types:
+        arch = f"<small>{escape(d.arch)}</small>" if d.arch else ""
+        parts.append(
+            f'<th scope="col" class="device"><span>{escape(d.vendor)} '
+            f"{escape(d.model)}</span>{arch}</th>"
+        )
+    return mark_safe("".join(parts))
+
+
+def column_counts(columns: list[Tally]) -> SafeString:
+    return mark_safe(
+        "".join(
+            f'<td class="count" title="{t.failing} failing, {t.empty} not run, '
+            f'{t.stale} stale">{t.passing} / {t.total}</td>'
+            for t in columns
+        )
+    )
