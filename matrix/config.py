@@ -15,6 +15,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 DATABASE_SCHEMES = {"postgres", "postgresql", "pgsql", "sqlite"}
 BROKER_SCHEMES = {"redis", "rediss", "amqp", "amqps", "pyamqp", "filesystem"}
+CACHE_SCHEMES = {"redis", "rediss"}
 TRUE = {"1", "true", "yes", "on"}
 FALSE = {"0", "false", "no", "off", ""}
 
@@ -84,6 +85,29 @@ def parse_broker(raw: str | None, embedded_dir: Path) -> tuple[str, dict]:
             "store_processed": False,
         }
     return raw, {}
+
+
+def parse_cache(raw: str | None) -> dict:
+    """Return CACHES: ``default`` inside each process (rendered pages and
+    catalogues, keyed by content, so each process may hold its own copy),
+    and with a Redis URL also ``sessions``, one cache shared by every web
+    process."""
+    caches = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+    if raw is None or raw == "":
+        return caches
+    scheme = urlsplit(raw).scheme
+    if scheme not in CACHE_SCHEMES or "://" not in raw:
+        raise bad(
+            "TILEMATRIX_SESSION_CACHE_URL",
+            "expected redis://HOST:PORT/DB, "
+            f"got a URL with scheme {scheme or 'none'!r}",
+        )
+    caches["sessions"] = {
+        "BACKEND": "django.core.cache.backends.redis.RedisCache",
+        "LOCATION": raw,
+        "KEY_PREFIX": "tilematrix",
+    }
+    return caches
 
 
 def parse_hosts(raw: str | None, debug: bool) -> list[str]:

@@ -25,6 +25,14 @@ DATABASES = {
 CELERY_BROKER_URL, CELERY_BROKER_TRANSPORT_OPTIONS = config.parse_broker(
     os.environ.get("CELERY_BROKER_URL"), VAR_DIR / "broker"
 )
+CACHES = config.parse_cache(os.environ.get("TILEMATRIX_SESSION_CACHE_URL"))
+# Every signed-in request reads its session. With a cache shared by all web
+# processes it is read from there (written through to the database); a
+# cache inside each process would keep serving a session that a logout in
+# another process had ended.
+if "sessions" in CACHES:
+    SESSION_ENGINE = "django.contrib.sessions.backends.cached_db"
+    SESSION_CACHE_ALIAS = "sessions"
 
 INSTALLED_APPS = [
     "runners.apps.RoleAdminConfig",  # the admin site, for the admin role only
@@ -68,6 +76,7 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
+                "matrix.context_processors.roles",
             ],
         },
     },

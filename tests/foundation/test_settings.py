@@ -72,6 +72,37 @@ def test_a_malformed_broker_url_names_the_variable(raw, tmp_path):
         config.parse_broker(raw, tmp_path)
 
 
+def test_without_a_session_cache_sessions_stay_in_the_database():
+    caches = config.parse_cache(None)
+    assert list(caches) == ["default"]
+
+
+def test_a_redis_session_cache_is_shared_by_every_web_process():
+    caches = config.parse_cache("redis://cache.internal:6379/3")
+    assert caches["sessions"]["BACKEND"].endswith("RedisCache")
+    assert caches["sessions"]["LOCATION"] == "redis://cache.internal:6379/3"
+    assert caches["default"]["BACKEND"].endswith("LocMemCache")
+
+
+def test_with_a_session_cache_sessions_are_read_from_it(tmp_path):
+    proc = manage(
+        "diffsettings",
+        env_extra={"TILEMATRIX_SESSION_CACHE_URL": "redis://127.0.0.1:6379/3"},
+        tmp_path=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "SESSION_ENGINE = 'django.contrib.sessions.backends.cached_db'" in (
+        proc.stdout
+    )
+    assert "SESSION_CACHE_ALIAS = 'sessions'" in proc.stdout
+
+
+@pytest.mark.parametrize("raw", ["memcached://x:11211", "cache.internal:6379"])
+def test_a_malformed_session_cache_url_names_the_variable(raw):
+    with pytest.raises(ImproperlyConfigured, match="TILEMATRIX_SESSION_CACHE_URL"):
+        config.parse_cache(raw)
+
+
 @pytest.mark.parametrize("raw", ["maybe", "2", "enabled"])
 def test_an_unclear_debug_flag_is_refused_not_guessed(raw):
     with pytest.raises(ImproperlyConfigured, match="^DJANGO_DEBUG: "):

@@ -131,3 +131,42 @@ def test_a_repeat_view_reads_no_cell_or_catalogue_table(client, results, viewer)
     ]
     assert read == []
     assert 'id="op-gemm"' in response.content.decode()
+
+
+def test_a_signed_in_repeat_view_costs_four_queries(
+    client, results, viewer, django_assert_num_queries, settings
+):
+    """Session, user, the role check, the data version: the table itself
+    comes from the cache, and the navigation asks nothing more."""
+    settings.TILEMATRIX_ANONYMOUS_READ = False  # as deployed
+    client.force_login(viewer)
+    client.get(reverse("matrix"))
+    with django_assert_num_queries(4):
+        response = client.get(reverse("matrix"))
+    assert 'id="op-gemm"' in response.content.decode()
+
+
+def test_only_the_admin_role_is_offered_the_admin_site(
+    client, results, viewer, django_user_model
+):
+    from django.contrib.auth.models import Group
+
+    client.force_login(viewer)
+    admin_url = reverse("admin:index")
+    assert f'href="{admin_url}"' not in client.get(reverse("matrix")).content.decode()
+    admin = django_user_model.objects.create_user("an-admin", password="x-pass-123")
+    admin.groups.add(Group.objects.get(name="admin"))
+    client.force_login(admin)
+    assert f'href="{admin_url}"' in client.get(reverse("matrix")).content.decode()
+
+
+def test_catalogue_names_in_the_table_are_escaped(client, results):
+    from matrix.models import DeviceType
+
+    DeviceType.objects.create(
+        vendor="<b>Acme</b>", model='X"1', arch="<i>a</i>", backend="cuda"
+    )
+    body = client.get(reverse("matrix")).content.decode()
+    assert "&lt;b&gt;Acme&lt;/b&gt; X&quot;1" in body
+    assert "<small>&lt;i&gt;a&lt;/i&gt;</small>" in body
+    assert "<b>Acme</b>" not in body
