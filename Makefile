@@ -23,6 +23,9 @@ migrate: install
 
 seed: migrate
 	$(PY) manage.py seed_demo
+	# Evidence from real GPUs, through the normal ingest; a refusal is shown,
+	# not fatal (results older than the ingest's 90-day window are refused).
+	-$(PY) manage.py evidence import docs/evidence/*.evidence.json
 	$(PY) manage.py ensure_admin
 
 run: seed

@@ -1,0 +1,260 @@
+"""Evidence a GPU lab brought home, kept as a file and replayed into another
+server (a fresh demo database, a colleague's instance).
+
+An evidence file holds the lab runner (name, public key, inventory), the
+jobs of its offline bundle (id, attempt and cell of each) and the results
+the runner signed. Importing it registers the runner with its own public
+key, recreates its jobs under their ids, assigned to it, and hands the
+signed results to the normal ingest: signature, runner identity,
+assignment, replay and idempotency checks all apply, so a result altered
+after the lab signed it is refused. A job id already used by another job
+stops the import before anything is written.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+
+from django.core.exceptions import ValidationError
+from django.db import connection, transaction
+from django.utils import timezone
+
+from matrix.models import (
+    DeviceType,
+    JobState,
+    KernelRevision,
+    Shape,
+    Sweep,
+    Toolchain,
+    ValidationJob,
+    dims_key,
+)
+from matrix.services import shape_import
+from runners import services
+from runners.models import Runner
+
+FORMAT = "tilematrix-evidence/1"
+SHA256 = re.compile(r"^[0-9a-f]{64}$")
+JOB_FIELDS = ("job", "attempt", "operator", "dims", "dtype", "device", "stage")
+
+
+def evidence_export(*, sweep: Sweep, results: list, measured: dict) -> dict:
+    """The evidence of an offline bundle's sweep: its runner, its jobs and
+    the signed ``results`` that came home for them."""
+    jobs = list(
+        sweep.jobs.select_related(
+            "runner", "shape__operator", "device_type", "toolchain", "revision"
+        ).order_by("pk")
+    )
+    runners = {job.runner for job in jobs}
+    if len(runners) != 1 or None in runners:
+        raise ValidationError(f"sweep {sweep.pk} is not one runner's offline bundle")
+    (runner,) = runners
+    return {
+        "format": FORMAT,
+        "runner": {
+            "name": runner.name,
+            "public_key": runner.public_key,
+            "inventory": runner.inventory,
+        },
+        "jobs": [
+            {
+                "job": job.pk,
+                "attempt": job.attempt,
+                "operator": job.shape.operator.name,
+                "dims": job.shape.dims,
+                "dtype": job.shape.dtype,
+                "served": job.shape.served,
+                "weight": job.shape.weight,
+                "profile": job.shape.source_profile,
+                "device": {
+                    "vendor": job.device_type.vendor,
+                    "model": job.device_type.model,
+                    "arch": job.device_type.arch,
+                    "backend": job.device_type.backend,
+                },
+                "toolchain": job.toolchain.fingerprint,
+                "revision": job.revision.source_sha256,
+                "stage": job.stage,
+                "seed": job.seed,
+            }
+            for job in jobs
+        ],
+        "results": results,
+        "measured": measured,
+    }
+
+
+def evidence_import(data: object) -> dict:
+    """Replay an evidence file; returns the ingest's counts. Raises
+    ValidationError, saying why, for a file that cannot be replayed here."""
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise ValidationError(f"not an evidence file (format {FORMAT!r} expected)")
+    runner_spec, jobs, results = (data.get(k) for k in ("runner", "jobs", "results"))
+    if not isinstance(runner_spec, dict) or not isinstance(jobs, list):
+        raise ValidationError("an evidence file needs a runner and a list of jobs")
+    if not isinstance(results, list):
+        raise ValidationError("an evidence file needs a list of signed results")
+    with transaction.atomic():
+        runner = _runner(runner_spec)
+        _shapes_add(jobs)
+        waiting = _jobs_recreate(jobs, runner, data.get("measured") or {})
+    counts = {"stored": 0, "duplicate": 0, "refused": []}
+    if not waiting:
+        # Imported before: its results are stored and their nonces spent.
+        counts["duplicate"] = len(results)
+        return counts
+    outcomes = services.results_ingest(envelopes=results)
+    for index, outcome in enumerate(outcomes):
+        if outcome.status == "refused":
+            counts["refused"].append(f"result {index}: {outcome.reason}")
+        else:
+            counts[outcome.status] += 1
+    return counts
+
+
+def _runner(spec: dict) -> Runner:
+    """The lab runner, registered with its own key the first time."""
+    existing = Runner.objects.filter(name=spec.get("name")).first()
+    if existing is not None:
+        if existing.public_key != spec.get("public_key"):
+            raise ValidationError(
+                f"a runner named {existing.name!r} is registered here with "
+                "another key: this evidence is not its"
+            )
+        return existing
+    return services.runner_register(
+        token=services.token_create(expires=timedelta(minutes=5)),
+        name=spec.get("name"),
+        public_key=spec.get("public_key"),
+        inventory=spec.get("inventory"),
+    )
+
+
+def _shapes_add(jobs: list) -> None:
+    """Shapes of the evidence this server lacks (a profile never imported
+    here), with the weight they were served at; known shapes stay as they are."""
+    missing: dict[tuple, list] = {}
+    for job in jobs:
+        if not isinstance(job, dict) or not isinstance(job.get("dims"), dict):
+            continue  # _jobs_recreate names the malformed job
+        known = Shape.objects.filter(
+            operator__name=job.get("operator"),
+            dims_key=dims_key(job["dims"]),
+            dtype=job.get("dtype"),
+        ).exists()
+        if not known:
+            group = (str(job.get("profile") or "evidence"), bool(job.get("served")))
+            missing.setdefault(group, []).append(
+                (
+                    job.get("operator"),
+                    job["dims"],
+                    job.get("dtype"),
+                    job.get("weight", 0.0),
+                )
+            )
+    for (profile, served), rows in missing.items():
+        shape_import(rows=rows, source_profile=profile, served=served)
+
+
+def _jobs_recreate(jobs: list, runner: Runner, measured: dict) -> int:
+    """Create the evidence's jobs this server lacks; returns how many of its
+    jobs wait for a result."""
+    wanted = {}
+    for number, job in enumerate(jobs):
+        if not isinstance(job, dict) or not all(k in job for k in JOB_FIELDS):
+            raise ValidationError(f"job {number} lacks one of {', '.join(JOB_FIELDS)}")
+        if not isinstance(job["job"], int) or job["job"] < 1:
+            raise ValidationError(f"job {number} needs a positive integer id")
+        wanted[job["job"]] = job
+    taken = ValidationJob.objects.filter(pk__in=wanted).select_related(
+        "shape__operator"
+    )
+    for job in taken:
+        spec = wanted.pop(job.pk)
+        if job.runner_id != runner.pk or job.shape.dims_key != dims_key(spec["dims"]):
+            raise ValidationError(
+                f"job id {job.pk} is another job here: evidence is replayed into "
+                "a database whose job ids it does not share (a fresh one)"
+            )
+    if not wanted:
+        return ValidationJob.objects.filter(
+            pk__in=[job["job"] for job in jobs], state=JobState.RUNNING
+        ).count()
+    sweep = Sweep.objects.create(
+        filters={"evidence_of": runner.name, **measured}, total=len(wanted)
+    )
+    now = timezone.now()
+    ValidationJob.objects.bulk_create(
+        ValidationJob(
+            pk=pk,
+            **_cell(spec, runner),
+            stage=spec["stage"],
+            seed=spec.get("seed") or 0,
+            attempt=spec["attempt"],
+            queue=f"bundle.{runner.name}",
+            state=JobState.RUNNING,
+            runner=runner,
+            started_at=now,
+            sweep=sweep,
+        )
+        for pk, spec in wanted.items()
+    )
+    # Ids were given, not drawn: move PostgreSQL's sequence past them.
+    with connection.cursor() as cursor:
+        for sql in connection.ops.sequence_reset_sql(
+            _no_style(), [ValidationJob, Sweep]
+        ):
+            cursor.execute(sql)
+    return len(jobs)
+
+
+def _cell(spec: dict, runner: Runner) -> dict:
+    """The revision, shape, device type and toolchain a job ran, as this
+    server knows them; a cell it does not know is the file's error."""
+    where = f"job {spec['job']} ({spec['operator']} {spec['dims']} {spec['dtype']})"
+    shape = Shape.objects.filter(
+        operator__name=spec["operator"],
+        dims_key=dims_key(spec["dims"]),
+        dtype=spec["dtype"],
+    ).first()
+    if shape is None:
+        raise ValidationError(
+            f"{where}: no such shape here; import its profile first "
+            "(manage.py import_shapes)"
+        )
+    revision = _revision(shape.operator_id, spec.get("revision"), where)
+    device_type = DeviceType.objects.filter(**spec["device"]).first()
+    toolchain = Toolchain.objects.filter(fingerprint=spec.get("toolchain")).first()
+    if device_type is None or toolchain is None:
+        raise ValidationError(f"{where}: its device type or toolchain is unknown")
+    return {
+        "revision": revision,
+        "shape": shape,
+        "device_type": device_type,
+        "toolchain": toolchain,
+    }
+
+
+def _revision(operator_id: int, sha256: object, where: str) -> KernelRevision:
+    """The library revision the lab ran. One this server no longer has (the
+    library changed since) is kept, not current and without its text, so its
+    cells show as stale rather than vanish."""
+    if not isinstance(sha256, str) or not SHA256.match(sha256):
+        raise ValidationError(f"{where}: its revision must be a sha256")
+    revision, _ = KernelRevision.objects.get_or_create(
+        operator_id=operator_id,
+        source_sha256=sha256,
+        defaults={
+            "origin": KernelRevision.Origin.LIBRARY,
+            "review_state": KernelRevision.Review.APPROVED,
+        },
+    )
+    return revision
+
+
+def _no_style():
+    from django.core.management.color import no_style
+
+    return no_style()

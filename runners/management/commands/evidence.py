@@ -1,0 +1,77 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from django.core.exceptions import ValidationError
+from django.core.management.base import BaseCommand, CommandError
+
+from matrix.models import Sweep
+from runners.evidence import evidence_export, evidence_import
+
+
+class Command(BaseCommand):
+    help = (
+        "Evidence files: export an offline bundle's sweep with the signed results "
+        "that came home; import one into this server through the normal ingest."
+    )
+
+    def add_arguments(self, parser):
+        sub = parser.add_subparsers(dest="action", required=True)
+        export = sub.add_parser("export", help="write a sweep's evidence file")
+        export.add_argument("--sweep", type=int, required=True)
+        export.add_argument(
+            "--results", required=True, help="the runner's signed results.json"
+        )
+        export.add_argument(
+            "--measured", help="a JSON file of figures to keep with it (its timings)"
+        )
+        export.add_argument("--out", required=True)
+        imp = sub.add_parser("import", help="replay evidence files into this server")
+        imp.add_argument("files", nargs="+")
+
+    def handle(self, *args, action, **options):
+        getattr(self, f"do_{action}")(**options)
+
+    def do_export(self, *, sweep, results, measured, out, **_):
+        found = Sweep.objects.filter(pk=sweep).first()
+        if found is None:
+            raise CommandError(f"no sweep {sweep}")
+        try:
+            data = evidence_export(
+                sweep=found,
+                results=read_json(results)["results"],
+                measured=read_json(measured) if measured else {},
+            )
+        except (KeyError, TypeError):
+            raise CommandError(f"{results} is not a results bundle") from None
+        except ValidationError as exc:
+            raise CommandError("; ".join(exc.messages)) from None
+        Path(out).write_text(json.dumps(data, indent=1) + "\n")
+        self.stdout.write(
+            f"{len(data['jobs'])} jobs, {len(data['results'])} results in {out}"
+        )
+
+    def do_import(self, *, files, **_):
+        failed = False
+        for name in files:
+            try:
+                counts = evidence_import(read_json(name))
+            except ValidationError as exc:
+                raise CommandError(f"{name}: {'; '.join(exc.messages)}") from None
+            self.stdout.write(
+                f"{name}: {counts['stored']} stored, {counts['duplicate']} already "
+                f"stored, {len(counts['refused'])} refused"
+            )
+            for reason in counts["refused"]:
+                self.stderr.write(f"  {reason}")
+            failed |= bool(counts["refused"])
+        if failed:
+            raise CommandError("some results were refused (reasons above)")
+
+
+def read_json(path: str):
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise CommandError(f"cannot read {path}: {exc}") from None

@@ -1,0 +1,92 @@
+"""Evidence from the H200 lab (docs/evidence, real signed results) replayed
+into a fresh server: through the normal ingest, once, and refused where it
+was altered or does not fit."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+from django.core.exceptions import ValidationError
+from django.core.management import CommandError, call_command
+
+from matrix.models import Cell, JobState, Result, Shape, ValidationJob
+from runners.evidence import evidence_import
+from runners.models import Runner
+
+EVIDENCE = sorted(
+    (Path(__file__).resolve().parents[2] / "docs" / "evidence").glob(
+        "*.evidence.json"
+    )
+)[-1]
+
+
+@pytest.fixture(scope="module")
+def evidence() -> dict:
+    return json.loads(EVIDENCE.read_text())
+
+
+@pytest.fixture
+def fresh(catalog, evidence):
+    return copy.deepcopy(evidence)
+
+
+def test_the_lab_sweep_lands_under_the_h200_with_every_served_cell(fresh):
+    counts = evidence_import(fresh)
+    assert counts == {"stored": 188, "duplicate": 0, "refused": []}
+    lab = Runner.objects.get(name="h200-lab")
+    assert lab.public_key == fresh["runner"]["public_key"]
+    cells = Cell.objects.filter(device_type__model="H200")
+    assert cells.count() == 188
+    assert set(cells.values_list("status", flat=True)) == {"pass"}
+    # The Mixtral and Qwen profiles came with the evidence; Llama was seeded.
+    profiles = set(
+        Shape.objects.filter(cells__in=cells).values_list("source_profile", flat=True)
+    )
+    assert profiles == {"llama-3-8b", "mixtral-8x7b", "qwen2.5-7b"}
+    assert not ValidationJob.objects.filter(state=JobState.RUNNING).exists()
+    # The ids were given: the next planned job draws a fresh one.
+    assert ValidationJob.objects.order_by("-pk").first().pk == 188
+
+
+def test_importing_again_changes_nothing(fresh):
+    evidence_import(fresh)
+    again = evidence_import(copy.deepcopy(fresh))
+    assert again == {"stored": 0, "duplicate": 188, "refused": []}
+    assert Result.objects.count() == 188
+
+
+def test_a_result_altered_after_the_lab_signed_it_is_refused(fresh):
+    fresh["results"][5]["payload"]["result"]["metrics"]["rel_err"] = 0.0
+    counts = evidence_import(fresh)
+    assert counts["stored"] == 187
+    assert len(counts["refused"]) == 1 and counts["refused"][0].startswith("result 5:")
+    job = fresh["results"][5]["payload"]["job"]
+    assert not Result.objects.filter(job_id=job).exists()
+
+
+def test_a_database_whose_job_ids_are_taken_is_refused_whole(fresh, cpu_runner):
+    from runners import services
+
+    cells = services.cells_select(operator="softmax")
+    services.sweep_plan(cells=cells[:3])
+    with pytest.raises(ValidationError, match="is another job here"):
+        evidence_import(fresh)
+    assert not Runner.objects.filter(name="h200-lab").exists()
+    assert not Result.objects.exists()
+
+
+def test_a_runner_of_that_name_with_another_key_is_not_the_lab(fresh):
+    fresh["runner"]["public_key"] = "ab" * 32
+    evidence_import(copy.deepcopy(fresh) | {"results": []})
+    with pytest.raises(ValidationError, match="another key"):
+        evidence_import(fresh | {"runner": fresh["runner"] | {"public_key": "cd" * 32}})
+
+
+def test_the_command_says_why_a_file_is_not_evidence(catalog, tmp_path):
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps({"results": []}))
+    with pytest.raises(CommandError, match="not an evidence file"):
+        call_command("evidence", "import", str(path))
