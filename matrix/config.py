@@ -106,6 +106,8 @@ def parse_cache(raw: str | None) -> dict:
         "BACKEND": "django.core.cache.backends.redis.RedisCache",
         "LOCATION": raw,
         "KEY_PREFIX": "tilematrix",
+        # A Redis that hangs costs a page view half a second, not forever.
+        "OPTIONS": {"socket_connect_timeout": 0.5, "socket_timeout": 0.5},
     }
     return caches
 

@@ -27,11 +27,12 @@ CELERY_BROKER_URL, CELERY_BROKER_TRANSPORT_OPTIONS = config.parse_broker(
 )
 CACHES = config.parse_cache(os.environ.get("TILEMATRIX_SESSION_CACHE_URL"))
 # Every signed-in request reads its session. With a cache shared by all web
-# processes it is read from there (written through to the database); a
-# cache inside each process would keep serving a session that a logout in
-# another process had ended.
+# processes it is read from there (written through to the database, and
+# read from the database while the cache is down); a cache inside each
+# process would keep serving a session that a logout in another process had
+# ended.
 if "sessions" in CACHES:
-    SESSION_ENGINE = "django.contrib.sessions.backends.cached_db"
+    SESSION_ENGINE = "matrix.sessions"
     SESSION_CACHE_ALIAS = "sessions"
 
 INSTALLED_APPS = [

@@ -91,9 +91,7 @@ def test_with_a_session_cache_sessions_are_read_from_it(tmp_path):
         tmp_path=tmp_path,
     )
     assert proc.returncode == 0, proc.stderr
-    assert "SESSION_ENGINE = 'django.contrib.sessions.backends.cached_db'" in (
-        proc.stdout
-    )
+    assert "SESSION_ENGINE = 'matrix.sessions'" in proc.stdout
     assert "SESSION_CACHE_ALIAS = 'sessions'" in proc.stdout
 
 

@@ -170,3 +170,28 @@ def test_catalogue_names_in_the_table_are_escaped(client, results):
     assert "&lt;b&gt;Acme&lt;/b&gt; X&quot;1" in body
     assert "<small>&lt;i&gt;a&lt;/i&gt;</small>" in body
     assert "<b>Acme</b>" not in body
+
+
+def test_signed_in_pages_still_render_while_the_session_cache_is_down(
+    client, results, viewer, settings
+):
+    settings.TILEMATRIX_ANONYMOUS_READ = False
+    settings.SESSION_ENGINE = "matrix.sessions"
+    settings.SESSION_CACHE_ALIAS = "sessions"
+    settings.CACHES = {
+        **settings.CACHES,
+        "sessions": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+    }
+    client.force_login(viewer)
+    # Then the cache goes away: nothing listens on port 1.
+    settings.CACHES = {
+        **settings.CACHES,
+        "sessions": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": "redis://127.0.0.1:1/0",
+            "OPTIONS": {"socket_connect_timeout": 0.5},
+        },
+    }
+    response = client.get(reverse("matrix"))
+    assert response.status_code == 200
+    assert viewer.username in response.content.decode()
