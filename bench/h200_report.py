@@ -31,6 +31,7 @@ def report(data: dict, name: str) -> str:
         rows.append((jobs[payload["job"]], payload["result"]))
     rows.sort(
         key=lambda row: (
+            row[1]["target"]["kind"],
             row[0]["operator"],
             row[0]["profile"],
             row[0]["dtype"],
@@ -40,7 +41,7 @@ def report(data: dict, name: str) -> str:
     components = rows[0][1]["fingerprint"]["components"]
     profiles = Counter(job["profile"] for job, _ in rows)
     lines = [
-        f"# Served sweep on one NVIDIA H200: {name}",
+        f"# Served shapes on the H200 lab runner: {name}",
         "",
         f"Runner `{data['runner']['name']}` (offline bundle, `runner execute-bundle`), "
         f"{len(rows)} served cells: "
@@ -67,11 +68,15 @@ def report(data: dict, name: str) -> str:
         "|---|---|---|---|---|---|",
     ]
     for run, figures in data.get("measured", {}).items():
-        lines.append(
-            f"| {run} kernel cache | {figures['cells']} | {figures['wall_s']} | "
+        compile_split = (
             f"{figures['compile_s_total']} / {figures['workers']} = "
-            f"{figures['compile_s']} | {figures['gpu_run_s']} | "
-            f"{figures['overhead_s']} |"
+            f"{figures['compile_s']}"
+            if "compile_s_total" in figures
+            else f"all of it, {figures.get('workers')} children"
+        )
+        lines.append(
+            f"| {run} | {figures['cells']} | {figures['wall_s']} | {compile_split} | "
+            f"{figures.get('gpu_run_s', '–')} | {figures.get('overhead_s', '–')} |"
         )
     lines += [
         "",
@@ -93,6 +98,12 @@ def report(data: dict, name: str) -> str:
         worst_job, worst = max(
             cells, key=lambda c: (c[1]["metrics"] or {}).get("rel_err") or 0
         )
+        worst_rel = (worst["metrics"] or {}).get("rel_err")
+        worst_text = (
+            "–"
+            if worst_rel is None
+            else f"{worst_rel:.2e} ({dims_text(worst_job['dims'])} {worst_job['dtype']})"
+        )
         speedups = [
             r["timings"]["speedup"] for _, r in cells if r["timings"]["speedup"]
         ]
@@ -105,30 +116,31 @@ def report(data: dict, name: str) -> str:
         lines.append(
             f"| {operator} | {len(cells)} | "
             + ", ".join(f"{n} {s}" for s, n in status.items())
-            + f" | {worst['metrics']['rel_err']:.2e} ({dims_text(worst_job['dims'])} "
-            f"{worst_job['dtype']}) | {spread} |"
+            + f" | {worst_text} | {spread} |"
         )
     lines += [
         "",
         "## Per served shape",
         "",
         "Speed is the reference's time over TileLang's: above 1 TileLang is "
-        "faster. Every cell below passed, so each is safe to run with TileLang "
-        "on an H200 with this toolchain; a cell under 1× is correct but slower "
-        "than PyTorch, and the manifest's owner may still route it to the "
-        "reference.",
+        "faster. A cell that passed is safe to run with TileLang on that device "
+        "with this toolchain (one under 1× is correct but slower than PyTorch, "
+        "and the manifest's owner may still route it to the reference); "
+        "`lowered` is compile-only evidence, not validation, and anything else "
+        "falls back to the reference.",
         "",
-        "| operator | shape | dtype | profile | weight | status | rel. error | "
+        "| operator | shape | dtype | target | profile | weight | status | rel. error | "
         "TileLang ms | reference ms | speed |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for job, result in rows:
         timings, metrics = result["timings"], result["metrics"] or {}
         speed = timings.get("speedup")
         lines.append(
             f"| {job['operator']} | {dims_text(job['dims'])} | {job['dtype']} | "
-            f"{job['profile']} | {job['weight']:g} | {result['status']} | "
-            f"{metrics.get('rel_err', 0):.1e} | {ms(timings.get('kernel_ms'))} | "
+            f"{result['target']['kind']} | {job['profile']} | {job['weight']:g} | "
+            f"{result['status']} | "
+            f"{ms(metrics.get('rel_err'))} | {ms(timings.get('kernel_ms'))} | "
             f"{ms(timings.get('reference_ms'))} | "
             + (f"{speed:.2f}×" if speed else "–")
             + " |"

@@ -21,6 +21,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from matrix.models import (
+    AuditEvent,
     DeviceType,
     JobState,
     KernelRevision,
@@ -39,17 +40,19 @@ SHA256 = re.compile(r"^[0-9a-f]{64}$")
 JOB_FIELDS = ("job", "attempt", "operator", "dims", "dtype", "device", "stage")
 
 
-def evidence_export(*, sweep: Sweep, results: list, measured: dict) -> dict:
-    """The evidence of an offline bundle's sweep: its runner, its jobs and
+def evidence_export(*, sweeps: list[Sweep], results: list, measured: dict) -> dict:
+    """The evidence of offline bundles' sweeps: their runner, their jobs and
     the signed ``results`` that came home for them."""
     jobs = list(
-        sweep.jobs.select_related(
+        ValidationJob.objects.filter(sweep__in=sweeps)
+        .select_related(
             "runner", "shape__operator", "device_type", "toolchain", "revision"
-        ).order_by("pk")
+        )
+        .order_by("pk")
     )
     runners = {job.runner for job in jobs}
     if len(runners) != 1 or None in runners:
-        raise ValidationError(f"sweep {sweep.pk} is not one runner's offline bundle")
+        raise ValidationError("these sweeps are not one runner's offline bundles")
     (runner,) = runners
     return {
         "format": FORMAT,
@@ -86,9 +89,11 @@ def evidence_export(*, sweep: Sweep, results: list, measured: dict) -> dict:
     }
 
 
-def evidence_import(data: object) -> dict:
+def evidence_import(data: object, *, current_if_none: bool = False) -> dict:
     """Replay an evidence file; returns the ingest's counts. Raises
-    ValidationError, saying why, for a file that cannot be replayed here."""
+    ValidationError, saying why, for a file that cannot be replayed here.
+    ``current_if_none`` makes the lab's toolchain the current one on a server
+    that has none yet (the demo: the matrix opens on the lab's evidence)."""
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise ValidationError(f"not an evidence file (format {FORMAT!r} expected)")
     runner_spec, jobs, results = (data.get(k) for k in ("runner", "jobs", "results"))
@@ -100,6 +105,8 @@ def evidence_import(data: object) -> dict:
         runner = _runner(runner_spec)
         _shapes_add(jobs)
         waiting = _jobs_recreate(jobs, runner, data.get("measured") or {})
+        if current_if_none:
+            _toolchain_current_if_none(jobs)
     counts = {"stored": 0, "duplicate": 0, "refused": []}
     if not waiting:
         # Imported before: its results are stored and their nonces spent.
@@ -129,6 +136,20 @@ def _runner(spec: dict) -> Runner:
         name=spec.get("name"),
         public_key=spec.get("public_key"),
         inventory=spec.get("inventory"),
+    )
+
+
+def _toolchain_current_if_none(jobs: list) -> None:
+    if Toolchain.objects.filter(is_current=True).exists() or not jobs:
+        return
+    toolchain = Toolchain.objects.get(fingerprint=jobs[0]["toolchain"])
+    toolchain.is_current = True
+    toolchain.save(update_fields=["is_current"])
+    AuditEvent.record(
+        verb="toolchain.current",
+        obj=toolchain,
+        before={"current_toolchains": []},
+        after={"current_toolchains": [toolchain.name], "why": "evidence import"},
     )
 
 

@@ -90,3 +90,21 @@ def test_the_command_says_why_a_file_is_not_evidence(catalog, tmp_path):
     path.write_text(json.dumps({"results": []}))
     with pytest.raises(CommandError, match="not an evidence file"):
         call_command("evidence", "import", str(path))
+
+
+def test_the_demo_opens_on_the_lab_toolchain_unless_one_is_current(fresh):
+    from matrix.models import AuditEvent, Toolchain
+    from matrix.services import toolchain_register
+
+    evidence_import(fresh, current_if_none=True)
+    lab = Toolchain.objects.get(is_current=True)
+    assert lab.fingerprint == fresh["jobs"][0]["toolchain"]
+    assert AuditEvent.objects.filter(verb="toolchain.current").count() == 1
+
+    lab.is_current = False
+    lab.save()
+    other = toolchain_register(
+        name="tilelang-prod", components={"tilelang": "0.1.15"}, current=True
+    )
+    evidence_import(copy.deepcopy(fresh), current_if_none=True)
+    assert list(Toolchain.objects.filter(is_current=True)) == [other]

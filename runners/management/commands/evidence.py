@@ -19,7 +19,9 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         sub = parser.add_subparsers(dest="action", required=True)
         export = sub.add_parser("export", help="write a sweep's evidence file")
-        export.add_argument("--sweep", type=int, required=True)
+        export.add_argument(
+            "--sweep", type=int, action="append", required=True, help="repeatable"
+        )
         export.add_argument(
             "--results", required=True, help="the runner's signed results.json"
         )
@@ -29,17 +31,22 @@ class Command(BaseCommand):
         export.add_argument("--out", required=True)
         imp = sub.add_parser("import", help="replay evidence files into this server")
         imp.add_argument("files", nargs="+")
+        imp.add_argument(
+            "--current-if-none",
+            action="store_true",
+            help="make the evidence's toolchain current where none is (the demo)",
+        )
 
     def handle(self, *args, action, **options):
         getattr(self, f"do_{action}")(**options)
 
     def do_export(self, *, sweep, results, measured, out, **_):
-        found = Sweep.objects.filter(pk=sweep).first()
-        if found is None:
-            raise CommandError(f"no sweep {sweep}")
+        found = list(Sweep.objects.filter(pk__in=sweep))
+        if len(found) != len(set(sweep)):
+            raise CommandError(f"not every sweep of {sweep} exists here")
         try:
             data = evidence_export(
-                sweep=found,
+                sweeps=found,
                 results=read_json(results)["results"],
                 measured=read_json(measured) if measured else {},
             )
@@ -52,11 +59,13 @@ class Command(BaseCommand):
             f"{len(data['jobs'])} jobs, {len(data['results'])} results in {out}"
         )
 
-    def do_import(self, *, files, **_):
+    def do_import(self, *, files, current_if_none, **_):
         failed = False
         for name in files:
             try:
-                counts = evidence_import(read_json(name))
+                counts = evidence_import(
+                    read_json(name), current_if_none=current_if_none
+                )
             except ValidationError as exc:
                 raise CommandError(f"{name}: {'; '.join(exc.messages)}") from None
             self.stdout.write(
