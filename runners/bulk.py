@@ -1,28 +1,68 @@
-"""Inserting many rows at once on PostgreSQL: one ``INSERT ... SELECT FROM
-unnest(column arrays)`` statement. Django's ``bulk_create`` prepares every
-value of every row in Python, which cost more than the database itself in
-the ingest and sweep paths. Other databases fall back to ``bulk_create``."""
+"""Many rows at once on PostgreSQL, for the ingest path.
+
+Inserting: one ``INSERT ... SELECT FROM unnest(column arrays)`` statement,
+the arrays sent in binary over a server-side-binding cursor. Django's
+``bulk_create`` prepares every value of every row in Python, and its
+client-side binding has psycopg write each array out as quoted text, one
+element at a time: both cost more than the database's own work.
+
+Matching: ``field__any=values`` is ``IN (...)`` elsewhere but ``= ANY(%s)``
+on PostgreSQL, one array parameter in place of a placeholder per value,
+which psycopg would otherwise parse and quote one by one. Pass a set (or
+any iterable but a list or tuple), which Django does not walk value by value
+looking for expressions.
+
+Other databases fall back to Django's own ways."""
 
 from __future__ import annotations
 
 import json
 
+import psycopg
+from django.core.exceptions import EmptyResultSet
 from django.db import connection, models
+from django.db.models.lookups import In
 
 
-def rows_insert(
+@models.Field.register_lookup
+class AnyOf(In):
+    lookup_name = "any"
+
+    def as_postgresql(self, compiler, connection):
+        if not self.rhs_is_direct_value():
+            return super().as_sql(compiler, connection)
+        lhs, params = self.process_lhs(compiler, connection)
+        field = self.lhs.output_field
+        values = [
+            field.get_db_prep_value(v, connection, prepared=True)
+            for v in self.rhs
+            if v is not None
+        ]
+        if not values:
+            raise EmptyResultSet
+        return f"{lhs} = ANY(%s::{field.db_type(connection)}[])", [*params, values]
+
+
+def columns_insert(
     model: type[models.Model],
-    objs: list[models.Model],
+    columns: dict[str, list],
     *,
-    fields: list[str],
     unique: list[str] | None = None,
     update: list[str] | None = None,
-) -> None:
-    """Insert ``objs`` and set their primary keys. With ``unique``, a
-    conflicting row gets ``update``'s fields (or is left as it is)."""
-    if not objs:
-        return
+) -> list[int]:
+    """Insert rows given column by column (field name -> values, relations
+    by id, JSON fields as Python objects) and return their primary keys. With
+    ``unique``, a conflicting row gets ``update``'s fields (or is left as it
+    is) and nothing is returned."""
+    count = len(next(iter(columns.values()), []))
+    if not count:
+        return []
+    fields = {name: model._meta.get_field(name) for name in columns}
     if connection.vendor != "postgresql":
+        objs = [
+            model(**{fields[n].attname: v[i] for n, v in columns.items()})
+            for i in range(count)
+        ]
         options = {}
         if unique:
             options = (
@@ -35,20 +75,18 @@ def rows_insert(
                 else {"ignore_conflicts": True}
             )
         model.objects.bulk_create(objs, **options)
-        return
-    columns = [model._meta.get_field(name) for name in fields]
-    names = [c.column for c in columns]
-    selects, arrays, params = [], [], []
-    for column in columns:
-        kind = column.db_type(connection)
-        values = [column.get_prep_value(getattr(o, column.attname)) for o in objs]
-        if isinstance(column, models.JSONField):
+        return [] if unique else [o.pk for o in objs]
+    names, selects, arrays, params = [], [], [], []
+    for name, values in columns.items():
+        field = fields[name]
+        names.append(field.column)
+        if isinstance(field, models.JSONField):
             values = [None if v is None else json.dumps(v) for v in values]
-            arrays.append("%s::text[]")
-            selects.append(f"{column.column}::jsonb")
+            arrays.append("%b::text[]")
+            selects.append(f"{field.column}::jsonb")
         else:
-            arrays.append(f"%s::{kind}[]")
-            selects.append(column.column)
+            arrays.append(f"%b::{field.db_type(connection)}[]")
+            selects.append(field.column)
         params.append(values)
     sql = (
         f"INSERT INTO {model._meta.db_table} ({', '.join(names)}) "
@@ -65,12 +103,35 @@ def rows_insert(
             sql += f" ON CONFLICT ({targets}) DO UPDATE SET {sets}"
         else:
             sql += f" ON CONFLICT ({targets}) DO NOTHING"
-        with connection.cursor() as cursor:
+    else:
+        sql += f" RETURNING {model._meta.pk.column}"
+    connection.ensure_connection()
+    # Outside Django's cursor wrapper, so its error translation is applied
+    # here: callers (and Celery's retries) see django.db errors as usual.
+    with connection.wrap_database_errors:
+        with psycopg.Cursor(connection.connection) as cursor:
             cursor.execute(sql, params)
+            return [] if unique else [row[0] for row in cursor.fetchall()]
+
+
+def rows_insert(
+    model: type[models.Model], objs: list[models.Model], *, fields: list[str]
+) -> None:
+    """Insert new model instances and set their primary keys. Their values
+    go in as they are (no ``get_prep_value``): the callers build them."""
+    if not objs:
         return
-    with connection.cursor() as cursor:
-        cursor.execute(sql + f" RETURNING {model._meta.pk.column}", params)
-        ids = [row[0] for row in cursor.fetchall()]
+    if connection.vendor != "postgresql":
+        model.objects.bulk_create(objs)
+        return
+    attnames = {name: model._meta.get_field(name).attname for name in fields}
+    ids = columns_insert(
+        model,
+        {
+            name: [getattr(o, attname) for o in objs]
+            for name, attname in attnames.items()
+        },
+    )
     for obj, pk in zip(objs, ids, strict=True):
         obj.pk = pk
         obj._state.adding = False

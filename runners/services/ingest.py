@@ -1,6 +1,11 @@
 """Ingest: signed results checked (signature, runner identity, assignment,
 replay) and stored once per job attempt, with their receipts, job states
-and cells, in one transaction."""
+and cells, in one transaction.
+
+A batch costs a fixed number of statements whatever its size: one SELECT
+each for the signers, the nonces already used, the jobs (locked) and the
+results already stored, then one INSERT each for results and receipts, one
+UPDATE per job outcome and one upsert per kind of cell."""
 
 from __future__ import annotations
 
@@ -131,65 +136,51 @@ RESULT_FIELDS = [
     "details",
     "created_at",
 ]
-CELL_FIELDS = [
-    "shape",
-    "device_type",
-    "toolchain",
-    "revision",
-    "result",
-    "status",
-    "error_signature",
-    "kernel_ms",
-    "reference_ms",
-    "updated_at",
-]
+CELL_KEY = ["shape", "device_type", "toolchain"]
 
 
-def _cells_upsert(results: list[Result]) -> None:
-    """Point each cell at its newest result in one statement per kind. An
+def _cells_upsert(results: list[Result], now) -> None:
+    """Point each cell at its newest result, one statement per kind. An
     infra_error is the runner's trouble, not the kernel's: it fills an empty
     cell but never hides an answer already there."""
     latest = {}
     for result in results:
         latest[result.shape_id, result.device_type_id, result.toolchain_id] = result
-    now = timezone.now()
-
-    def cell(r: Result) -> Cell:
-        return Cell(
-            shape_id=r.shape_id,
-            device_type_id=r.device_type_id,
-            toolchain_id=r.toolchain_id,
-            revision_id=r.revision_id,
-            result=r,
-            status=r.status,
-            error_signature=r.error_signature,
-            kernel_ms=r.kernel_ms,
-            reference_ms=r.reference_ms,
-            updated_at=now,
+    answers = [r for r in latest.values() if r.status != Status.INFRA_ERROR]
+    infra = [r for r in latest.values() if r.status == Status.INFRA_ERROR]
+    for rows, update in ((answers, True), (infra, False)):
+        columns = {
+            "shape": [r.shape_id for r in rows],
+            "device_type": [r.device_type_id for r in rows],
+            "toolchain": [r.toolchain_id for r in rows],
+            "revision": [r.revision_id for r in rows],
+            "result": [r.pk for r in rows],
+            "status": [r.status for r in rows],
+            "error_signature": [r.error_signature for r in rows],
+            "kernel_ms": [r.kernel_ms for r in rows],
+            "reference_ms": [r.reference_ms for r in rows],
+            "updated_at": [now] * len(rows),
+        }
+        bulk.columns_insert(
+            Cell,
+            columns,
+            unique=CELL_KEY,
+            update=[f for f in columns if f not in CELL_KEY] if update else None,
         )
 
-    answers = [cell(r) for r in latest.values() if r.status != Status.INFRA_ERROR]
-    infra = [cell(r) for r in latest.values() if r.status == Status.INFRA_ERROR]
-    bulk.rows_insert(
-        Cell,
-        answers,
-        fields=CELL_FIELDS,
-        unique=["shape", "device_type", "toolchain"],
-        update=[
-            f for f in CELL_FIELDS if f not in ("shape", "device_type", "toolchain")
-        ],
-    )
-    bulk.rows_insert(
-        Cell, infra, fields=CELL_FIELDS, unique=["shape", "device_type", "toolchain"]
-    )
 
-
-def _check(envelope, runners: dict) -> tuple[Runner, dict, dict]:
-    """Identity and shape checks that need no lock."""
-    runner = envelope_runner(envelope, runners)
-    payload = payload_verify(
-        envelope, runner, kind="result", max_age_s=RESULT_MAX_AGE_S
-    )
+def _check(envelope, runners: dict) -> tuple[Runner, dict, dict] | Outcome:
+    """Identity, signature and shape checks that need no lock: what the
+    envelope says, or the Outcome refusing it."""
+    try:
+        runner = envelope_runner(envelope, runners)
+        payload = payload_verify(
+            envelope, runner, kind="result", max_age_s=RESULT_MAX_AGE_S
+        )
+    except PermissionDenied as exc:
+        return Outcome("refused", reason=str(exc), code=403)
+    except ValidationError as exc:
+        return Outcome("refused", reason="; ".join(exc.messages), code=400)
     job_id, attempt, raw = (
         payload.get("job"),
         payload.get("attempt"),
@@ -200,10 +191,68 @@ def _check(envelope, runners: dict) -> tuple[Runner, dict, dict]:
         or not isinstance(attempt, int)
         or not isinstance(raw, dict)
     ):
-        raise ValidationError(
-            "a result payload needs integer job and attempt and a result object"
+        return Outcome(
+            "refused",
+            reason="a result payload needs integer job and attempt and a result object",
+            code=400,
         )
     return runner, payload, raw
+
+
+def _checks(envelopes: list, runners: dict) -> list:
+    """``_check`` of every envelope, in order. Ed25519 verification releases
+    the GIL and is most of a batch's time, so a large batch is verified in a
+    few contiguous slices side by side (a future per envelope cost more to
+    hand out than a verification)."""
+
+    def check_all(part: list) -> list:
+        return [_check(envelope, runners) for envelope in part]
+
+    if len(envelopes) < VERIFY_PARALLEL_FROM:
+        return check_all(envelopes)
+    size = -(-len(envelopes) // VERIFY_THREADS)
+    parts = [envelopes[i : i + size] for i in range(0, len(envelopes), size)]
+    with ThreadPoolExecutor(len(parts)) as pool:
+        return [verdict for part in pool.map(check_all, parts) for verdict in part]
+
+
+def _store(accepted: list[tuple[Result, Runner, dict]]) -> None:
+    """Write the accepted results, their receipts, their jobs' new states
+    and their cells."""
+    now = timezone.now()
+    results = [result for result, _, _ in accepted]
+    for result in results:
+        result.created_at = now
+    bulk.rows_insert(Result, results, fields=RESULT_FIELDS)
+    bulk.columns_insert(
+        Receipt,
+        {
+            "result": [result.pk for result in results],
+            "runner": [runner.pk for _, runner, _ in accepted],
+            "nonce": [envelope["nonce"] for _, _, envelope in accepted],
+            "signature": [envelope["signature"] for _, _, envelope in accepted],
+            "issued_at": [envelope["issued_at"][:40] for _, _, envelope in accepted],
+            "received_at": [now] * len(accepted),
+        },
+    )
+    # One UPDATE per outcome: bulk_update's CASE per row cost more than the
+    # rest of the batch.
+    for state, ids in (
+        (JobState.DONE, {r.job_id for r in results if r.status != Status.INFRA_ERROR}),
+        (
+            JobState.FAILED,
+            {r.job_id for r in results if r.status == Status.INFRA_ERROR},
+        ),
+    ):
+        if ids:
+            ValidationJob.objects.filter(pk__any=ids).update(
+                state=state, finished_at=now
+            )
+    _cells_upsert(results, now)
+    # The gate re-evaluates as results arrive, in the same transaction.
+    from matrix.gate.services import proposals_reevaluate_for_results
+
+    proposals_reevaluate_for_results(results=results)
 
 
 def results_ingest(*, envelopes: list) -> list[Outcome]:
@@ -212,60 +261,42 @@ def results_ingest(*, envelopes: list) -> list[Outcome]:
     written together with their cells in one transaction."""
     if not isinstance(envelopes, list):
         raise ValidationError("expected a list of result envelopes")
-    outcomes: list[Outcome | None] = [None] * len(envelopes)
     names = {
         e.get("signer")
         for e in envelopes
         if isinstance(e, dict) and isinstance(e.get("signer"), str)
     }
     runners = {r.name: r for r in Runner.objects.filter(name__in=names)}
-
-    def check(envelope):
-        try:
-            return _check(envelope, runners)
-        except PermissionDenied as exc:
-            return Outcome("refused", reason=str(exc), code=403)
-        except ValidationError as exc:
-            return Outcome("refused", reason="; ".join(exc.messages), code=400)
-
-    # Ed25519 verification releases the GIL and was most of a batch's time:
-    # large batches verify on a few threads.
-    if len(envelopes) >= VERIFY_PARALLEL_FROM:
-        with ThreadPoolExecutor(VERIFY_THREADS) as pool:
-            verdicts = list(pool.map(check, envelopes, chunksize=64))
-    else:
-        verdicts = [check(envelope) for envelope in envelopes]
-    checked = {}
-    for i, verdict in enumerate(verdicts):
-        if isinstance(verdict, Outcome):
-            outcomes[i] = verdict
-        else:
-            checked[i] = verdict
+    outcomes = _checks(envelopes, runners)
+    checked = {i: v for i, v in enumerate(outcomes) if not isinstance(v, Outcome)}
 
     with transaction.atomic():
-        nonces = {envelopes[i]["nonce"] for i in checked}
-        seen = dict(
-            Receipt.objects.filter(nonce__in=nonces).values_list("nonce", "result_id")
+        used = set(
+            Receipt.objects.filter(
+                nonce__any={envelopes[i]["nonce"] for i in checked}
+            ).values_list("nonce", flat=True)
         )
         # Rows, not model instances: building thousands of instances cost
-        # more than the query.
+        # more than the query. Locked in id order, so two workers locking
+        # overlapping batches queue behind each other instead of deadlocking.
         jobs = {
-            row["pk"]: SimpleNamespace(**row)
+            row[0]: SimpleNamespace(**dict(zip(JOB_ROW, row, strict=True)))
             for row in ValidationJob.objects.select_for_update()
-            .filter(pk__in={p["job"] for _, p, _ in checked.values()})
-            .values(*JOB_ROW)
+            .filter(pk__any={p["job"] for _, p, _ in checked.values()})
+            .order_by("pk")
+            .values_list(*JOB_ROW)
         }
         stored = {
             (r.job_id, r.attempt): r
-            for r in Result.objects.filter(job_id__in=jobs).only(
+            for r in Result.objects.filter(job__pk__any=jobs.keys()).only(
                 "id", "job_id", "attempt"
             )
         }
-        new_results, receipts, finished, batch_nonces = [], [], [], set()
+        accepted = []
         for i, (runner, payload, raw) in checked.items():
             envelope, job = envelopes[i], jobs.get(payload["job"])
             key = (payload["job"], payload["attempt"])
-            if envelope["nonce"] in seen or envelope["nonce"] in batch_nonces:
+            if envelope["nonce"] in used:
                 outcomes[i] = Outcome(
                     "refused",
                     reason="replayed envelope: this nonce was already used",
@@ -298,60 +329,12 @@ def results_ingest(*, envelopes: list) -> list[Outcome]:
                         "refused", reason="; ".join(exc.messages), code=400
                     )
                     continue
-                new_results.append(result)
                 stored[key] = result
-                batch_nonces.add(envelope["nonce"])
-                receipts.append((result, runner, envelope))
-                finished.append((job, result))
+                used.add(envelope["nonce"])
+                accepted.append((result, runner, envelope))
                 outcomes[i] = Outcome("stored", result=result)
-        if new_results:
-            now = timezone.now()
-            for result in new_results:
-                result.created_at = now
-            bulk.rows_insert(Result, new_results, fields=RESULT_FIELDS)
-            bulk.rows_insert(
-                Receipt,
-                [
-                    Receipt(
-                        result=result,
-                        runner=runner,
-                        nonce=envelope["nonce"],
-                        signature=envelope["signature"],
-                        issued_at=envelope["issued_at"][:40],
-                        received_at=now,
-                    )
-                    for result, runner, envelope in receipts
-                ],
-                fields=[
-                    "result",
-                    "runner",
-                    "nonce",
-                    "signature",
-                    "issued_at",
-                    "received_at",
-                ],
-            )
-            # One UPDATE per outcome: bulk_update's CASE per row cost more
-            # than the rest of the batch.
-            for state, ids in (
-                (
-                    JobState.DONE,
-                    [j.pk for j, r in finished if r.status != Status.INFRA_ERROR],
-                ),
-                (
-                    JobState.FAILED,
-                    [j.pk for j, r in finished if r.status == Status.INFRA_ERROR],
-                ),
-            ):
-                if ids:
-                    ValidationJob.objects.filter(pk__in=ids).update(
-                        state=state, finished_at=now
-                    )
-            _cells_upsert(new_results)
-            # The gate re-evaluates as results arrive, in the same transaction.
-            from matrix.gate.services import proposals_reevaluate_for_results
-
-            proposals_reevaluate_for_results(results=new_results)
+        if accepted:
+            _store(accepted)
     return outcomes
 
 

@@ -6,8 +6,22 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from django.core.exceptions import PermissionDenied, ValidationError
 
-from matrix.models import Cell, JobState, Result, Status
+from matrix.models import (
+    Cell,
+    DeviceType,
+    JobState,
+    Result,
+    Shape,
+    Status,
+    Toolchain,
+    ValidationJob,
+)
+from matrix.services import shape_import
 from runners import services
+from runners.models import Receipt
+from runners.services import ingest
+
+from .conftest import RunnerHand
 
 
 def test_a_result_is_stored_with_its_receipt_and_the_cell_points_at_it(
@@ -135,3 +149,117 @@ def test_a_batch_stores_the_good_results_and_names_each_refusal(
     assert outcomes[1].code == 403 and outcomes[2].code == 400
     assert Cell.objects.count() == 2
     assert sweep.progress()["done"] == 2
+
+
+def _claimed_jobs(cpu_runner, count):
+    """``count`` jobs on the CPU cells, claimed by the CPU runner."""
+    shape_import(
+        rows=[
+            ("elementwise_add", {"M": m, "N": 8}, "float32", 0.0)
+            for m in range(1, count + 1)
+        ],
+        source_profile="ingest-batch",
+        served=False,
+    )
+    cpu = DeviceType.objects.get(backend="c")
+    toolchain = Toolchain.objects.get(name="tilelang-0.1.15-cpu")
+    shapes = Shape.objects.filter(source_profile="ingest-batch").order_by("pk")
+    sweep = services.sweep_plan(cells=[(s, cpu, toolchain) for s in shapes])
+    jobs = list(sweep.jobs.order_by("pk"))
+    for job in jobs:
+        assert services.job_claim(job_id=job.pk, attempt=1, runner=cpu_runner.runner)
+    return sweep, jobs
+
+
+def test_a_mixed_batch_stores_exactly_the_good_envelopes(cpu_runner, register):
+    sweep, jobs = _claimed_jobs(cpu_runner, 8)
+    earlier = cpu_runner.result(jobs[0], status="pass")
+    services.result_ingest(envelope=earlier)
+    intruder = register(name="cpu-2")
+    altered = cpu_runner.result(jobs[3], status="compile_error")
+    altered["payload"]["result"]["status"] = "pass"
+    forger = RunnerHand(cpu_runner.runner, Ed25519PrivateKey.generate())
+    twice = cpu_runner.result(jobs[1], status="mismatch")
+    stale = cpu_runner.result(jobs[6])
+    services.jobs_requeue(jobs=[jobs[6]], reason="test")
+    assert services.job_claim(job_id=jobs[6].pk, attempt=2, runner=cpu_runner.runner)
+    batch = [
+        earlier,  # replayed: stored before
+        twice,  # good
+        twice,  # the same envelope again in the batch: replayed
+        cpu_runner.result(jobs[1]),  # another copy of a stored attempt
+        altered,
+        forger.result(jobs[4]),
+        intruder.result(jobs[5]),
+        stale,  # its attempt was superseded
+        cpu_runner.result(jobs[7], status="infra_error"),  # good
+        cpu_runner.result(jobs[2], status="pass"),  # good
+    ]
+    outcomes = services.results_ingest(envelopes=batch)
+    assert [(o.status, o.code) for o in outcomes] == [
+        ("refused", 409),
+        ("stored", 200),
+        ("refused", 409),
+        ("duplicate", 200),
+        ("refused", 403),
+        ("refused", 403),
+        ("refused", 403),
+        ("refused", 409),
+        ("stored", 200),
+        ("stored", 200),
+    ]
+    assert "replayed" in outcomes[0].reason and "replayed" in outcomes[2].reason
+    assert "bad signature" in outcomes[4].reason
+    assert "bad signature" in outcomes[5].reason
+    assert "not assigned" in outcomes[6].reason
+    assert "no longer running" in outcomes[7].reason
+    assert outcomes[3].result.pk == outcomes[1].result.pk
+    stored = {(r.job_id, r.status) for r in Result.objects.all()}
+    assert stored == {
+        (jobs[0].pk, Status.PASS),
+        (jobs[1].pk, Status.MISMATCH),
+        (jobs[7].pk, Status.INFRA_ERROR),
+        (jobs[2].pk, Status.PASS),
+    }
+    receipts = dict(Receipt.objects.values_list("result__job_id", "signature"))
+    assert receipts[jobs[1].pk] == twice["signature"]
+    assert receipts[jobs[2].pk] == batch[9]["signature"]
+    states = dict(ValidationJob.objects.values_list("pk", "state"))
+    assert [states[j.pk] for j in jobs] == [
+        JobState.DONE,
+        JobState.DONE,
+        JobState.DONE,
+        JobState.RUNNING,
+        JobState.RUNNING,
+        JobState.RUNNING,
+        JobState.RUNNING,
+        JobState.FAILED,
+    ]
+    cells = dict(Cell.objects.values_list("shape_id", "status"))
+    assert cells == {
+        jobs[0].shape_id: Status.PASS,
+        jobs[1].shape_id: Status.MISMATCH,
+        jobs[2].shape_id: Status.PASS,
+        jobs[7].shape_id: Status.INFRA_ERROR,
+    }
+    progress = sweep.progress()
+    assert (progress["done"], progress["failed"]) == (3, 1)
+
+
+def test_a_large_batch_keeps_each_outcome_in_its_place(cpu_runner):
+    _, jobs = _claimed_jobs(cpu_runner, ingest.VERIFY_PARALLEL_FROM * 2 + 3)
+    forger = RunnerHand(cpu_runner.runner, Ed25519PrivateKey.generate())
+    forged = {0, 5, 64, len(jobs) - 1}
+    batch = [
+        (forger if i in forged else cpu_runner).result(job, status="pass")
+        for i, job in enumerate(jobs)
+    ]
+    outcomes = services.results_ingest(envelopes=batch)
+    assert [o.status == "refused" for o in outcomes] == [
+        i in forged for i in range(len(jobs))
+    ]
+    assert {o.result.job_id for o in outcomes if o.result} == {
+        job.pk for i, job in enumerate(jobs) if i not in forged
+    }
+    assert Receipt.objects.count() == len(jobs) - len(forged)
+    assert Cell.objects.filter(status=Status.PASS).count() == len(jobs) - len(forged)
