@@ -1,11 +1,15 @@
 """The matrix page under load: wrk with 50 connections against gunicorn on
 loopback, over the database bench/matrix_page.py filled (run that first).
 
-Requests carry the session of a user with the viewer role. Prints
-p50/p95/p99, requests per second and errors, and writes
-bench/out/matrix_load.json. Target: p95 ≤ 300 ms, no errors.
+Requests carry the session of a user with the viewer role; sessions are
+read from a Redis cache as in a deployment (TILEMATRIX_SESSION_CACHE_URL,
+default redis://127.0.0.1:6379/13; set it empty for database sessions).
+gunicorn runs as docs/deploy.md advises for this host: sync workers, one
+more than the cores. Prints p50/p95/p99, requests per second and errors,
+and writes bench/out/matrix_load.json. Target: p95 ≤ 300 ms, no errors.
 
-    .venv/bin/python bench/matrix_load.py [--connections 50] [--duration 20]
+    .venv/bin/python bench/matrix_load.py [--anonymous] [--connections 50]
+        [--duration 20] [--workers N]
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_URL = "postgres://postgres@127.0.0.1:5432/tilematrix_bench"
+DEFAULT_SESSION_CACHE = "redis://127.0.0.1:6379/13"
 # wrk prints no p95 by itself; its Lua hook can.
 REPORT_LUA = """
 done = function(summary, latency, requests)
@@ -78,7 +83,12 @@ def main() -> None:
     parser.add_argument("--connections", type=int, default=50)
     parser.add_argument("--threads", type=int, default=2, help="wrk threads")
     parser.add_argument("--duration", type=int, default=20, help="seconds")
-    parser.add_argument("--workers", type=int, default=2, help="gunicorn workers")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=(os.cpu_count() or 1) + 1,
+        help="gunicorn sync workers (default: cores + 1)",
+    )
     parser.add_argument("--path", default="/")
     parser.add_argument(
         "--anonymous",
@@ -91,6 +101,8 @@ def main() -> None:
     )
     args = parser.parse_args()
 
+    os.environ.setdefault("TILEMATRIX_SESSION_CACHE_URL", DEFAULT_SESSION_CACHE)
+    load_at_start = os.getloadavg()
     cookie = ""
     if not args.anonymous:
         cookie = viewer_session_cookie(os.environ.get("DATABASE_URL") or DEFAULT_URL)
@@ -164,8 +176,10 @@ def main() -> None:
         "signed_in": not args.anonymous,
         "connections": args.connections,
         "gunicorn_workers": args.workers,
+        "session_cache": os.environ.get("TILEMATRIX_SESSION_CACHE_URL") or None,
         "page_bytes": len(body),
         "cpus": os.cpu_count(),
+        "load_average_at_start": load_at_start,
         "load_average_at_end": os.getloadavg(),
         **result,
         "errors": errors,
@@ -177,7 +191,9 @@ def main() -> None:
     print(
         f"{args.connections} connections, {args.workers} workers: p50 {result['p50_ms']} ms, "
         f"p95 {result['p95_ms']} ms, p99 {result['p99_ms']} ms, "
-        f"{report['requests_per_s']} req/s, {errors} errors"
+        f"{report['requests_per_s']} req/s, {errors} errors; load average "
+        f"{load_at_start[0]:.1f} at start, {report['load_average_at_end'][0]:.1f} "
+        "at end"
     )
     print(f"wrote {args.out}")
 

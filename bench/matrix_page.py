@@ -9,15 +9,19 @@ process:
 
 - ``matrix``: the real home page (reads Cell; its table cached per data
   version, so this is the steady state of repeated views),
-- ``matrix-nocache``: the same page with that cache off, every request
-  aggregating Cell and rendering the table,
+- ``matrix-nocache``: the same page with its caches off, every request
+  reading the catalogue, aggregating Cell and rendering the table: what
+  the first view after each stored result costs, since a result changes
+  the data version (during a sweep, most views),
 - ``matrix+open``: the home page with one operator (400 shape rows)
   expanded: never cached as a page, its catalogue reads cached as always,
 - ``naive``: the same page whose per-cell status comes from a latest-result-
   per-cell GROUP BY over Result, the baseline that Cell exists to avoid.
 
-Requests come from a user with the viewer role, signed in. Prints a table
-and writes bench/out/matrix_page.json.
+Requests come from a user with the viewer role, signed in, with sessions
+in a Redis cache as a deployment has them (TILEMATRIX_SESSION_CACHE_URL,
+default redis://127.0.0.1:6379/13; set it empty for database sessions).
+Prints a table and writes bench/out/matrix_page.json.
 
     .venv/bin/python bench/matrix_page.py [--requests 200] [--sizes 10000 1000000]
 """
@@ -37,6 +41,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_URL = "postgres://postgres@127.0.0.1:5432/tilematrix_bench"
+DEFAULT_SESSION_CACHE = "redis://127.0.0.1:6379/13"
 OPERATORS = {
     "gemm": ["M", "N", "K"],
     "rmsnorm": ["M", "N"],
@@ -81,6 +86,7 @@ def setup_django(url: str) -> None:
     os.environ.setdefault("DJANGO_ALLOWED_HOSTS", "testserver,127.0.0.1,localhost")
     os.environ.setdefault("DJANGO_SECURE_SSL_REDIRECT", "0")
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "matrix.settings")
+    os.environ.setdefault("TILEMATRIX_SESSION_CACHE_URL", DEFAULT_SESSION_CACHE)
     sys.path.insert(0, str(ROOT))
     import django
 
@@ -488,6 +494,7 @@ def main() -> None:
         ),
         "load_average_at_end": os.getloadavg(),
         "database": url.rsplit("@", 1)[-1],
+        "session_cache": os.environ.get("TILEMATRIX_SESSION_CACHE_URL") or None,
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
