@@ -3,6 +3,7 @@ device in turn, so no two validate or time kernels on it at once."""
 
 from __future__ import annotations
 
+import itertools
 import multiprocessing
 import time
 
@@ -34,7 +35,7 @@ def test_children_sharing_a_device_lock_never_hold_it_together(tmp_path):
     for child in children:
         child.join(timeout=30)
     assert all(child.exitcode == 0 for child in children)
-    for (_, first_end), (second_start, _) in zip(turns, turns[1:]):
+    for (_, first_end), (second_start, _) in itertools.pairwise(turns):
         assert second_start >= first_end
 
 
