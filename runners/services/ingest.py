@@ -10,6 +10,7 @@ UPDATE per job outcome and one upsert per kind of cell."""
 from __future__ import annotations
 
 import hashlib
+import math
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -44,15 +45,41 @@ class Outcome:
 def _number(value):
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
-    return float(value) if value == value else None  # NaN is "no value"
+    try:
+        number = float(value)
+    except OverflowError:  # an integer beyond any float: no usable value
+        return None
+    return None if math.isnan(number) else number  # NaN is "no value"
+
+
+def _text(value, cap: int) -> str:
+    """Text a database column can hold: PostgreSQL refuses NUL characters,
+    and one runner message must not fail the batch it came in."""
+    return str(value).replace("\x00", "\ufffd")[:cap]
+
+
+def _json_safe(value):
+    """``value`` with NUL characters replaced and non-finite or out-of-range
+    numbers dropped, so that any JSON a runner signed can be stored."""
+    if isinstance(value, str):
+        return value.replace("\x00", "\ufffd")
+    if isinstance(value, dict):
+        return {_json_safe(str(k)): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_json_safe(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > 2**63:
+        return None
+    return value
 
 
 def _error_fields(raw) -> tuple[str, str]:
     error = raw.get("error") or {}
     if not isinstance(error, dict):
         return "", ""
-    message = str(error.get("message") or "")[:ERROR_MESSAGE_CAP]
-    signature = str(error.get("signature") or "")[:64]
+    message = _text(error.get("message") or "", ERROR_MESSAGE_CAP)
+    signature = _text(error.get("signature") or "", 64)
     if message and not signature:
         signature = hashlib.sha256(message.encode()).hexdigest()[:16]
     return signature, message
@@ -88,7 +115,8 @@ def _result_from(job: SimpleNamespace, attempt: int, raw: dict) -> Result:
     }
     details["fingerprint_components"] = fingerprint.get("components") or {}
     if isinstance(raw.get("error"), dict) and raw["error"].get("pass_name"):
-        details["pass_name"] = str(raw["error"]["pass_name"])[:120]
+        details["pass_name"] = _text(raw["error"]["pass_name"], 120)
+    details = _json_safe(details)
     return Result(
         job_id=job.pk,
         attempt=attempt,
@@ -97,7 +125,7 @@ def _result_from(job: SimpleNamespace, attempt: int, raw: dict) -> Result:
         device_type_id=job.device_type_id,
         toolchain_id=job.toolchain_id,
         status=status,
-        stage_reached=str(raw.get("stage_reached") or "")[:10],
+        stage_reached=_text(raw.get("stage_reached") or "", 10),
         rel_err=_number(metrics.get("rel_err")),
         max_abs_err=_number(metrics.get("max_abs_err")),
         mismatch_ratio=_number(metrics.get("mismatch_ratio")),
@@ -108,7 +136,7 @@ def _result_from(job: SimpleNamespace, attempt: int, raw: dict) -> Result:
         gbps=_number(timings.get("gbps")),
         error_signature=signature,
         error_message=message,
-        fingerprint=str(fingerprint.get("hash") or "")[:64],
+        fingerprint=_text(fingerprint.get("hash") or "", 64),
         details=details,
     )
 

@@ -263,3 +263,29 @@ def test_a_large_batch_keeps_each_outcome_in_its_place(cpu_runner):
     }
     assert Receipt.objects.count() == len(jobs) - len(forged)
     assert Cell.objects.filter(status=Status.PASS).count() == len(jobs) - len(forged)
+
+
+def test_text_and_numbers_no_database_column_holds_cost_only_themselves(cpu_runner):
+    """A NUL character (PostgreSQL refuses it in text and JSON) or an integer
+    beyond any float in one runner's result is made storable; the rest of
+    its batch is stored as it came."""
+    sweep, jobs = _claimed_jobs(cpu_runner, 3)
+    odd = cpu_runner.result(
+        jobs[0],
+        status="compile_error",
+        error={"signature": "ab\x00cd", "message": "failed at \x00 byte"},
+        metrics={"rel_err": 10**400, "max_abs_err": 2.0, "mismatch_ratio": None},
+        kernel_source="int main() {\x00}",
+        tolerance={"reason": "nul \x00 here", "atol": 10**30},
+    )
+    outcomes = services.results_ingest(
+        envelopes=[odd, cpu_runner.result(jobs[1]), cpu_runner.result(jobs[2])]
+    )
+    assert [o.status for o in outcomes] == ["stored"] * 3
+    stored = Result.objects.get(job=jobs[0])
+    assert stored.error_message == "failed at \ufffd byte"
+    assert stored.error_signature == "ab\ufffdcd"
+    assert stored.rel_err is None and stored.max_abs_err == 2.0
+    assert stored.details["kernel_source"] == "int main() {\ufffd}"
+    assert stored.details["tolerance"] == {"reason": "nul \ufffd here", "atol": None}
+    assert sweep.progress()["done"] == 3
