@@ -19,6 +19,7 @@ import argparse
 import io
 import json
 import multiprocessing
+import os
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -36,7 +37,11 @@ def main() -> None:
     )
     parser.add_argument("--batch", type=int, default=1000)
     parser.add_argument(
-        "--workers", type=int, default=1, help="processes ingesting side by side"
+        "--workers",
+        type=int,
+        default=os.cpu_count() or 1,
+        help="processes ingesting side by side, as the control worker's "
+        "(default: one per core)",
     )
     parser.add_argument("--out", default=str(REPO / "var" / "bench" / "ingest.json"))
     args = parser.parse_args()
