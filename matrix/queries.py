@@ -256,20 +256,30 @@ class MatrixSummary:
     total: Tally
 
 
-def cell_groups(filters: MatrixFilters, device_types: list[DeviceType]):
+def revision_operators() -> dict[int, int]:
+    """kernel revision id -> id of its operator, for every revision."""
+    return dict(KernelRevision.objects.values_list("id", "operator_id"))
+
+
+def cell_groups(
+    filters: MatrixFilters,
+    device_types: list[DeviceType],
+    operators_of: dict[int, int] | None = None,
+):
     """(operator id, revision id, device type id, status, count) over the
-    latest result of every cell: one grouped query on Cell. The operator
-    comes through the (small) revision table, so Shape is joined only when
-    a shape filter asks for it."""
+    latest result of every cell: one grouped query on Cell alone. The
+    operator of each revision comes from ``operators_of`` (read again when
+    a revision is missing from it), device types are filtered in SQL only
+    under a backend filter, and Shape is joined only when a shape filter
+    asks for it: without the join and the 50-id filter the aggregate takes
+    about half the time."""
     if filters.toolchain is None or not device_types:
         return []
+    cells = Cell.objects.filter(filters.shape_q("shape__"), toolchain=filters.toolchain)
+    if filters.backend:
+        cells = cells.filter(device_type_id__in=[d.id for d in device_types])
     groups = (
-        Cell.objects.filter(
-            filters.shape_q("shape__"),
-            toolchain=filters.toolchain,
-            device_type_id__in=[d.id for d in device_types],
-        )
-        .values_list("revision__operator_id", "revision_id", "device_type_id", "status")
+        cells.values_list("revision_id", "device_type_id", "status")
         .annotate(n=Count("id"))
         .order_by()
     )
@@ -278,7 +288,10 @@ def cell_groups(filters: MatrixFilters, device_types: list[DeviceType]):
     sql, params = groups.query.sql_with_params()
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
-        return cursor.fetchall()
+        rows = cursor.fetchall()
+    if operators_of is None or any(row[0] not in operators_of for row in rows):
+        operators_of = revision_operators()
+    return [(operators_of[rev], rev, dt, status, n) for rev, dt, status, n in rows]
 
 
 def operator_list(filters: MatrixFilters) -> list[Operator]:
@@ -322,6 +335,10 @@ def matrix_summary(
     if groups is None:
         groups = cell_groups(filters, device_types)
     for op_id, rev_id, dt_id, status, n in groups:
+        # An operator or device type newer than the (briefly cached)
+        # catalogue, or a column the backend filter hides, is not drawn.
+        if op_id not in grid or dt_id not in dt_index:
+            continue
         stale = filters.toolchain_stale or rev_id != revisions.get(op_id)
         grid[op_id][dt_index[dt_id]].add(status, n, stale)
     columns = [Tally() for _ in device_types]

@@ -15,7 +15,7 @@ within ``CATALOGUE_SECONDS``.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from django.conf import settings
 from django.core.cache import cache
@@ -55,6 +55,7 @@ class Catalogue:
     device_types: list[DeviceType]
     revisions: dict[int, int]
     operators: list[Operator]
+    operators_of: dict[int, int] = field(default_factory=dict)
     digest: str = ""
 
     def __post_init__(self) -> None:
@@ -64,6 +65,7 @@ class Catalogue:
             [(d.pk, str(d)) for d in self.device_types],
             sorted(self.revisions.items()),
             [(o.pk, o.name, o.shape_count) for o in self.operators],
+            sorted(self.operators_of.items()),
         )
         self.digest = hashlib.sha256(repr(parts).encode()).hexdigest()
 
@@ -91,6 +93,7 @@ def catalogue_read(params) -> Catalogue:
             list(DeviceType.objects.all()),
             {o.pk: o.current_revision_id for o in operators if o.current_revision_id},
             operators,
+            queries.revision_operators(),
         )
         if seconds:
             if len(_catalogues) >= CATALOGUES_KEPT:
@@ -163,6 +166,8 @@ def matrix_context(
     baseline)."""
     device_types = queries.device_type_list(filters, catalogue.device_types)
     revisions = catalogue.revisions
+    if groups is None:
+        groups = queries.cell_groups(filters, device_types, catalogue.operators_of)
     summary = queries.matrix_summary(
         filters, device_types, revisions, catalogue.operators, groups
     )

@@ -195,3 +195,16 @@ def test_signed_in_pages_still_render_while_the_session_cache_is_down(
     response = client.get(reverse("matrix"))
     assert response.status_code == 200
     assert viewer.username in response.content.decode()
+
+
+def test_cell_groups_name_the_operator_of_a_revision_the_catalogue_lacks(results):
+    from matrix import queries
+    from matrix.models import Cell, DeviceType, Toolchain
+
+    filters = queries.MatrixFilters.from_params({}, list(Toolchain.objects.all()))
+    groups = queries.cell_groups(filters, list(DeviceType.objects.all()), {})
+    cells = Cell.objects.filter(toolchain=filters.toolchain)
+    assert sum(n for *_, n in groups) == cells.count()
+    assert {(op, rev) for op, rev, *_ in groups} == {
+        (c.revision.operator_id, c.revision_id) for c in cells
+    }
