@@ -1,8 +1,11 @@
-"""Runner endpoints under /api/v1/: registration, heartbeats and signed
-result upload (offline bundles). Bad input is a 4xx with the reason, never
-a 5xx."""
+"""Runner endpoints under /api/v1/: registration, heartbeats, signed result
+upload (offline bundles), and the signed requests through which a runner
+worker, which holds no database credentials, claims jobs and recovers after
+a (re)connect. Bad input is a 4xx with the reason, never a 5xx."""
 
 from __future__ import annotations
+
+from typing import Any
 
 from django.core.exceptions import PermissionDenied, ValidationError
 from ninja import Body, Router, Schema, Status
@@ -48,6 +51,31 @@ class HeartbeatReply(Schema):
 class Refusal(Schema):
     index: int
     reason: str
+
+
+class JobKey(Schema):
+    job: int
+    attempt: int
+
+
+class ClaimReply(Schema):
+    claimed: list[JobKey]
+    held: list[JobKey]
+
+
+class RecoverReply(Schema):
+    requeued: int
+    lost: int
+    republished: int
+
+
+class OutboxReply(Schema):
+    running: list[JobKey]
+
+
+class QueuesReply(Schema):
+    name: str
+    queues: list[str]
 
 
 class UploadReply(Schema):
@@ -115,6 +143,59 @@ def heartbeat(request, envelope: Body[dict]):
     return Status(
         200, {"name": runner.name, "state": runner.state, "health": runner.health}
     )
+
+
+SIGNED_REPLIES = {400: Problem, 403: Problem, 409: Problem}
+
+
+def _signed(service, envelope):
+    """Answer a runner's signed request with what ``service`` returns; a
+    refusal is a 4xx with the reason."""
+    if not isinstance(envelope, dict):
+        return Status(400, {"detail": "expected a signed envelope (a JSON object)"})
+    try:
+        return Status(200, service(envelope=envelope))
+    except (PermissionDenied, ValidationError) as exc:
+        return _problem(exc)
+
+
+@router.post("/runners/claim", response={200: ClaimReply, **SIGNED_REPLIES}, auth=None)
+def jobs_claim(request, envelope: Body[Any]):
+    """Claim the jobs of a message (signed request, payload ``{"kind":
+    "claim", "runner", "jobs": [{"job", "attempt"}, ...]}``): each is taken
+    atomically, only from the runner's queues; ``held`` are those it already
+    had."""
+    return _signed(services.jobs_claim, envelope)
+
+
+@router.post(
+    "/runners/recover", response={200: RecoverReply, **SIGNED_REPLIES}, auth=None
+)
+def runner_recover(request, envelope: Body[Any]):
+    """A runner's worker connected to the broker (signed request, payload
+    ``{"kind": "recover", "runner", "restarted": bool}``): after a restart
+    its running jobs get another attempt; queued jobs on its queues are sent
+    again."""
+    return _signed(services.runner_reconnect, envelope)
+
+
+@router.post(
+    "/runners/outbox", response={200: OutboxReply, **SIGNED_REPLIES}, auth=None
+)
+def outbox_pending(request, envelope: Body[Any]):
+    """Which of the runner's kept results are still awaited (signed
+    request, payload ``{"kind": "outbox", "runner", "jobs": [...]}``): the
+    jobs still running for it at that attempt."""
+    return _signed(services.outbox_pending, envelope)
+
+
+@router.post(
+    "/runners/queues", response={200: QueuesReply, **SIGNED_REPLIES}, auth=None
+)
+def runner_queues(request, envelope: Body[Any]):
+    """The queues the runner's worker consumes (signed request, payload
+    ``{"kind": "queues", "runner"}``)."""
+    return _signed(services.runner_queues, envelope)
 
 
 @router.post(

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from matrix.models import fingerprint_of
-from runners import signing
+from runners import client, signing
 from runners.harness.fingerprint import TOOLCHAIN_KEYS
 from runners.harness.sandbox import compile_workers
 
@@ -448,23 +448,53 @@ def results_for(
     ]
 
 
-def jobs_execute(*, envelope, config: HostConfig, timeout_s: float) -> str:
-    """Verify, claim, run and report the jobs of one message; returns what
-    happened, for the log. Raises EnvelopeError for a message to drop."""
-    from runners.models import Runner
-    from runners.services import job_claim
+CLAIM_TIMEOUT_S = 30
+OUTBOX_TIMEOUT_S = 30
+OUTBOX_SLICE = 500
 
+
+def _job_keys(reply: dict, field: str) -> set[tuple[int, int]]:
+    try:
+        return {(int(k["job"]), int(k["attempt"])) for k in reply[field]}
+    except (KeyError, TypeError, ValueError):
+        raise client.ServerUnavailable(
+            f"the server's reply lacks a list of jobs in {field!r}"
+        ) from None
+
+
+def jobs_claim(*, jobs: list[dict], config: HostConfig, retried: bool) -> list[dict]:
+    """The jobs this runner now holds, claimed over HTTP (one request; each
+    job is claimed atomically on the server, so another delivery of the same
+    message gets none of them). A retried message (an earlier delivery could
+    not get an answer) also takes the jobs the server says it already holds:
+    that earlier claim may have been made and its answer lost. Raises
+    client.ServerUnavailable when the message should be tried again later,
+    client.ServerRefused when the server refuses the claim."""
+    reply = client.signed_request(
+        config,
+        "claim",
+        timeout=CLAIM_TIMEOUT_S,
+        jobs=[{"job": j["job"], "attempt": j["attempt"]} for j in jobs],
+    )
+    taken = _job_keys(reply, "claimed")
+    if retried:
+        taken |= _job_keys(reply, "held")
+    return [j for j in jobs if (j["job"], j["attempt"]) in taken]
+
+
+def jobs_execute(
+    *, envelope, config: HostConfig, timeout_s: float, retried: bool = False
+) -> str:
+    """Verify, claim, run and report the jobs of one message; returns what
+    happened, for the log. Raises EnvelopeError for a message to drop,
+    client.ServerRefused when the server refuses the claim (drop it too) and
+    client.ServerUnavailable when the server cannot answer the claim now (the
+    message is to be tried again)."""
     jobs = jobs_verify(envelope=envelope, config=config)
     hosted = [j for j in jobs if python_for(config, j["toolchain"])]
     if not hosted:
         return f"jobs {[j['job'] for j in jobs]}: toolchain not hosted here"
-    runner = Runner.objects.get(name=config.name)
-    # Claimed one by one: another delivery may hold some of them.
-    mine = [
-        j
-        for j in hosted
-        if job_claim(job_id=j["job"], attempt=j["attempt"], runner=runner)
-    ]
+    mine = jobs_claim(jobs=hosted, config=config, retried=retried)
     if not mine:
         return f"jobs {[j['job'] for j in jobs]}: already taken or superseded"
     signed = results_for(jobs=mine, config=config, timeout_s=timeout_s)
@@ -482,21 +512,26 @@ def jobs_execute(*, envelope, config: HostConfig, timeout_s: float) -> str:
 
 def outbox_flush(*, config: HostConfig) -> int:
     """Send again the results of jobs still running for this runner at the
-    same attempt; forget the rest. Returns how many were sent."""
-    from matrix.models import JobState, ValidationJob
-
+    same attempt (the server says which); forget the rest. Returns how many
+    were sent. Raises client.ServerUnavailable or ServerRefused when the
+    server cannot say; the outbox is then left as it is."""
     entries = {}
     for path in outbox_dir(config).glob("*.json"):
         job_id, _, attempt = path.stem.partition("-")
         if job_id.isdigit() and attempt.isdigit():
             entries[int(job_id), int(attempt)] = path
-    waiting = set(
-        ValidationJob.objects.filter(
-            pk__in={j for j, _ in entries},
-            state=JobState.RUNNING,
-            runner__name=config.name,
-        ).values_list("pk", "attempt")
-    )
+    keys = sorted(entries)
+    waiting: set[tuple[int, int]] = set()
+    for start in range(0, len(keys), OUTBOX_SLICE):
+        reply = client.signed_request(
+            config,
+            "outbox",
+            timeout=OUTBOX_TIMEOUT_S,
+            jobs=[
+                {"job": j, "attempt": a} for j, a in keys[start : start + OUTBOX_SLICE]
+            ],
+        )
+        waiting |= _job_keys(reply, "running")
     resend = []
     for key, path in entries.items():
         if key in waiting:

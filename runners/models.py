@@ -210,3 +210,16 @@ class Receipt(models.Model):
 
     def __str__(self) -> str:
         return f"receipt {self.nonce[:8]} from {self.runner_id}"
+
+
+class SpentNonce(models.Model):
+    """The nonce of a signed request a runner made over HTTP (claim, recover,
+    outbox, queues): each is accepted once. Kept while an envelope with that
+    nonce could still pass the freshness check, then pruned."""
+
+    nonce = models.CharField(max_length=64, unique=True)
+    runner = models.ForeignKey(Runner, on_delete=models.CASCADE, related_name="+")
+    issued_at = models.DateTimeField(db_index=True)
+
+    def __str__(self) -> str:
+        return f"nonce {self.nonce[:8]} from {self.runner_id}"

@@ -172,6 +172,8 @@ def envelope_verify(
             raise EnvelopeError(
                 "malformed envelope: issued_at is not ISO 8601"
             ) from None
+        if issued.tzinfo is None:
+            raise EnvelopeError("malformed envelope: issued_at has no time zone")
         age = (datetime.now(UTC) - issued).total_seconds()
         if age > max_age_s:
             raise EnvelopeError(

@@ -4,7 +4,8 @@
 ``Runner.queues()``); ``runners.ingest_result``, ``runners.heartbeat`` and
 ``runners.reap`` run on the control worker (queue ``control``). A message
 that cannot be trusted or understood is dropped with a log line: raising
-would only make the broker deliver it again.
+would only make the broker deliver it again. A job message whose claim the
+server cannot answer (unreachable, timeout, 5xx) is retried.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from celery import shared_task
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import DatabaseError
 
-from runners import host, services, signing
+from runners import client, host, services, signing
 
 log = logging.getLogger(__name__)
 
@@ -29,8 +30,22 @@ ROUTES = {
 }
 
 
-@shared_task(name="runners.execute_job", acks_late=True)
-def execute_job(envelope):
+# While the server cannot answer a claim, the message is sent again to its
+# queue with a growing delay (up to a minute) for about two hours; after that
+# the job stays queued and the runner's next broker (re)connect republishes it.
+CLAIM_RETRIES = 120
+
+
+@shared_task(
+    name="runners.execute_job",
+    bind=True,
+    acks_late=True,
+    autoretry_for=(client.ServerUnavailable,),
+    retry_backoff=2,
+    retry_backoff_max=60,
+    max_retries=CLAIM_RETRIES,
+)
+def execute_job(self, envelope):
     try:
         config = host.HostConfig.load(host.runner_dir())
     except host.HostError as exc:
@@ -43,10 +58,22 @@ def execute_job(envelope):
             # Inside the message's soft limit, so the harness reports a
             # timeout itself.
             timeout_s=services.job_budget_s(),
+            retried=bool(self.request.retries),
         )
     except signing.EnvelopeError as exc:
         log.warning("dropped job message: %s", exc)
         return
+    except client.ServerRefused as exc:
+        log.warning("dropped job message: claim %s", exc)
+        return
+    except client.ServerUnavailable as exc:
+        log.warning(
+            "claim not answered, message to be retried (retry %s of %s): %s",
+            self.request.retries + 1,
+            CLAIM_RETRIES,
+            exc,
+        )
+        raise
     log.info("%s", outcome)
 
 

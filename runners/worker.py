@@ -1,5 +1,6 @@
 """What makes a Celery worker a runner host: a consumer step that, each
-time the worker connects to the broker, recovers lost work and then sends
+time the worker connects to the broker, has the server recover lost work
+(over HTTP: a runner worker holds no database credentials) and then sends
 signed heartbeats on the worker's own timer, so heartbeats stop exactly when
 the worker does."""
 
@@ -10,10 +11,14 @@ import os
 import time
 
 from celery import bootsteps
+from celery.worker import state as worker_state
 
-from runners import host, services
+from runners import client, host, services
 
 log = logging.getLogger(__name__)
+
+RECOVER_TIMEOUT_S = 120
+RECOVER_RETRY_MAX_S = 30
 
 
 class RunnerHost(bootsteps.StartStopStep):
@@ -26,24 +31,52 @@ class RunnerHost(bootsteps.StartStopStep):
         super().__init__(parent, **kwargs)
 
     def start(self, parent):
-        from runners.models import Runner
-
         config = host.HostConfig.load(host.runner_dir())
-        runner = Runner.objects.get(name=config.name)
-        if not self.connected_before:
-            counts = services.runner_recover(runner=runner)
-        else:
-            # Running jobs survive a broker reconnect; only messages may be gone.
-            counts = {
-                "republished": services.queued_republish(runner=runner),
-                "results resent": host.outbox_flush(config=config),
-            }
+        # Before the worker takes a message: on a restart the server must give
+        # what this runner was running another attempt first, or it would
+        # take back jobs the new worker has just claimed.
+        counts = self.recover(config, restarted=not self.connected_before)
+        if counts is None:
+            return  # the worker is shutting down
         self.connected_before = True
         log.info("runner %s connected: %s", config.name, counts)
         self.beat(config)
         self.timer_ref = parent.timer.call_repeatedly(
             services.heartbeat_interval_s(), self.beat, (config,), priority=10
         )
+
+    def recover(self, config: host.HostConfig, *, restarted: bool) -> dict | None:
+        """Ask the server, over HTTP, to recover what a (re)connect may have
+        lost: after a restart nothing this runner was running survives; after
+        a broker reconnect running jobs survive, only messages may be gone,
+        and results not yet seen stored are sent again. Tried until the
+        server answers (a runner that cannot reach it could claim nothing);
+        None when the worker is asked to stop meanwhile."""
+        delay = 1.0
+        while True:
+            try:
+                counts = client.signed_request(
+                    config, "recover", timeout=RECOVER_TIMEOUT_S, restarted=restarted
+                )
+                if not restarted:
+                    counts["results resent"] = host.outbox_flush(config=config)
+                return counts
+            except (client.ServerUnavailable, client.ServerRefused) as exc:
+                log.warning(
+                    "runner %s cannot recover through %s (trying again in %.0f s): %s",
+                    config.name,
+                    config.server,
+                    delay,
+                    exc,
+                )
+            deadline = time.monotonic() + delay
+            while time.monotonic() < deadline:
+                if worker_state.should_stop is not None or (
+                    worker_state.should_terminate is not None
+                ):
+                    return None
+                time.sleep(0.2)
+            delay = min(delay * 2, RECOVER_RETRY_MAX_S)
 
     def stop(self, parent):
         if self.timer_ref is not None:

@@ -81,3 +81,32 @@ def chromium():
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         yield browser
         browser.close()
+
+
+@pytest.fixture
+def server_http(monkeypatch):
+    """The runner's HTTP client answered in process: a request to
+    http://testserver goes through this test's URLconf and views (Django's
+    test client) instead of a socket; other URLs go out as they would.
+    Returns the (url, body) posted to http://testserver."""
+    import json
+
+    from django.test import Client
+
+    from runners import client
+
+    browser, posted, real = Client(), [], client.post_json
+
+    def post_json(url, body, timeout=60):
+        if not url.startswith("http://testserver/"):
+            return real(url, body, timeout)
+        posted.append((url, body))
+        response = browser.post(
+            url.removeprefix("http://testserver"),
+            data=json.dumps(body),
+            content_type="application/json",
+        )
+        return response.status_code, response.json()
+
+    monkeypatch.setattr(client, "post_json", post_json)
+    return posted

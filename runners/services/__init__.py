@@ -11,7 +11,11 @@ modules behind them are an arrangement, not an interface.
 
 from __future__ import annotations
 
-from runners.services.envelopes import heartbeat_envelope, result_envelope
+from runners.services.envelopes import (
+    heartbeat_envelope,
+    request_envelope,
+    result_envelope,
+)
 from runners.services.errors import Conflict
 from runners.services.ingest import result_ingest, results_ingest
 from runners.services.liveness import (
@@ -38,6 +42,12 @@ from runners.services.registration import (
     runner_revoke,
     token_create,
 )
+from runners.services.requests import (
+    jobs_claim,
+    outbox_pending,
+    runner_queues,
+    runner_reconnect,
+)
 
 __all__ = [
     "Conflict",
@@ -48,16 +58,21 @@ __all__ = [
     "job_budget_s",
     "job_chunks",
     "job_claim",
+    "jobs_claim",
     "job_payload",
     "jobs_envelope",
     "jobs_publish",
     "jobs_requeue",
+    "outbox_pending",
     "queued_republish",
+    "request_envelope",
     "result_envelope",
     "result_ingest",
     "results_ingest",
     "runner_heartbeat",
+    "runner_queues",
     "runner_reap",
+    "runner_reconnect",
     "runner_recover",
     "runner_register",
     "runner_revoke",

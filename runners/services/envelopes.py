@@ -12,6 +12,11 @@ from runners.models import Runner
 # result may be weeks old when it arrives; its nonce still makes it single-use.
 RESULT_MAX_AGE_S = 90 * 24 * 3600
 HEARTBEAT_MAX_AGE_S = 300
+# Requests a runner makes over HTTP (claim, recover, outbox, queues) are
+# answered at once: a few minutes cover clock skew, and their nonces are
+# remembered for that long (SpentNonce), so each is accepted once.
+REQUEST_MAX_AGE_S = 300
+REQUEST_KINDS = ("claim", "recover", "outbox", "queues")
 
 
 def envelope_runner(envelope, runners: dict | None = None) -> Runner:
@@ -74,6 +79,17 @@ def heartbeat_envelope(*, runner_name: str, sequence: int, state: str, key) -> d
             "sequence": sequence,
             "state": state,
         },
+        signer=runner_name,
+        key=key,
+    )
+
+
+def request_envelope(*, kind: str, runner_name: str, key, **fields) -> dict:
+    """A runner signs a request to the server's HTTP API."""
+    if kind not in REQUEST_KINDS:
+        raise ValueError(f"unknown request kind {kind!r}")
+    return signing.envelope_sign(
+        payload={"kind": kind, "runner": runner_name, **fields},
         signer=runner_name,
         key=key,
     )

@@ -56,15 +56,21 @@ def runner_heartbeat(*, envelope) -> Runner:
     return runner
 
 
-def job_claim(*, job_id: int, attempt: int, runner: Runner) -> bool:
+def job_claim(
+    *, job_id: int, attempt: int, runner: Runner, queues: list[str] | None = None
+) -> bool:
     """Take a queued job for this runner; False when another delivery, another
-    runner or a newer attempt has it, or the runner may not take work."""
+    runner or a newer attempt has it, or the runner may not take work.
+    ``queues``: only a job routed to one of these (the runner's own)."""
     if runner.revoked_at is not None or runner.health != Runner.Health.ACTIVE:
         return False
+    jobs = ValidationJob.objects.filter(
+        pk=job_id, attempt=attempt, state=JobState.QUEUED
+    )
+    if queues is not None:
+        jobs = jobs.filter(queue__in=queues)
     return bool(
-        ValidationJob.objects.filter(
-            pk=job_id, attempt=attempt, state=JobState.QUEUED
-        ).update(state=JobState.RUNNING, runner=runner, started_at=timezone.now())
+        jobs.update(state=JobState.RUNNING, runner=runner, started_at=timezone.now())
     )
 
 

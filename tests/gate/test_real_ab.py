@@ -6,7 +6,8 @@ toolchains, the proposal planning jobs through the sweep planner, jobs signed
 by the server in messages, executed by ``runners.host.jobs_execute`` in the
 sandboxed harness with each toolchain's interpreter, results signed by the
 runner and stored by ``runners.services.results_ingest``. Only the broker
-hops are replaced by direct calls."""
+hops are replaced by direct calls, and the runner's HTTP requests (claims)
+are answered in process."""
 
 from __future__ import annotations
 
@@ -57,7 +58,7 @@ REPEATS = 3
 
 
 @pytest.fixture
-def runner(db, tmp_path, monkeypatch):
+def runner(db, tmp_path, monkeypatch, server_http):
     python_0113 = TOOLCHAIN_0113 / "bin" / "python"
     assert python_0113.exists(), (
         f"no TileLang 0.1.13 toolchain: run scripts/make-toolchain-venv 0.1.13 "

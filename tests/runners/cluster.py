@@ -2,7 +2,9 @@
 own database (a SQLite file, or a fresh PostgreSQL database when
 DATABASE_URL names a server), its own broker (a filesystem folder, or a Redis
 database index), the web server, the control worker with beat, and runner
-workers started with `manage.py runner work`.
+workers started with `manage.py runner work`. Runner hosts hold no database
+credentials: their processes (register, work) get a DATABASE_URL that fails
+at the first query, so any database access on the runner side fails loudly.
 
 The test process never touches this database through the ORM (pytest-django
 keeps its own); it drives the deployment with management commands and reads
@@ -30,6 +32,9 @@ REPO = Path(__file__).resolve().parents[2]
 PY = sys.executable
 # Away from the index CI uses; deployments also prefix their keys.
 E2E_REDIS_DB = 11
+# Nothing listens on port 1: a connection is refused at once.
+NO_DATABASE = "postgres://nobody@127.0.0.1:1/none"
+RUNNER_ENV = {"DATABASE_URL": NO_DATABASE}
 
 
 def free_port() -> int:
@@ -126,12 +131,12 @@ class Cluster:
             conn.execute(sql)
 
     def manage(
-        self, *args, check=True, timeout=300, prefix: tuple = ()
+        self, *args, check=True, timeout=300, prefix: tuple = (), env=None
     ) -> subprocess.CompletedProcess:
         done = subprocess.run(
             [*prefix, PY, "manage.py", *args],
             cwd=REPO,
-            env=self.env,
+            env={**self.env, **(env or {})},
             capture_output=True,
             text=True,
             timeout=timeout,
@@ -255,6 +260,7 @@ class Cluster:
             "--key-dir",
             str(self.key_dir(runner)),
             prefix=prefix,
+            env=RUNNER_ENV,
         )
         return done.stdout
 
@@ -271,7 +277,7 @@ class Cluster:
                 "--key-dir",
                 str(self.key_dir(runner)),
             ],
-            env=env,
+            env={**RUNNER_ENV, **env},
         )
 
     def broker_url(self) -> str:

@@ -68,6 +68,11 @@ class RunnerHand:
             runner_name=self.name, sequence=self.sequence, state=state, key=self.key
         )
 
+    def request(self, kind, **fields) -> dict:
+        return services.request_envelope(
+            kind=kind, runner_name=self.name, key=self.key, **fields
+        )
+
     def result(self, job, status="lowered", **fields) -> dict:
         result = {
             "status": status,
@@ -140,9 +145,10 @@ def running_job(cpu_runner, cpu_cells):
 
 
 @pytest.fixture
-def host_dir(cpu_runner, tmp_path, monkeypatch):
+def host_dir(cpu_runner, tmp_path, monkeypatch, server_http):
     """The CPU runner's key directory, as `runner register` leaves it, with
-    the harness replaced by its edge double."""
+    the harness replaced by its edge double; its requests to the server
+    (http://testserver) are answered in process."""
     import sys
 
     from runners import host

@@ -99,6 +99,30 @@ def test_queues_without_registration_explains_what_to_do(catalog, tmp_path):
         run("queues", "--key-dir", str(tmp_path))
 
 
+def test_queues_are_asked_of_the_server(host_dir, cpu_runner, server_http):
+    out = run("queues", "--key-dir", str(host_dir.directory))
+    assert out.strip() == ",".join(cpu_runner.runner.queues())
+    assert [url for url, _ in server_http] == [
+        "http://testserver/api/v1/runners/queues"
+    ]
+
+
+def test_queues_of_a_runner_the_server_forgot_says_register_again(
+    host_dir, server_http
+):
+    Runner.objects.all().delete()
+    with pytest.raises(CommandError, match="does not know runner 'cpu-1'"):
+        run("queues", "--key-dir", str(host_dir.directory))
+
+
+def test_queues_with_the_server_away_says_so(host_dir, monkeypatch):
+
+    host_dir.server = "http://127.0.0.1:9"
+    host_dir.save()
+    with pytest.raises(CommandError, match="cannot reach http://127.0.0.1:9"):
+        run("queues", "--key-dir", str(host_dir.directory))
+
+
 def test_revoke_refuses_the_runner(cpu_runner):
     assert "revoked" in run("revoke", cpu_runner.name)
     assert Runner.objects.get().revoked_at is not None
@@ -108,7 +132,7 @@ def test_revoke_refuses_the_runner(cpu_runner):
 
 @pytest.mark.django_db(transaction=True)
 def test_an_offline_bundle_runs_without_a_broker_and_comes_home(
-    live_server, host_dir, tmp_path
+    live_server, host_dir, tmp_path, server_http, django_db_blocker
 ):
     jobs, results = tmp_path / "jobs.json", tmp_path / "results.json"
     run(
@@ -129,14 +153,16 @@ def test_an_offline_bundle_runs_without_a_broker_and_comes_home(
         services.runner_reap()["requeued"] == 0
     )  # a lab without a network does not heartbeat
 
-    out = run(
-        "execute-bundle",
-        str(jobs),
-        "--out",
-        str(results),
-        "--key-dir",
-        str(host_dir.directory),
-    )
+    with django_db_blocker.block():  # no database, and no server either
+        out = run(
+            "execute-bundle",
+            str(jobs),
+            "--out",
+            str(results),
+            "--key-dir",
+            str(host_dir.directory),
+        )
+    assert not server_http
     assert "signed results" in out
     assert not Result.objects.exists()  # nothing reached the server yet
 

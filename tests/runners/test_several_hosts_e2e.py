@@ -4,10 +4,10 @@ share a sweep, and one is cut off mid-sweep; its jobs move to the other and
 nothing is lost.
 
 The control side (web server, control worker, a Redis of its own listening
-on the virtual network) runs in this namespace. The database is a SQLite
-file: runner workers claim jobs with a conditional UPDATE, and a file is
-reachable from every namespace of one machine without exposing the shared
-PostgreSQL beyond localhost.
+on the virtual network) runs in this namespace, with a SQLite database: the
+runner hosts reach only the broker and the web server (they claim jobs over
+HTTP and hold no database credentials), and the shared PostgreSQL stays on
+localhost.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from .cluster import Cluster, wait_for
+from .cluster import RUNNER_ENV, Cluster, wait_for
 
 CPU_SMOKE = "Shape.objects.filter(source_profile='cpu-smoke')"
 
@@ -73,6 +73,18 @@ def test_register_sweep_and_real_results(cluster, stop_runners):
         "SELECT COUNT(*) FROM matrix_cell WHERE status IN ('pass', 'lowered', 'built')"
     )
     assert cells[0][0] == 4
+    # The runner worker ran with a database URL that cannot connect: it
+    # claimed, recovered and read its queues over HTTP only.
+    assert cluster.procs["runner:cpu-real"].poll() is None
+    assert "OperationalError" not in cluster.log("runner:cpu-real")
+    queues = cluster.manage(
+        "runner",
+        "queues",
+        "--key-dir",
+        str(cluster.key_dir("cpu-real")),
+        env=RUNNER_ENV,
+    )
+    assert queues.stdout.startswith("runner.cpu-real,")
 
 
 @pytest.fixture(scope="module")

@@ -72,6 +72,10 @@ EXPECTED = {
     "api:health": page(get=EVERYONE),
     "api:register": page(post=EVERYONE),
     "api:heartbeat": page(post=EVERYONE),
+    "api:jobs_claim": page(post=EVERYONE),
+    "api:runner_recover": page(post=EVERYONE),
+    "api:outbox_pending": page(post=EVERYONE),
+    "api:runner_queues": page(post=EVERYONE),
     "api:results_upload": page(post=EVERYONE),
     # No manifest is exported in this world: a 404 for everyone.
     "api:manifest": page(get=NOBODY, hidden_from=EVERYONE),

@@ -7,15 +7,14 @@ import json
 import os
 import re
 import sys
-import urllib.error
-import urllib.request
 from datetime import timedelta
 from pathlib import Path
 
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.core.management.base import BaseCommand, CommandError
 
-from runners import host, services, signing
+from runners import client, host, services, signing
+from runners.client import problem
 
 DURATION = re.compile(r"^(\d+)([smhd])$")
 UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
@@ -31,32 +30,11 @@ def duration(text: str) -> timedelta:
 
 
 def post_json(url: str, body: dict, timeout: float = 60) -> tuple[int, dict]:
-    request = urllib.request.Request(
-        url,
-        data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json"},
-        method="POST",
-    )
+    """client.post_json, with an unreachable server as a command error."""
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            return response.status, json.loads(response.read() or b"{}")
-    except urllib.error.HTTPError as exc:
-        try:
-            return exc.code, json.loads(exc.read() or b"{}")
-        except ValueError:
-            return exc.code, {"detail": exc.reason}
-    except (urllib.error.URLError, OSError) as exc:
-        raise CommandError(f"cannot reach {url}: {exc}") from None
-
-
-def problem(reply: dict) -> str:
-    detail = reply.get("detail")
-    if isinstance(detail, list):  # schema errors
-        return "; ".join(
-            f"{'.'.join(str(p) for p in d.get('loc', []))}: {d.get('msg')}"
-            for d in detail
-        )
-    return str(detail or reply)
+        return client.post_json(url, body, timeout=timeout)
+    except client.ServerUnavailable as exc:
+        raise CommandError(str(exc)) from None
 
 
 class Command(BaseCommand):
@@ -214,16 +192,19 @@ class Command(BaseCommand):
             raise CommandError(str(exc)) from None
 
     def _queues(self, config: host.HostConfig) -> list[str]:
-        from runners.models import Runner
-
         # The server's view wins: device types or toolchains may have changed.
-        runner = Runner.objects.filter(name=config.name).first()
-        if runner is None:
-            raise CommandError(
-                f"the server does not know runner {config.name!r} "
-                "(its database was reset?): register again"
-            )
-        return runner.queues()
+        # Asked over HTTP: a runner host holds no database credentials.
+        try:
+            return client.signed_request(config, "queues")["queues"]
+        except client.ServerRefused as exc:
+            if exc.status == 403 and exc.detail.startswith("unknown runner"):
+                raise CommandError(
+                    f"the server does not know runner {config.name!r} "
+                    "(its database was reset?): register again"
+                ) from None
+            raise CommandError(f"queues {exc}") from None
+        except client.ServerUnavailable as exc:
+            raise CommandError(str(exc)) from None
 
     def do_queues(self, *, key_dir, **_):
         self.stdout.write(",".join(self._queues(self._config(key_dir))))
