@@ -17,9 +17,7 @@ from runners.evidence import evidence_import
 from runners.models import Runner
 
 EVIDENCE = sorted(
-    (Path(__file__).resolve().parents[2] / "docs" / "evidence").glob(
-        "*.evidence.json"
-    )
+    (Path(__file__).resolve().parents[2] / "docs" / "evidence").glob("*.evidence.json")
 )[-1]
 
 
