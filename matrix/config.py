@@ -24,6 +24,18 @@ def bad(variable: str, why: str) -> ImproperlyConfigured:
     return ImproperlyConfigured(f"{variable}: {why}")
 
 
+def url_scheme(variable: str, raw: str, schemes: set[str], expected: str) -> str:
+    """The scheme of a URL setting, or a stop naming the variable and the
+    forms it takes."""
+    scheme = urlsplit(raw).scheme
+    if scheme not in schemes or "://" not in raw:
+        raise bad(
+            variable,
+            f"expected {expected}, got a URL with scheme {scheme or 'none'!r}",
+        )
+    return scheme
+
+
 def parse_bool(variable: str, raw: str | None, default: bool) -> bool:
     if raw is None:
         return default
@@ -42,13 +54,12 @@ def parse_database(raw: str | None, embedded_path: Path) -> dict:
             "NAME": str(embedded_path),
             "OPTIONS": {"timeout": 20, "transaction_mode": "IMMEDIATE"},
         }
-    scheme = urlsplit(raw).scheme
-    if scheme not in DATABASE_SCHEMES or "://" not in raw:
-        raise bad(
-            "DATABASE_URL",
-            "expected postgres://USER@HOST:PORT/NAME or sqlite:///PATH, "
-            f"got a URL with scheme {scheme or 'none'!r}",
-        )
+    url_scheme(
+        "DATABASE_URL",
+        raw,
+        DATABASE_SCHEMES,
+        "postgres://USER@HOST:PORT/NAME or sqlite:///PATH",
+    )
     try:
         config = environ.Env.db_url_config(raw)
     except Exception as exc:  # environ raises several types for odd URLs
@@ -67,13 +78,12 @@ def parse_broker(raw: str | None, embedded_dir: Path) -> tuple[str, dict]:
     """Return (broker URL, transport options)."""
     if raw is None or raw == "":
         raw = "filesystem://"
-    scheme = urlsplit(raw).scheme
-    if scheme not in BROKER_SCHEMES or "://" not in raw:
-        raise bad(
-            "CELERY_BROKER_URL",
-            "expected redis://HOST:PORT/DB, amqp://USER:PASS@HOST:PORT// or "
-            f"filesystem://, got a URL with scheme {scheme or 'none'!r}",
-        )
+    scheme = url_scheme(
+        "CELERY_BROKER_URL",
+        raw,
+        BROKER_SCHEMES,
+        "redis://HOST:PORT/DB, amqp://USER:PASS@HOST:PORT// or filesystem://",
+    )
     if scheme == "filesystem":
         for sub in ("out", "processed"):
             (embedded_dir / sub).mkdir(parents=True, exist_ok=True)
@@ -95,13 +105,9 @@ def parse_cache(raw: str | None) -> dict:
     caches = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
     if raw is None or raw == "":
         return caches
-    scheme = urlsplit(raw).scheme
-    if scheme not in CACHE_SCHEMES or "://" not in raw:
-        raise bad(
-            "TILEMATRIX_SESSION_CACHE_URL",
-            "expected redis://HOST:PORT/DB, "
-            f"got a URL with scheme {scheme or 'none'!r}",
-        )
+    url_scheme(
+        "TILEMATRIX_SESSION_CACHE_URL", raw, CACHE_SCHEMES, "redis://HOST:PORT/DB"
+    )
     caches["sessions"] = {
         "BACKEND": "django.core.cache.backends.redis.RedisCache",
         "LOCATION": raw,
