@@ -17,6 +17,7 @@ import re
 from datetime import timedelta
 
 from django.core.exceptions import ValidationError
+from django.core.management.color import no_style
 from django.db import connection, transaction
 from django.utils import timezone
 
@@ -103,7 +104,6 @@ def evidence_import(data: object, *, current_if_none: bool = False) -> dict:
         raise ValidationError("an evidence file needs a list of signed results")
     with transaction.atomic():
         runner = _runner(runner_spec)
-        _shapes_add(jobs)
         waiting = _jobs_recreate(jobs, runner, data.get("measured") or {})
         if current_if_none:
             _toolchain_current_if_none(jobs)
@@ -153,30 +153,28 @@ def _toolchain_current_if_none(jobs: list) -> None:
     )
 
 
-def _shapes_add(jobs: list) -> None:
-    """Shapes of the evidence this server lacks (a profile never imported
-    here), with the weight they were served at; known shapes stay as they are."""
+def _shapes_add(jobs: list) -> dict:
+    """Shapes of the jobs by (operator, dims key, dtype), adding those this
+    server lacks (a profile never imported here) with the weight they were
+    served at; known shapes stay as they are."""
+
+    def known() -> dict:
+        shapes = Shape.objects.filter(
+            operator__name__in={job["operator"] for job in jobs}
+        ).select_related("operator")
+        return {(s.operator.name, s.dims_key, s.dtype): s for s in shapes}
+
+    shapes = known()
     missing: dict[tuple, list] = {}
     for job in jobs:
-        if not isinstance(job, dict) or not isinstance(job.get("dims"), dict):
-            continue  # _jobs_recreate names the malformed job
-        known = Shape.objects.filter(
-            operator__name=job.get("operator"),
-            dims_key=dims_key(job["dims"]),
-            dtype=job.get("dtype"),
-        ).exists()
-        if not known:
+        if (job["operator"], dims_key(job["dims"]), job["dtype"]) not in shapes:
             group = (str(job.get("profile") or "evidence"), bool(job.get("served")))
             missing.setdefault(group, []).append(
-                (
-                    job.get("operator"),
-                    job["dims"],
-                    job.get("dtype"),
-                    job.get("weight", 0.0),
-                )
+                (job["operator"], job["dims"], job["dtype"], job.get("weight", 0.0))
             )
     for (profile, served), rows in missing.items():
         shape_import(rows=rows, source_profile=profile, served=served)
+    return known() if missing else shapes
 
 
 def _jobs_recreate(jobs: list, runner: Runner, measured: dict) -> int:
@@ -188,10 +186,10 @@ def _jobs_recreate(jobs: list, runner: Runner, measured: dict) -> int:
             raise ValidationError(f"job {number} lacks one of {', '.join(JOB_FIELDS)}")
         if not isinstance(job["job"], int) or job["job"] < 1:
             raise ValidationError(f"job {number} needs a positive integer id")
+        if not isinstance(job["dims"], dict):
+            raise ValidationError(f"job {number} needs dims as an object")
         wanted[job["job"]] = job
-    taken = ValidationJob.objects.filter(pk__in=wanted).select_related(
-        "shape__operator"
-    )
+    taken = ValidationJob.objects.filter(pk__in=wanted).select_related("shape")
     for job in taken:
         spec = wanted.pop(job.pk)
         if job.runner_id != runner.pk or job.shape.dims_key != dims_key(spec["dims"]):
@@ -203,6 +201,7 @@ def _jobs_recreate(jobs: list, runner: Runner, measured: dict) -> int:
         return ValidationJob.objects.filter(
             pk__in=[job["job"] for job in jobs], state=JobState.RUNNING
         ).count()
+    cells = _Cells(_shapes_add(list(wanted.values())))
     sweep = Sweep.objects.create(
         filters={"evidence_of": runner.name, **measured}, total=len(wanted)
     )
@@ -210,7 +209,7 @@ def _jobs_recreate(jobs: list, runner: Runner, measured: dict) -> int:
     ValidationJob.objects.bulk_create(
         ValidationJob(
             pk=pk,
-            **_cell(spec, runner),
+            **cells.of(spec),
             stage=spec["stage"],
             seed=spec.get("seed") or 0,
             attempt=spec["attempt"],
@@ -225,37 +224,45 @@ def _jobs_recreate(jobs: list, runner: Runner, measured: dict) -> int:
     # Ids were given, not drawn: move PostgreSQL's sequence past them.
     with connection.cursor() as cursor:
         for sql in connection.ops.sequence_reset_sql(
-            _no_style(), [ValidationJob, Sweep]
+            no_style(), [ValidationJob, Sweep]
         ):
             cursor.execute(sql)
     return len(jobs)
 
 
-def _cell(spec: dict, runner: Runner) -> dict:
-    """The revision, shape, device type and toolchain a job ran, as this
-    server knows them; a cell it does not know is the file's error."""
-    where = f"job {spec['job']} ({spec['operator']} {spec['dims']} {spec['dtype']})"
-    shape = Shape.objects.filter(
-        operator__name=spec["operator"],
-        dims_key=dims_key(spec["dims"]),
-        dtype=spec["dtype"],
-    ).first()
-    if shape is None:
-        raise ValidationError(
-            f"{where}: no such shape here; import its profile first "
-            "(manage.py import_shapes)"
-        )
-    revision = _revision(shape.operator_id, spec.get("revision"), where)
-    device_type = DeviceType.objects.filter(**spec["device"]).first()
-    toolchain = Toolchain.objects.filter(fingerprint=spec.get("toolchain")).first()
-    if device_type is None or toolchain is None:
-        raise ValidationError(f"{where}: its device type or toolchain is unknown")
-    return {
-        "revision": revision,
-        "shape": shape,
-        "device_type": device_type,
-        "toolchain": toolchain,
-    }
+class _Cells:
+    """The revision, shape, device type and toolchain each job ran, as this
+    server knows them, read once for the whole file; a cell it does not know
+    is the file's error."""
+
+    def __init__(self, shapes: dict):
+        self.shapes = shapes
+        self.device_types = list(DeviceType.objects.all())
+        self.toolchains = {t.fingerprint: t for t in Toolchain.objects.all()}
+        self.revisions: dict[tuple, KernelRevision] = {}
+
+    def of(self, spec: dict) -> dict:
+        where = f"job {spec['job']} ({spec['operator']} {spec['dims']} {spec['dtype']})"
+        shape = self.shapes[spec["operator"], dims_key(spec["dims"]), spec["dtype"]]
+        device = spec["device"] if isinstance(spec["device"], dict) else {}
+        matches = [
+            d
+            for d in self.device_types
+            if device and all(getattr(d, k, None) == v for k, v in device.items())
+        ]
+        device_type = matches[0] if matches else None
+        toolchain = self.toolchains.get(spec.get("toolchain"))
+        if device_type is None or toolchain is None:
+            raise ValidationError(f"{where}: its device type or toolchain is unknown")
+        key = (shape.operator_id, spec.get("revision"))
+        if key not in self.revisions:
+            self.revisions[key] = _revision(*key, where)
+        return {
+            "revision": self.revisions[key],
+            "shape": shape,
+            "device_type": device_type,
+            "toolchain": toolchain,
+        }
 
 
 def _revision(operator_id: int, sha256: object, where: str) -> KernelRevision:
@@ -273,9 +280,3 @@ def _revision(operator_id: int, sha256: object, where: str) -> KernelRevision:
         },
     )
     return revision
-
-
-def _no_style():
-    from django.core.management.color import no_style
-
-    return no_style()

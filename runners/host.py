@@ -557,5 +557,6 @@ def bundle_execute(*, envelopes: list, config: HostConfig) -> tuple[list, list[s
             skipped.append(f"message {i}: {exc}")
     if not jobs:
         return [], skipped
-    timeout_s = float(os.environ.get("TILEMATRIX_JOB_TIMEOUT_S", 300))
-    return results_for(jobs=jobs, config=config, timeout_s=timeout_s), skipped
+    from runners.services import job_budget_s
+
+    return results_for(jobs=jobs, config=config, timeout_s=job_budget_s()), skipped
