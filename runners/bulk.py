@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 
-import psycopg
 from django.core.exceptions import EmptyResultSet
 from django.db import connection, models
 from django.db.models.lookups import In
@@ -105,6 +104,10 @@ def columns_insert(
             sql += f" ON CONFLICT ({targets}) DO NOTHING"
     else:
         sql += f" RETURNING {model._meta.pk.column}"
+    # Imported here: GPU runner hosts load this module with Django but have no
+    # database driver (requirements-gpu.txt), and never reach this line.
+    import psycopg
+
     connection.ensure_connection()
     # Outside Django's cursor wrapper, so its error translation is applied
     # here: callers (and Celery's retries) see django.db errors as usual.

@@ -26,25 +26,66 @@ CPU_MAX_SEQ = 8192  # the c kernel keeps one row of scores on the stack
 
 
 def tile_config(shape: dict, target: dict) -> dict:
+    """Tiles, pipeline depth and threads; ``overlap`` runs each KV block's
+    softmax while the tensor cores still work on the previous block (Hopper's
+    asynchronous wgmma). ``bench/kernel_tune.py`` measured the choices
+    (docs/evidence/2026-11-30-h200-kernel-tune-*.json): overlap took
+    non-causal attention from 0.86-0.87x to 0.90-0.91x SDPA, and left causal
+    attention where it was (0.88-0.89x)."""
     S, D = shape["S"], shape["D"]
+    hopper = target["kind"] == "cuda" and target.get("arch", "").startswith("sm_90")
+    common = dict(overlap=False)
     if target["kind"] == "hip":
-        return dict(block_m=128, block_n=64, stages=1, threads=256)
+        return dict(common, block_m=128, block_n=64, stages=1, threads=256)
     if S <= 64:
-        return dict(block_m=64, block_n=64, stages=1, threads=128)
+        return dict(common, block_m=64, block_n=64, stages=1, threads=128)
     if D > 128:
-        return dict(block_m=128, block_n=64, stages=2, threads=256)
-    return dict(block_m=128, block_n=128, stages=2, threads=256)
+        return dict(common, block_m=128, block_n=64, stages=2, threads=256)
+    return dict(common, block_m=128, block_n=128, stages=2, threads=256, overlap=hopper)
 
 
 def gpu_builder(causal: bool):
-    def build(shape: dict, dtype: str, target: dict):
+    def build(shape: dict, dtype: str, target: dict, config: dict | None = None):
         T = language(target)
         B, H, HKV, S, D = (shape[d] for d in DIMS)
-        cfg = tile_config(shape, target)
+        cfg = {**tile_config(shape, target), **(config or {})}
         block_m, block_n = cfg["block_m"], cfg["block_n"]
         stages, threads = cfg["stages"], cfg["threads"]
+        overlap = cfg["overlap"]
         scale = D**-0.5 * LOG2E  # softmax in base 2: exp2 is one instruction
         ragged_kv = S % block_n != 0
+        neg_inf = -T.infinity("float32")
+
+        @T.macro
+        def start_scores(scores, bx, kb):
+            # The score gemm accumulates onto this: 0 keeps a score, -inf
+            # masks it. Only blocks that cross the diagonal (causal) or the
+            # end of the keys need a mask.
+            if causal and (kb + 1) * block_n > bx * block_m:
+                for i, j in T.Parallel(block_m, block_n):
+                    scores[i, j] = T.if_then_else(
+                        bx * block_m + i >= kb * block_n + j, 0, neg_inf
+                    )
+            elif ragged_kv and (kb + 1) * block_n > S:
+                for i, j in T.Parallel(block_m, block_n):
+                    scores[i, j] = T.if_then_else(kb * block_n + j < S, 0, neg_inf)
+            else:
+                T.clear(scores)
+
+        @T.macro
+        def online_softmax(scores, row_max, prev_max, rescale, block_sum, row_sum):
+            # Running max and sum; ``rescale`` carries the earlier blocks'
+            # output over to the new max. x * scale - max * scale is one
+            # fused multiply-add.
+            T.copy(row_max, prev_max)
+            T.reduce_max(scores, row_max, dim=1, clear=False)
+            for i in T.Parallel(block_m):
+                rescale[i] = T.exp2(prev_max[i] * scale - row_max[i] * scale)
+            for i, j in T.Parallel(block_m, block_n):
+                scores[i, j] = T.exp2(scores[i, j] * scale - row_max[i] * scale)
+            T.reduce_sum(scores, block_sum, dim=1)
+            for i in T.Parallel(block_m):
+                row_sum[i] = row_sum[i] * rescale[i] + block_sum[i]
 
         @T.prim_func
         def attention(
@@ -61,7 +102,6 @@ def gpu_builder(causal: bool):
                 q_tile = T.alloc_shared((block_m, D), dtype)
                 k_tile = T.alloc_shared((block_n, D), dtype)
                 v_tile = T.alloc_shared((block_n, D), dtype)
-                out_tile = T.alloc_shared((block_m, D), dtype)
                 scores = T.alloc_fragment((block_m, block_n), "float32")
                 probs = T.alloc_fragment((block_m, block_n), dtype)
                 acc = T.alloc_fragment((block_m, D), "float32")
@@ -74,58 +114,80 @@ def gpu_builder(causal: bool):
                 # head * HKV // H is head // (H // HKV), the query group's KV
                 # head, spelled with HKV because TileLang resolves the string
                 # annotations against the names the body uses.
+                kv = head * HKV // H
                 T.copy(Q[batch, head, bx * block_m, 0], q_tile)
                 T.fill(acc, 0)
                 T.fill(row_sum, 0)
-                T.fill(row_max, -T.infinity("float32"))
+                T.fill(row_max, neg_inf)
                 kv_blocks = (
                     T.min(T.ceildiv(S, block_n), T.ceildiv((bx + 1) * block_m, block_n))
                     if causal
                     else T.ceildiv(S, block_n)
                 )
-                for kb in T.Pipelined(kv_blocks, num_stages=stages):
-                    T.copy(K[batch, head * HKV // H, kb * block_n, 0], k_tile)
-                    # The score gemm accumulates onto this: 0 keeps a score,
-                    # -inf masks it.
-                    if causal:
-                        for i, j in T.Parallel(block_m, block_n):
-                            scores[i, j] = T.if_then_else(
-                                bx * block_m + i >= kb * block_n + j,
-                                0,
-                                -T.infinity("float32"),
+                if overlap:
+                    # Software-pipelined by hand, as Hopper's asynchronous
+                    # wgmma allows: iteration kb issues the score gemm for
+                    # block kb and P @ V for block kb - 1 together, and runs
+                    # block kb's softmax while P @ V is still on the tensor
+                    # cores. One extra iteration drains the last P @ V; at
+                    # either end the idle gemm reads a real block (clamped
+                    # index) and its result is discarded or multiplied by
+                    # all-zero probabilities, so nothing undefined enters.
+                    T.fill(probs, 0)
+                    tile_done = T.alloc_local((2,), dtype)
+                    for kb in T.Pipelined(kv_blocks + 1, num_stages=stages):
+                        T.copy(
+                            K[batch, kv, T.min(kb, kv_blocks - 1) * block_n, 0], k_tile
+                        )
+                        T.copy(V[batch, kv, T.max(kb - 1, 0) * block_n, 0], v_tile)
+                        start_scores(scores, bx, kb)
+                        T.wgmma_gemm(
+                            q_tile,
+                            k_tile,
+                            scores,
+                            transpose_B=True,
+                            policy=T.GemmWarpPolicy.FullRow,
+                        )
+                        T.wgmma_gemm(
+                            probs, v_tile, acc, policy=T.GemmWarpPolicy.FullRow
+                        )
+                        T.wait_wgmma(1)  # scores in; P @ V may still run
+                        # The warp-specialized pipeline hands a tile back to
+                        # the loader after its last read in the loop body;
+                        # these reads place that after each gemm's wait.
+                        tile_done[0] = k_tile[0, 0]
+                        if kb < kv_blocks:
+                            online_softmax(
+                                scores, row_max, prev_max, rescale, block_sum, row_sum
                             )
-                    elif ragged_kv:
-                        for i, j in T.Parallel(block_m, block_n):
-                            scores[i, j] = T.if_then_else(
-                                kb * block_n + j < S, 0, -T.infinity("float32")
-                            )
-                    else:
-                        T.clear(scores)
-                    T.gemm(
-                        q_tile,
-                        k_tile,
-                        scores,
-                        transpose_B=True,
-                        policy=T.GemmWarpPolicy.FullRow,
-                    )
-                    T.copy(row_max, prev_max)
-                    T.reduce_max(scores, row_max, dim=1, clear=False)
-                    for i in T.Parallel(block_m):
-                        rescale[i] = T.exp2((prev_max[i] - row_max[i]) * scale)
-                    for i, j in T.Parallel(block_m, block_n):
-                        scores[i, j] = T.exp2((scores[i, j] - row_max[i]) * scale)
-                    T.reduce_sum(scores, block_sum, dim=1)
-                    for i in T.Parallel(block_m):
-                        row_sum[i] = row_sum[i] * rescale[i] + block_sum[i]
-                    T.copy(scores, probs)
-                    for i, j in T.Parallel(block_m, D):
-                        acc[i, j] *= rescale[i]
-                    T.copy(V[batch, head * HKV // H, kb * block_n, 0], v_tile)
-                    T.gemm(probs, v_tile, acc, policy=T.GemmWarpPolicy.FullRow)
+                        T.wait_wgmma(0)  # P @ V done: probs and acc are free
+                        tile_done[1] = v_tile[0, 0]
+                        if kb < kv_blocks:
+                            for i, j in T.Parallel(block_m, D):
+                                acc[i, j] *= rescale[i]
+                            T.copy(scores, probs)
+                else:
+                    for kb in T.Pipelined(kv_blocks, num_stages=stages):
+                        T.copy(K[batch, kv, kb * block_n, 0], k_tile)
+                        start_scores(scores, bx, kb)
+                        T.gemm(
+                            q_tile,
+                            k_tile,
+                            scores,
+                            transpose_B=True,
+                            policy=T.GemmWarpPolicy.FullRow,
+                        )
+                        online_softmax(
+                            scores, row_max, prev_max, rescale, block_sum, row_sum
+                        )
+                        T.copy(scores, probs)
+                        for i, j in T.Parallel(block_m, D):
+                            acc[i, j] *= rescale[i]
+                        T.copy(V[batch, kv, kb * block_n, 0], v_tile)
+                        T.gemm(probs, v_tile, acc, policy=T.GemmWarpPolicy.FullRow)
                 for i, j in T.Parallel(block_m, D):
                     acc[i, j] /= row_sum[i]
-                T.copy(acc, out_tile)
-                T.copy(out_tile, Out[batch, head, bx * block_m, 0])
+                T.copy(acc, Out[batch, head, bx * block_m, 0])
 
         return attention
 

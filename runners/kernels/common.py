@@ -75,11 +75,12 @@ ROUNDED_ONCE = {
 }
 
 
-def resident_row_tile(shape: dict) -> tuple[int, int, int]:
+def resident_row_tile(shape: dict, per_thread: int = 16) -> tuple[int, int, int]:
     """(rows per block, padded row width, threads) for a row-wise kernel that
-    holds whole rows in registers: about 16 float32 values per thread, enough
-    loads in flight without spilling the row out of registers."""
+    holds whole rows in registers: about ``per_thread`` float32 values per
+    thread, enough loads in flight without spilling the row out of
+    registers."""
     width = max(32, next_pow2(shape["N"]))
     block_m = clamp(2048 // width, 1, next_pow2(shape["M"]))
-    threads = clamp(block_m * width // 16, 64, 512)
+    threads = clamp(block_m * width // per_thread, 64, 512)
     return block_m, width, threads

@@ -28,16 +28,18 @@ CHUNK = 4096
 METAL_THREADS = 256
 
 
-def build_gpu(shape: dict, dtype: str, target: dict):
+def build_gpu(shape: dict, dtype: str, target: dict, config: dict | None = None):
+    """``config`` overrides ``per_thread`` (resident rows) or ``chunk`` and
+    ``threads`` (streamed rows); ``bench/kernel_tune.py`` measures them."""
     if shape["N"] <= RESIDENT_MAX:
-        return _build_resident(shape, dtype, target)
-    return _build_streaming(shape, dtype, target)
+        return _build_resident(shape, dtype, target, **(config or {}))
+    return _build_streaming(shape, dtype, target, **(config or {}))
 
 
-def _build_resident(shape: dict, dtype: str, target: dict):
+def _build_resident(shape: dict, dtype: str, target: dict, per_thread: int = 16):
     T = language(target)
     M, N = shape["M"], shape["N"]
-    block_m, width, threads = resident_row_tile(shape)
+    block_m, width, threads = resident_row_tile(shape, per_thread)
 
     @T.prim_func
     def rmsnorm(
@@ -71,10 +73,12 @@ def _build_resident(shape: dict, dtype: str, target: dict):
     return rmsnorm
 
 
-def _build_streaming(shape: dict, dtype: str, target: dict):
+def _build_streaming(
+    shape: dict, dtype: str, target: dict, chunk: int = CHUNK, threads: int = 256
+):
     T = language(target)
     M, N = shape["M"], shape["N"]
-    chunks = -(-N // CHUNK)
+    chunks = -(-N // chunk)
 
     @T.prim_func
     def rmsnorm(
@@ -82,15 +86,15 @@ def _build_streaming(shape: dict, dtype: str, target: dict):
         W: T.Tensor((N,), dtype),
         Y: T.Tensor((M, N), dtype),
     ):
-        with T.Kernel(M, threads=256) as bx:
-            raw = T.alloc_fragment((1, CHUNK), dtype)
-            weight = T.alloc_shared((CHUNK,), dtype)
-            squares = T.alloc_fragment((1, CHUNK), "float32")
+        with T.Kernel(M, threads=threads) as bx:
+            raw = T.alloc_fragment((1, chunk), dtype)
+            weight = T.alloc_shared((chunk,), dtype)
+            squares = T.alloc_fragment((1, chunk), "float32")
             inv_rms = T.alloc_fragment((1,), "float32")
             T.clear(squares)
             for k in T.Pipelined(chunks, num_stages=1):
-                T.copy(X[bx, k * CHUNK], raw)
-                for i, j in T.Parallel(1, CHUNK):
+                T.copy(X[bx, k * chunk], raw)
+                for i, j in T.Parallel(1, chunk):
                     squares[i, j] += T.cast(raw[i, j], "float32") * T.cast(
                         raw[i, j], "float32"
                     )
@@ -98,16 +102,16 @@ def _build_streaming(shape: dict, dtype: str, target: dict):
             for i in T.Parallel(1):
                 inv_rms[i] = T.rsqrt(inv_rms[i] / N + EPS)
             for k in T.Pipelined(chunks, num_stages=1):
-                T.copy(X[bx, k * CHUNK], raw)
-                T.copy(W[k * CHUNK], weight)
-                for i, j in T.Parallel(1, CHUNK):
+                T.copy(X[bx, k * chunk], raw)
+                T.copy(W[k * chunk], weight)
+                for i, j in T.Parallel(1, chunk):
                     raw[i, j] = T.cast(
                         T.cast(raw[i, j], "float32")
                         * inv_rms[i]
                         * T.cast(weight[j], "float32"),
                         dtype,
                     )
-                T.copy(raw, Y[bx, k * CHUNK])
+                T.copy(raw, Y[bx, k * chunk])
 
     return rmsnorm
 

@@ -22,23 +22,33 @@ from .common import (
 )
 
 THREADS = 256
+TILE = 2048  # elements a block loads per step
 METAL_THREADS = 256
 
 
-def _tile(shape: dict) -> tuple[int, int]:
-    block_n = clamp(next_pow2(shape["N"]), 32, 2048)
-    block_m = clamp(2048 // block_n, 1, next_pow2(shape["M"]))
+def _tile(shape: dict, tile: int) -> tuple[int, int]:
+    block_n = clamp(next_pow2(shape["N"]), 32, tile)
+    block_m = clamp(tile // block_n, 1, next_pow2(shape["M"]))
     return block_m, block_n
 
 
-def build_gpu(shape: dict, dtype: str, target: dict):
+def build_gpu(
+    shape: dict,
+    dtype: str,
+    target: dict,
+    config: dict | None = None,
+):
+    """``config`` overrides ``tile`` (elements per step) and ``threads``;
+    ``bench/kernel_tune.py`` measures them."""
     T = language(target)
     M, N = shape["M"], shape["N"]
-    block_m, block_n = _tile(shape)
+    cfg = {"tile": TILE, "threads": THREADS, **(config or {})}
+    block_m, block_n = _tile(shape, cfg["tile"])
+    threads = cfg["threads"]
 
     @T.prim_func
     def row_sum(A: T.Tensor((M, N), dtype), Out: T.Tensor((M,), dtype)):
-        with T.Kernel(T.ceildiv(M, block_m), threads=THREADS) as bx:
+        with T.Kernel(T.ceildiv(M, block_m), threads=threads) as bx:
             chunk = T.alloc_fragment((block_m, block_n), dtype)
             partial = T.alloc_fragment((block_m, block_n), "float32")
             total = T.alloc_fragment((block_m,), "float32")

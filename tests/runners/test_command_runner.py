@@ -222,3 +222,34 @@ def test_register_with_an_unreadable_inventory_says_so(catalog, tmp_path):
             "--name", "x", "--key-dir", str(tmp_path / "h"),
             "--inventory", str(tmp_path / "missing.json"),
         )  # fmt: skip
+
+
+def test_a_gpu_host_without_a_database_driver_loads_the_runner_command(tmp_path):
+    """A GPU runner host installs requirements-gpu.txt, which has no psycopg
+    (it holds no database login): Django and every runner module must load
+    there, or `runner probe` dies before probing anything."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    code = (
+        "import sys, runpy; sys.modules['psycopg'] = None;"
+        "sys.argv = ['manage.py', 'runner', '--help'];"
+        "runpy.run_path('manage.py', run_name='__main__')"
+    )
+    env = {
+        **{k: v for k, v in os.environ.items() if k != "DATABASE_URL"},
+        "TILEMATRIX_VAR_DIR": str(tmp_path),
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=repo,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "probe" in done.stdout
