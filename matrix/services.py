@@ -4,8 +4,6 @@ ValidationError naming the problem, and nothing is half-written."""
 from __future__ import annotations
 
 import hashlib
-import importlib
-import inspect
 
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
@@ -60,6 +58,7 @@ def operator_sync_library() -> list[Operator]:
     """Mirror the kernel library into the catalogue: one Operator per module
     and its current library revision, pinned by the module source's sha256."""
     from runners import kernels
+    from runners.kernels.revision import library_source
 
     synced = []
     for name, spec in kernels.OPERATORS.items():
@@ -67,9 +66,9 @@ def operator_sync_library() -> list[Operator]:
             name=name,
             defaults={"dims": list(spec.dims), "description": spec.description},
         )
-        # The operator's own module, as a runner hashes its copy before it runs
-        # a library job (runners.host.library_source_sha256).
-        source = inspect.getsource(importlib.import_module(f"runners.kernels.{name}"))
+        # The operator's module and the library modules it imports, as a runner
+        # hashes its copy before it runs a library job.
+        source = library_source(name)
         digest = hashlib.sha256(source.encode()).hexdigest()
         revision = op.revisions.filter(source_sha256=digest).first()
         if revision is None or not revision.is_current:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import importlib
-import importlib.util
 import json
 import logging
 import os
@@ -27,6 +26,7 @@ from matrix.models import fingerprint_of
 from runners import client, signing
 from runners.harness.fingerprint import TOOLCHAIN_KEYS
 from runners.harness.sandbox import compile_workers
+from runners.kernels.revision import library_source
 
 log = logging.getLogger(__name__)
 
@@ -246,12 +246,13 @@ def inventory_probe(interpreters: list[str]) -> dict:
 
 
 def library_source_sha256(operator: str) -> str | None:
-    """The sha256 of this host's copy of a library kernel module, read
-    without importing it (importing would run kernel code unsandboxed)."""
-    spec = importlib.util.find_spec(f"runners.kernels.{operator}")
-    if spec is None or not spec.origin:
+    """The sha256 naming this host's copy of a library operator (its module
+    and the library modules it imports), read without importing them:
+    importing would run kernel code unsandboxed."""
+    source = library_source(operator)
+    if source is None:
         return None
-    return hashlib.sha256(Path(spec.origin).read_text().encode()).hexdigest()
+    return hashlib.sha256(source.encode()).hexdigest()
 
 
 def library_mismatch(job: dict) -> str | None:

@@ -1,0 +1,43 @@
+"""What a library revision pins: an operator's module together with every
+module of this package it imports, directly or through another one.
+
+``attention_causal`` is a few lines over ``attention``'s kernels, and every
+operator leans on ``common``'s tile arithmetic: a revision named by the
+operator's own file alone would not change when its kernel did, and old
+evidence would pass for the new code. The server (when it mirrors the
+library into the catalogue) and a runner (before it runs a library job) both
+name a revision by the sha256 of this text. The modules are read, never
+imported: a runner checks its copy before any kernel code runs.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parent
+
+
+def library_source(name: str, package: Path = PACKAGE) -> str | None:
+    """The operator's module, then the package modules it depends on in name
+    order, each under a line naming its file; None for no such operator."""
+    if not name.isidentifier() or not (package / f"{name}.py").is_file():
+        return None
+    found: list[str] = []
+    pending = [name]
+    while pending:
+        stem = pending.pop()
+        if stem in found or not (package / f"{stem}.py").is_file():
+            continue
+        found.append(stem)
+        tree = ast.parse((package / f"{stem}.py").read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.level == 1:
+                if node.module:
+                    pending.append(node.module.split(".")[0])
+                else:  # from . import a, b
+                    pending.extend(alias.name for alias in node.names)
+    return "".join(
+        f"# runners/kernels/{stem}.py\n{(package / f'{stem}.py').read_text()}"
+        for stem in [name, *sorted(found[1:])]
+    )
