@@ -332,16 +332,23 @@ def environment() -> dict:
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def gpu_bench_parser(doc: str, out_name: str) -> argparse.ArgumentParser:
+    """The options every GPU kernel bench takes: where its JSON goes, which
+    operators, how many compile threads."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     parser.add_argument(
         "--out",
-        default=os.path.join(os.environ.get("OUT", "."), "gpu_validate.json"),
-        help="JSON output path (default: $OUT/gpu_validate.json)",
+        default=os.path.join(os.environ.get("OUT", "."), out_name),
+        help=f"JSON output path (default: $OUT/{out_name})",
     )
-    parser.add_argument("--quick", action="store_true", help="fewer shapes")
     parser.add_argument("--ops", default="", help="comma-separated operator names")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 4)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = gpu_bench_parser(__doc__, "gpu_validate.json")
+    parser.add_argument("--quick", action="store_true", help="fewer shapes")
     args = parser.parse_args(argv)
 
     import torch

@@ -13,10 +13,8 @@ pick. Prints one table per cell; writes JSON to ``--out``.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
-import os
 import sys
 import time
 import traceback
@@ -31,6 +29,7 @@ from gpu_validate import (  # noqa: E402
     compare,
     copy_bandwidth_gbs,
     environment,
+    gpu_bench_parser,
     time_gpu,
     torch_baseline,
 )
@@ -193,15 +192,7 @@ def print_cell(cell: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "--out",
-        default=os.path.join(os.environ.get("OUT", "."), "kernel_tune.json"),
-        help="JSON output path (default: $OUT/kernel_tune.json)",
-    )
-    parser.add_argument("--ops", default="", help="comma-separated operator names")
-    parser.add_argument("--workers", type=int, default=os.cpu_count() or 4)
-    args = parser.parse_args(argv)
+    args = gpu_bench_parser(__doc__, "kernel_tune.json").parse_args(argv)
 
     import torch
 
