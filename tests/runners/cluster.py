@@ -286,7 +286,12 @@ class Cluster:
     def transport_options(self) -> dict:
         if self.broker_url().startswith("filesystem"):
             folder = str(self.var / "broker" / "out")
-            return {"data_folder_in": folder, "data_folder_out": folder}
+            # kombu's exchange bindings go to ./control unless told otherwise.
+            return {
+                "data_folder_in": folder,
+                "data_folder_out": folder,
+                "control_folder": str(self.var / "broker" / "control"),
+            }
         return {"global_keyprefix": self.env["TILEMATRIX_BROKER_KEYPREFIX"]}
 
     # Reading outcomes -----------------------------------------------------
