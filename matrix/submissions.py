@@ -18,6 +18,7 @@ from django.db.models import Q
 
 from matrix.models import KernelRevision, Operator
 from runners.harness.precheck import precheck
+from runners.kernels.revision import operator_module
 from runners.roles import is_reviewer
 
 SOURCE_CAP = 128 * 1024
@@ -119,7 +120,9 @@ def revision_diff(revision: KernelRevision) -> list[str]:
         .order_by("-created_at")
         .first()
     )
-    before = current.source if current else ""
+    # A library revision's text carries the library modules it imports;
+    # a submission replaces the operator's own module alone.
+    before = operator_module(current.source) if current else ""
     label = f"current {current.source_sha256[:12]}" if current else "nothing"
     return list(
         difflib.unified_diff(

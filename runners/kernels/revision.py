@@ -16,6 +16,7 @@ import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent
+HEADER = "# runners/kernels/"
 
 
 def library_source(name: str, package: Path = PACKAGE) -> str | None:
@@ -38,6 +39,21 @@ def library_source(name: str, package: Path = PACKAGE) -> str | None:
                 else:  # from . import a, b
                     pending.extend(alias.name for alias in node.names)
     return "".join(
-        f"# runners/kernels/{stem}.py\n{(package / f'{stem}.py').read_text()}"
+        f"{HEADER}{stem}.py\n{(package / f'{stem}.py').read_text()}"
         for stem in [name, *sorted(found[1:])]
     )
+
+
+def operator_module(source: str) -> str:
+    """The operator's own module out of a library revision's text: what a
+    submitted replacement (one module) is shown against. Other text comes
+    back as it is."""
+    lines = source.splitlines(keepends=True)
+    if not lines or not lines[0].startswith(HEADER):
+        return source
+    own = []
+    for line in lines[1:]:
+        if line.startswith(HEADER) and line.rstrip().endswith(".py"):
+            break
+        own.append(line)
+    return "".join(own)

@@ -7,7 +7,7 @@ import hashlib
 import shutil
 
 from runners.host import library_source_sha256
-from runners.kernels.revision import PACKAGE, library_source
+from runners.kernels.revision import PACKAGE, library_source, operator_module
 
 
 def digest(name, package):
@@ -42,3 +42,9 @@ def test_no_path_outside_the_library_names_a_revision():
     assert library_source("../../etc/passwd") is None
     assert library_source("no_such_operator") is None
     assert library_source_sha256("../base") is None
+
+
+def test_a_library_revision_yields_its_operator_module_for_a_diff():
+    own = (PACKAGE / "attention_causal.py").read_text()
+    assert operator_module(library_source("attention_causal")) == own
+    assert operator_module("def program(): ...\n") == "def program(): ...\n"

@@ -5,6 +5,7 @@ refused by the runner when the text does not match the hash."""
 from __future__ import annotations
 
 import hashlib
+import html
 
 import pytest
 from django.contrib.auth.models import Group
@@ -82,6 +83,8 @@ def test_an_author_submits_through_the_page_and_sees_the_diff(
     page = client.get(response["Location"]).content.decode()
     assert "+                C[i, j] = A[i, j] + B[i, j]" in page
     assert "--- current" in page  # against the library revision
+    # ... its own module: the library modules it imports are not "removed".
+    assert "-def element_size" not in html.unescape(page)
     assert "Approve" not in page  # the author cannot review
 
 
