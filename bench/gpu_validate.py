@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import platform
 import statistics
@@ -29,11 +28,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from runners.harness.tensors import poisoned_outputs, spec_dict  # noqa: E402
+from runners.harness.timing import rotation_sets, throughput  # noqa: E402
 from runners.kernels import OPERATORS  # noqa: E402
 from runners.kernels.base import Unsupported  # noqa: E402
 
 TARGET = {"kind": "cuda", "arch": "sm_90a"}
-L2_BYTES = 60 * 2**20
 TOKENS = (1, 16, 512, 4096)
 HIDDEN, INTERMEDIATE, VOCAB = 4096, 14336, 128256
 HEADS, KV_HEADS, HEAD_DIM = 32, 8, 128
@@ -204,6 +204,33 @@ def compile_cells(cells: list[dict], workers: int) -> None:
         list(pool.map(work, cells))
 
 
+def poisoned(op, shape: dict, dtype: str) -> list:
+    """NaN-filled outputs, as the harness allocates them."""
+    return poisoned_outputs([spec_dict(s) for s in op.outputs(shape, dtype)], "cuda")
+
+
+def rotated(op, shape: dict, dtype: str, inputs: list) -> list[list]:
+    """``inputs`` and as many more seeded sets as the harness rotates through
+    so that no timed call reads inputs left in L2."""
+    input_bytes = sum(x.numel() * x.element_size() for x in inputs)
+    return [inputs] + [
+        op.make_inputs(shape, dtype, seed=i, device="cuda")
+        for i in range(1, rotation_sets(input_bytes))
+    ]
+
+
+def rates(op, shape: dict, dtype: str, ms: float, copy_gbs: float) -> dict:
+    """TFLOP/s, GB/s and the share of the copy bandwidth at ``ms``."""
+    rate = throughput(
+        flops=op.flops(shape), bytes_moved=op.bytes_moved(shape, dtype), kernel_ms=ms
+    )
+    return {
+        "tflops": rate["tflops"],
+        "gbs": rate["gbps"],
+        "copy_fraction": rate["gbps"] / copy_gbs,
+    }
+
+
 def run_cell(cell: dict, copy_gbs: float) -> None:
     import torch
 
@@ -211,10 +238,7 @@ def run_cell(cell: dict, copy_gbs: float) -> None:
     shape, dtype = cell["shape"], cell["dtype"]
     kernel = cell.pop("kernel")
     inputs = op.make_inputs(shape, dtype, seed=0, device="cuda")
-    outputs = [
-        torch.full(s.shape, float("nan"), dtype=getattr(torch, s.dtype), device="cuda")
-        for s in op.outputs(shape, dtype)
-    ]
+    outputs = poisoned(op, shape, dtype)
     try:
         kernel(*inputs, *outputs)
         torch.cuda.synchronize()
@@ -230,17 +254,11 @@ def run_cell(cell: dict, copy_gbs: float) -> None:
     cell["status"] = "pass" if all(r["pass"] for r in results) else "mismatch"
     del refs
 
-    input_bytes = sum(x.numel() * x.element_size() for x in inputs)
-    sets = max(1, min(32, math.ceil(2 * L2_BYTES / input_bytes)))
-    input_sets = [inputs] + [
-        op.make_inputs(shape, dtype, seed=i, device="cuda") for i in range(1, sets)
-    ]
+    input_sets = rotated(op, shape, dtype, inputs)
     cell["tl_ms"] = time_gpu(lambda *x: kernel(*x, *outputs), input_sets)
     cell["torch_ms"] = time_gpu(torch_baseline(cell["op"]), input_sets)
     cell["speedup"] = cell["torch_ms"] / cell["tl_ms"]
-    cell["tflops"] = op.flops(shape) / (cell["tl_ms"] * 1e-3) / 1e12
-    cell["gbs"] = op.bytes_moved(shape, dtype) / (cell["tl_ms"] * 1e-3) / 1e9
-    cell["copy_fraction"] = cell["gbs"] / copy_gbs
+    cell.update(rates(op, shape, dtype, cell["tl_ms"], copy_gbs))
 
 
 def target_rows(cells: list[dict]) -> list[dict]:

@@ -24,12 +24,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gpu_validate import (  # noqa: E402
-    L2_BYTES,
     TARGET,
     compare,
     copy_bandwidth_gbs,
     environment,
     gpu_bench_parser,
+    poisoned,
+    rates,
+    rotated,
     time_gpu,
     torch_baseline,
 )
@@ -135,22 +137,13 @@ def measure(cell: dict, copy_gbs: float) -> None:
     shape, dtype = cell["shape"], cell["dtype"]
     inputs = op.make_inputs(shape, dtype, seed=0, device="cuda")
     refs = op.reference(*[x.double() for x in inputs])
-    input_bytes = sum(x.numel() * x.element_size() for x in inputs)
-    sets = max(1, min(32, math.ceil(2 * L2_BYTES / input_bytes)))
-    input_sets = [inputs] + [
-        op.make_inputs(shape, dtype, seed=i, device="cuda") for i in range(1, sets)
-    ]
+    input_sets = rotated(op, shape, dtype, inputs)
     cell["torch_ms"] = time_gpu(torch_baseline(cell["op"]), input_sets)
     for trial in cell["trials"]:
         kernel = trial.pop("kernel", None)
         if kernel is None:
             continue
-        outputs = [
-            torch.full(
-                s.shape, float("nan"), dtype=getattr(torch, s.dtype), device="cuda"
-            )
-            for s in op.outputs(shape, dtype)
-        ]
+        outputs = poisoned(op, shape, dtype)
         try:
             kernel(*inputs, *outputs)
             torch.cuda.synchronize()
@@ -167,10 +160,7 @@ def measure(cell: dict, copy_gbs: float) -> None:
             trial["error"] = traceback.format_exc()[-1500:]
             continue
         trial["speedup"] = cell["torch_ms"] / trial["tl_ms"]
-        trial["tflops"] = op.flops(shape) / (trial["tl_ms"] * 1e-3) / 1e12
-        trial["copy_fraction"] = (
-            op.bytes_moved(shape, dtype) / (trial["tl_ms"] * 1e-3) / 1e9 / copy_gbs
-        )
+        trial.update(rates(op, shape, dtype, trial["tl_ms"], copy_gbs))
     del inputs, input_sets, refs
     torch.cuda.empty_cache()
 

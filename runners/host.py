@@ -255,12 +255,17 @@ def library_source_sha256(operator: str) -> str | None:
     return hashlib.sha256(source.encode()).hexdigest()
 
 
-def library_mismatch(job: dict) -> str | None:
+def library_mismatch(job: dict, digests: dict[str, str | None]) -> str | None:
     """Why this host must not run a library job: its copy of the kernel is
-    not the revision the server planned. Submitted kernels carry their text."""
+    not the revision the server planned. Submitted kernels carry their text.
+    ``digests`` keeps this host's revisions over one batch: reading and
+    parsing an operator's modules costs milliseconds, once is enough."""
     if not job.get("library", True):
         return None
-    local = library_source_sha256(str(job.get("operator")))
+    operator = str(job.get("operator"))
+    if operator not in digests:
+        digests[operator] = library_source_sha256(operator)
+    local = digests[operator]
     if local == job.get("source_sha256"):
         return None
     return (
@@ -419,13 +424,14 @@ def results_for(
 
     results: dict[int, dict] = {}
     runnable: dict[str, list[dict]] = {}
+    digests: dict[str, str | None] = {}
     for job in jobs:
         interpreter = python_for(config, job["toolchain"])
         if interpreter is None:
             results[job["job"]] = infra_result(
                 job, "this runner does not host the job's toolchain"
             )
-        elif mismatch := library_mismatch(job):
+        elif mismatch := library_mismatch(job, digests):
             results[job["job"]] = infra_result(job, mismatch)
         else:
             runnable.setdefault(interpreter, []).append(job)

@@ -26,6 +26,16 @@ def post(http, kind, body):
     )
 
 
+def every_request(jobs):
+    """(kind, fields) of one well-formed request to each runner endpoint."""
+    return (
+        ("claim", {"jobs": keys(*jobs)}),
+        ("recover", {"restarted": True}),
+        ("outbox", {"jobs": keys(*jobs)}),
+        ("queues", {}),
+    )
+
+
 def keys(*jobs, attempt=None):
     return [{"job": j.pk, "attempt": attempt or j.attempt} for j in jobs]
 
@@ -76,12 +86,7 @@ def test_a_runner_in_maintenance_claims_nothing(client, cpu_runner, queued, admi
 def test_a_forged_request_is_403_and_changes_nothing(client, cpu_runner, queued):
     thief = copy.copy(cpu_runner)
     thief.key = Ed25519PrivateKey.generate()
-    for kind, fields in (
-        ("claim", {"jobs": keys(*queued)}),
-        ("recover", {"restarted": True}),
-        ("outbox", {"jobs": keys(*queued)}),
-        ("queues", {}),
-    ):
+    for kind, fields in every_request(queued):
         response = post(client, kind, thief.request(kind, **fields))
         assert response.status_code == 403, kind
         assert "bad signature" in response.json()["detail"]
@@ -95,12 +100,7 @@ def test_a_forged_request_is_403_and_changes_nothing(client, cpu_runner, queued)
 
 def test_a_revoked_runner_is_403(client, cpu_runner, queued):
     services.runner_revoke(name=cpu_runner.name)
-    for kind, fields in (
-        ("claim", {"jobs": keys(*queued)}),
-        ("recover", {"restarted": False}),
-        ("outbox", {"jobs": keys(*queued)}),
-        ("queues", {}),
-    ):
+    for kind, fields in every_request(queued):
         response = post(client, kind, cpu_runner.request(kind, **fields))
         assert response.status_code == 403, kind
         assert response.json() == {"detail": f"runner {cpu_runner.name!r} is revoked"}
