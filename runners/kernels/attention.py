@@ -7,10 +7,12 @@ HKV == H is plain multi-head attention. Scale 1 / sqrt(D).
 GPU: flash-style. One block owns ``block_m`` query rows of one (batch, head)
 and streams KV in ``block_n`` blocks through a ``T.Pipelined`` loop: scores
 by ``T.gemm`` into a float32 fragment, an online softmax (running max and
-sum, rescaling the output accumulator when the max grows), probabilities
-cast to the input dtype for the second ``T.gemm``. Keys past S enter as
--inf, query rows past S are never stored. Causal attention (see
-``attention_causal``) also stops the KV loop at the block's diagonal.
+sum, rescaling the output accumulator when the max grows by more than a
+factor 2^8), probabilities cast to the input dtype for the second
+``T.gemm``. Keys past S are masked to -inf, query rows past S are never
+stored. Causal attention (see ``attention_causal``) also stops the KV loop
+at the block's diagonal. On CUDA, exp2 is the bare hardware instruction
+(``common.FAST_EXP2``).
 
 CPU (``c``): one query row per program, scores in a local buffer, float32.
 Metal: no kernel, since TileLang 0.1.15 cannot lower ``T.reduce_*`` there.
@@ -19,9 +21,18 @@ Metal: no kernel, since TileLang 0.1.15 cannot lower ``T.reduce_*`` there.
 from __future__ import annotations
 
 from .base import Operator, TensorSpec, Tolerance
-from .common import CPU_DTYPES, HALF_DTYPES, LOG2E, element_size, language
+from .common import (
+    CPU_DTYPES,
+    FAST_EXP2,
+    FAST_EXP2_SOURCE,
+    HALF_DTYPES,
+    LOG2E,
+    element_size,
+    language,
+)
 
 DIMS = ("B", "H", "HKV", "S", "D")
+STALE_MAX_LOG2 = 8.0  # how far (in powers of two) the running max may lag
 CPU_MAX_SEQ = 8192  # the c kernel keeps one row of scores on the stack
 
 
@@ -30,8 +41,10 @@ def tile_config(shape: dict, target: dict) -> dict:
     softmax while the tensor cores still work on the previous block (Hopper's
     asynchronous wgmma). ``bench/kernel_tune.py`` measured the choices
     (docs/evidence/2026-11-30-h200-kernel-tune-*.json): overlap took
-    non-causal attention from 0.86-0.87x to 0.90-0.91x SDPA, and left causal
-    attention where it was (0.88-0.89x)."""
+    non-causal attention from 0.86-0.87x to 0.90-0.91x SDPA (round 1); the
+    bare exp2, the stale running max and the shared-memory epilogue took it
+    on to 0.98-1.03x, and causal attention from 0.89x to 1.00-1.03x
+    (rounds 7-9)."""
     S, D = shape["S"], shape["D"]
     hopper = target["kind"] == "cuda" and target.get("arch", "").startswith("sm_90")
     common = dict(overlap=False)
@@ -55,37 +68,63 @@ def gpu_builder(causal: bool):
         scale = D**-0.5 * LOG2E  # softmax in base 2: exp2 is one instruction
         ragged_kv = S % block_n != 0
         neg_inf = -T.infinity("float32")
+        cuda = target["kind"] == "cuda"
+        exp2 = (lambda x: T.call_extern("float32", FAST_EXP2, x)) if cuda else T.exp2
 
         @T.macro
-        def start_scores(scores, bx, kb):
-            # The score gemm accumulates onto this: 0 keeps a score, -inf
-            # masks it. Only blocks that cross the diagonal (causal) or the
-            # end of the keys need a mask.
-            if causal and (kb + 1) * block_n > bx * block_m:
-                for i, j in T.Parallel(block_m, block_n):
-                    scores[i, j] = T.if_then_else(
-                        bx * block_m + i >= kb * block_n + j, 0, neg_inf
-                    )
-            elif ragged_kv and (kb + 1) * block_n > S:
-                for i, j in T.Parallel(block_m, block_n):
-                    scores[i, j] = T.if_then_else(kb * block_n + j < S, 0, neg_inf)
-            else:
-                T.clear(scores)
+        def mask_scores(scores, bx, kb):
+            # After the score gemm (which starts from zero by itself): only
+            # blocks that cross the diagonal (causal) or the end of the keys
+            # (ragged) hold scores to mask; the rest skip this.
+            if causal:
+                if (kb + 1) * block_n > bx * block_m:
+                    for i, j in T.Parallel(block_m, block_n):
+                        scores[i, j] = T.if_then_else(
+                            bx * block_m + i >= kb * block_n + j, scores[i, j], neg_inf
+                        )
+            elif ragged_kv:
+                if (kb + 1) * block_n > S:
+                    for i, j in T.Parallel(block_m, block_n):
+                        scores[i, j] = T.if_then_else(
+                            kb * block_n + j < S, scores[i, j], neg_inf
+                        )
 
         @T.macro
         def online_softmax(scores, row_max, prev_max, rescale, block_sum, row_sum):
-            # Running max and sum; ``rescale`` carries the earlier blocks'
-            # output over to the new max. x * scale - max * scale is one
-            # fused multiply-add.
+            # Running max and sum. The max only moves when a block's scores
+            # exceed it by more than 2^STALE_MAX_LOG2 (weights up to 256 are
+            # exact in fp16, bf16 and the float32 sums), so after the first
+            # blocks ``rescale`` is exactly 1 and the output accumulator is
+            # left alone. x * scale - max * scale is one fused multiply-add.
             T.copy(row_max, prev_max)
             T.reduce_max(scores, row_max, dim=1, clear=False)
             for i in T.Parallel(block_m):
-                rescale[i] = T.exp2(prev_max[i] * scale - row_max[i] * scale)
+                row_max[i] = T.if_then_else(
+                    (row_max[i] - prev_max[i]) * scale <= STALE_MAX_LOG2,
+                    prev_max[i],
+                    row_max[i],
+                )
+                rescale[i] = T.if_then_else(
+                    row_max[i] == prev_max[i],
+                    1.0,
+                    exp2(prev_max[i] * scale - row_max[i] * scale),
+                )
             for i, j in T.Parallel(block_m, block_n):
-                scores[i, j] = T.exp2(scores[i, j] * scale - row_max[i] * scale)
+                scores[i, j] = exp2(scores[i, j] * scale - row_max[i] * scale)
             T.reduce_sum(scores, block_sum, dim=1)
             for i in T.Parallel(block_m):
                 row_sum[i] = row_sum[i] * rescale[i] + block_sum[i]
+
+        @T.macro
+        def rescale_output(acc, rescale, moved):
+            # A warp multiplies its rows of the accumulator only when one of
+            # them changed its max (a warp-uniform branch).
+            moved[0] = 0
+            for i in T.Parallel(block_m):
+                moved[0] = moved[0] | T.Cast("int32", rescale[i] != 1.0)
+            if T.any_sync(moved[0]) != 0:
+                for i, j in T.Parallel(block_m, D):
+                    acc[i, j] *= rescale[i]
 
         @T.prim_func
         def attention(
@@ -99,6 +138,8 @@ def gpu_builder(causal: bool):
                 head,
                 batch,
             ):
+                if cuda:
+                    T.import_source(FAST_EXP2_SOURCE)
                 q_tile = T.alloc_shared((block_m, D), dtype)
                 k_tile = T.alloc_shared((block_n, D), dtype)
                 v_tile = T.alloc_shared((block_n, D), dtype)
@@ -110,6 +151,7 @@ def gpu_builder(causal: bool):
                 rescale = T.alloc_fragment((block_m,), "float32")
                 block_sum = T.alloc_fragment((block_m,), "float32")
                 row_sum = T.alloc_fragment((block_m,), "float32")
+                moved = T.alloc_local((1,), "int32")
 
                 # head * HKV // H is head // (H // HKV), the query group's KV
                 # head, spelled with HKV because TileLang resolves the string
@@ -133,6 +175,7 @@ def gpu_builder(causal: bool):
                     # either end the idle gemm reads a real block (clamped
                     # index) and its result is discarded or multiplied by
                     # all-zero probabilities, so nothing undefined enters.
+                    # (Issuing the idle gemms conditionally measured slower.)
                     T.fill(probs, 0)
                     tile_done = T.alloc_local((2,), dtype)
                     for kb in T.Pipelined(kv_blocks + 1, num_stages=stages):
@@ -140,12 +183,12 @@ def gpu_builder(causal: bool):
                             K[batch, kv, T.min(kb, kv_blocks - 1) * block_n, 0], k_tile
                         )
                         T.copy(V[batch, kv, T.max(kb - 1, 0) * block_n, 0], v_tile)
-                        start_scores(scores, bx, kb)
                         T.wgmma_gemm(
                             q_tile,
                             k_tile,
                             scores,
                             transpose_B=True,
+                            clear_accum=True,
                             policy=T.GemmWarpPolicy.FullRow,
                         )
                         T.wgmma_gemm(
@@ -157,37 +200,43 @@ def gpu_builder(causal: bool):
                         # these reads place that after each gemm's wait.
                         tile_done[0] = k_tile[0, 0]
                         if kb < kv_blocks:
+                            mask_scores(scores, bx, kb)
                             online_softmax(
                                 scores, row_max, prev_max, rescale, block_sum, row_sum
                             )
                         T.wait_wgmma(0)  # P @ V done: probs and acc are free
                         tile_done[1] = v_tile[0, 0]
                         if kb < kv_blocks:
-                            for i, j in T.Parallel(block_m, D):
-                                acc[i, j] *= rescale[i]
+                            rescale_output(acc, rescale, moved)
                             T.copy(scores, probs)
                 else:
                     for kb in T.Pipelined(kv_blocks, num_stages=stages):
                         T.copy(K[batch, kv, kb * block_n, 0], k_tile)
-                        start_scores(scores, bx, kb)
                         T.gemm(
                             q_tile,
                             k_tile,
                             scores,
                             transpose_B=True,
+                            clear_accum=True,
                             policy=T.GemmWarpPolicy.FullRow,
                         )
+                        mask_scores(scores, bx, kb)
                         online_softmax(
                             scores, row_max, prev_max, rescale, block_sum, row_sum
                         )
                         T.copy(scores, probs)
-                        for i, j in T.Parallel(block_m, D):
-                            acc[i, j] *= rescale[i]
+                        rescale_output(acc, rescale, moved)
                         T.copy(V[batch, kv, kb * block_n, 0], v_tile)
                         T.gemm(probs, v_tile, acc, policy=T.GemmWarpPolicy.FullRow)
+                for i in T.Parallel(block_m):
+                    row_sum[i] = 1 / row_sum[i]
                 for i, j in T.Parallel(block_m, D):
-                    acc[i, j] /= row_sum[i]
-                T.copy(acc, Out[batch, head, bx * block_m, 0])
+                    acc[i, j] *= row_sum[i]
+                # The queries are spent: their tile stages the output, so the
+                # store leaves in whole rows (a TMA store on Hopper) rather
+                # than as the accumulator's scattered 4-byte pieces.
+                T.copy(acc, q_tile)
+                T.copy(q_tile, Out[batch, head, bx * block_m, 0])
 
         return attention
 

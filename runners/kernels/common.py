@@ -27,6 +27,20 @@ CPU_DTYPES = ("float32",)
 
 LOG2E = 1.4426950408889634
 
+# CUDA's exp2f (without --use_fast_math) wraps the hardware ex2 in a compare
+# and two predicated multiplies that keep subnormal results: three extra
+# instructions for every score attention exponentiates. The flush-to-zero
+# form below is the bare instruction; a softmax weight under 2^-126 rounds to
+# zero in fp16 and bf16 anyway. Kernels that call it import the source.
+FAST_EXP2 = "tm_exp2_ftz"
+FAST_EXP2_SOURCE = r"""
+__device__ __forceinline__ float tm_exp2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+"""
+
 
 def language(target: dict):
     """The TileLang language module for the target's backend (imported lazily

@@ -2,9 +2,10 @@
 
 GPU, rows up to ``RESIDENT_MAX`` columns: a block holds whole rows in
 registers, so X is read once and Y written once (the memory-bound minimum).
-Longer rows (a vocabulary) stream in chunks: an online pass keeps the
-running max and rescaled sum, a second pass re-reads the row (mostly from
-L2) and writes it. Columns past N enter as -inf so they weigh zero.
+Longer rows (a vocabulary) stream in chunks: an online pass keeps each
+thread's running max and rescaled sum, a second pass re-reads the row
+(partly from L2) and writes it. Columns past N enter as -inf so they weigh
+zero.
 
 Metal has no ``T.reduce_*`` lowering in TileLang 0.1.15, so its kernel gives
 each thread one row and loops serially.
@@ -25,16 +26,19 @@ from .common import (
 )
 
 RESIDENT_MAX = 16384
-# Streamed rows: 4096-column chunks over 128 threads (32 values each) ran
-# 4096 x 128256 at 61% of the copy bandwidth on the H200, against 58% with
-# 256 threads and 41-55% with 512-1024 (bench/kernel_tune.py).
-CHUNK = 4096
-STREAM_THREADS = 128
+# Streamed rows: 1024 threads reading 16 values each per chunk ran
+# 4096 x 128256 at 73-74% of the copy bandwidth on the H200, against 61% for
+# the earlier kernel (block-wide max and sum per 4096-column chunk), 64-68%
+# with 512 threads or 32 values, 62% at one block per SM, 67% staging the
+# chunks through shared memory by TMA, and 67% with the bare exp2
+# (bench/kernel_tune.py, docs/evidence/2026-11-30-h200-kernel-tune-{7..10}.json).
+STREAM_VEC = 16
+STREAM_THREADS = 1024
 METAL_THREADS = 256
 
 
 def build_gpu(shape: dict, dtype: str, target: dict, config: dict | None = None):
-    """``config`` overrides ``per_thread`` (resident rows) or ``chunk`` and
+    """``config`` overrides ``per_thread`` (resident rows) or ``vec`` and
     ``threads`` (streamed rows); ``bench/kernel_tune.py`` measures them."""
     if shape["N"] <= RESIDENT_MAX:
         return _build_resident(shape, dtype, target, **(config or {}))
@@ -73,53 +77,82 @@ def _build_streaming(
     shape: dict,
     dtype: str,
     target: dict,
-    chunk: int = CHUNK,
+    vec: int = STREAM_VEC,
     threads: int = STREAM_THREADS,
 ):
+    """Each thread keeps its own running max and rescaled sum over the
+    ``vec`` consecutive values it reads from every ``threads * vec`` chunk,
+    so the first pass needs no block-wide step until the end, where one
+    max and one sum combine the threads' partials. The second pass walks
+    the row backwards: the chunks read last are the likeliest still in L2.
+    """
     T = language(target)
     M, N = shape["M"], shape["N"]
+    chunk = threads * vec
     chunks = -(-N // chunk)
+    neg_inf = -T.infinity("float32")
 
     @T.prim_func
     def softmax(X: T.Tensor((M, N), dtype), Y: T.Tensor((M, N), dtype)):
         with T.Kernel(M, threads=threads) as bx:
-            raw = T.alloc_fragment((1, chunk), dtype)
-            x = T.alloc_fragment((1, chunk), "float32")
-            run_max = T.alloc_fragment((1,), "float32")
-            run_sum = T.alloc_fragment((1,), "float32")
-            chunk_max = T.alloc_fragment((1,), "float32")
-            chunk_sum = T.alloc_fragment((1,), "float32")
-            T.fill(run_max, -T.infinity("float32"))
+            x = T.alloc_fragment((threads, vec), "float32")
+            run_max = T.alloc_fragment((threads,), "float32")
+            run_sum = T.alloc_fragment((threads,), "float32")
+            vec_max = T.alloc_fragment((threads,), "float32")
+            vec_sum = T.alloc_fragment((threads,), "float32")
+            part = T.alloc_fragment((1, threads), "float32")
+            row_max = T.alloc_fragment((1,), "float32")
+            row_sum = T.alloc_fragment((1,), "float32")
+            T.fill(run_max, neg_inf)
             T.fill(run_sum, 0.0)
-            for k in T.Pipelined(chunks, num_stages=1):
-                T.copy(X[bx, k * chunk], raw)
-                for i, j in T.Parallel(1, chunk):
-                    x[i, j] = T.if_then_else(
-                        k * chunk + j < N,
-                        T.cast(raw[i, j], "float32"),
-                        -T.infinity("float32"),
+            for k in T.serial(chunks):
+                for t, v in T.Parallel(threads, vec):
+                    x[t, v] = T.if_then_else(
+                        k * chunk + t * vec + v < N,
+                        T.cast(X[bx, k * chunk + t * vec + v], "float32"),
+                        neg_inf,
                     )
-                T.reduce_max(x, chunk_max, dim=1)
-                for i in T.Parallel(1):
-                    chunk_max[i] = T.max(chunk_max[i], run_max[i])
-                for i, j in T.Parallel(1, chunk):
-                    x[i, j] = T.exp2((x[i, j] - chunk_max[i]) * LOG2E)
-                T.reduce_sum(x, chunk_sum, dim=1)
-                for i in T.Parallel(1):
-                    run_sum[i] = (
-                        run_sum[i] * T.exp2((run_max[i] - chunk_max[i]) * LOG2E)
-                        + chunk_sum[i]
+                T.reduce_max(x, vec_max, dim=1)
+                for t in T.Parallel(threads):
+                    vec_max[t] = T.max(vec_max[t], run_max[t])
+                    run_sum[t] = run_sum[t] * T.if_then_else(
+                        vec_max[t] == run_max[t],
+                        1.0,
+                        T.exp2((run_max[t] - vec_max[t]) * LOG2E),
                     )
-                    run_max[i] = chunk_max[i]
-            for k in T.Pipelined(chunks, num_stages=1):
-                T.copy(X[bx, k * chunk], raw)
-                for i, j in T.Parallel(1, chunk):
-                    raw[i, j] = T.cast(
-                        T.exp2((T.cast(raw[i, j], "float32") - run_max[i]) * LOG2E)
-                        / run_sum[i],
-                        dtype,
-                    )
-                T.copy(raw, Y[bx, k * chunk])
+                    run_max[t] = vec_max[t]
+                for t, v in T.Parallel(threads, vec):
+                    x[t, v] = T.exp2((x[t, v] - run_max[t]) * LOG2E)
+                T.reduce_sum(x, vec_sum, dim=1)
+                for t in T.Parallel(threads):
+                    run_sum[t] += vec_sum[t]
+            for i, t in T.Parallel(1, threads):
+                part[i, t] = run_max[t]
+            T.reduce_max(part, row_max, dim=1)
+            for i, t in T.Parallel(1, threads):
+                part[i, t] = T.if_then_else(
+                    run_max[t] == neg_inf,
+                    0.0,
+                    run_sum[t] * T.exp2((run_max[t] - row_max[i]) * LOG2E),
+                )
+            T.reduce_sum(part, row_sum, dim=1)
+            for i in T.Parallel(1):
+                row_sum[i] = 1.0 / row_sum[i]  # a multiply per value below
+            for kk in T.serial(chunks):
+                k = chunks - 1 - kk
+                for t, v in T.Parallel(threads, vec):
+                    if k * chunk + t * vec + v < N:
+                        Y[bx, k * chunk + t * vec + v] = T.cast(
+                            T.exp2(
+                                (
+                                    T.cast(X[bx, k * chunk + t * vec + v], "float32")
+                                    - row_max[0]
+                                )
+                                * LOG2E
+                            )
+                            * row_sum[0],
+                            dtype,
+                        )
 
     return softmax
 
