@@ -2,8 +2,8 @@
 status counts, worst error and TileLang against the PyTorch reference; per
 served shape its latencies; and the sweep's wall time split.
 
-    python bench/h200_report.py docs/evidence/2026-11-30-h200-served-sweep.evidence.json \\
-        > docs/evidence/2026-11-30-h200-served-sweep.md
+    python bench/h200_report.py docs/evidence/2026-12-01-h200-served-sweep.evidence.json \\
+        > docs/evidence/2026-12-01-h200-served-sweep.md
 """
 
 from __future__ import annotations

@@ -2,10 +2,12 @@
 
 GPU, rows up to ``RESIDENT_MAX`` columns: a block holds whole rows in
 registers, so X is read once and Y written once (the memory-bound minimum).
-Longer rows (a vocabulary) stream in chunks: an online pass keeps each
-thread's running max and rescaled sum, a second pass re-reads the row
-(partly from L2) and writes it. Columns past N enter as -inf so they weigh
-zero.
+Longer rows (a vocabulary) on Hopper: a cluster of blocks shares each row,
+every block keeping its slice in shared memory, so X is still read once
+(``_build_cluster``). Without clusters (Ampere, ROCm) long rows stream in
+chunks: an online pass keeps each thread's running max and rescaled sum, a
+second pass re-reads the row (partly from L2) and writes it. Columns past N
+enter as -inf so they weigh zero.
 
 Metal has no ``T.reduce_*`` lowering in TileLang 0.1.15, so its kernel gives
 each thread one row and loops serially.
@@ -26,23 +28,160 @@ from .common import (
 )
 
 RESIDENT_MAX = 16384
+# Vocabulary rows (4096 x 128256) on the H200, as fractions of the copy
+# bandwidth (bench/kernel_tune.py, docs/evidence/2026-12-01-h200-kernel-tune-
+# {11,12}.json): clusters of 8 blocks, each thread loading 8 x 16 bytes into
+# shared memory (256 threads for fp16 and bf16, 512 for fp32, so a block
+# holds 32 or 64 KB and an SM several blocks) ran at 77-78% for fp16 and
+# bf16 and 76% for fp32, against 72-74% and 66% streamed. Clusters of 4 or
+# 16, 128 or 1024 threads (bf16) and 256 threads (fp32) ran at 45-77%.
+CLUSTER = 8
+CLUSTER_THREADS = {"float16": 256, "bfloat16": 256, "float32": 512}
 # Streamed rows: 1024 threads reading 16 values each per chunk ran
-# 4096 x 128256 at 73-74% of the copy bandwidth on the H200, against 61% for
-# the earlier kernel (block-wide max and sum per 4096-column chunk), 64-68%
-# with 512 threads or 32 values, 62% at one block per SM, 67% staging the
-# chunks through shared memory by TMA, and 67% with the bare exp2
-# (bench/kernel_tune.py, docs/evidence/2026-11-30-h200-kernel-tune-{7..10}.json).
+# 4096 x 128256 at 73-74% of the copy bandwidth, against 61% for the earlier
+# kernel (block-wide max and sum per 4096-column chunk), 64-68% with 512
+# threads or 32 values, 62% at one block per SM, 67% staging the chunks
+# through shared memory by TMA, and 67% with the bare exp2
+# (docs/evidence/2026-11-30-h200-kernel-tune-{7..10}.json).
 STREAM_VEC = 16
 STREAM_THREADS = 1024
 METAL_THREADS = 256
+# Each block of a cluster posts its slice's (max, sum) in shared memory; after
+# one cluster barrier every block reads all of them through distributed
+# shared memory. The arrive after the last read pairs with the wait at the
+# end of the kernel: a block must not exit while a peer still reads its
+# shared memory.
+# (1.4426950408889634f is LOG2E.)
+CLUSTER_SOURCE = r"""
+#include <cooperative_groups.h>
+__shared__ float2 tm_cluster_stats;
+__device__ __forceinline__ float tm_cluster_max(float m, float s, int ranks) {
+  namespace cg = cooperative_groups;
+  cg::cluster_group cluster = cg::this_cluster();
+  if (threadIdx.x == 0) tm_cluster_stats = make_float2(m, s);
+  cluster.sync();
+  for (int r = 0; r < ranks; ++r)
+    m = fmaxf(m, cluster.map_shared_rank(&tm_cluster_stats, r)->x);
+  return m;
+}
+__device__ __forceinline__ float tm_cluster_sum(float row_max, int ranks) {
+  namespace cg = cooperative_groups;
+  cg::cluster_group cluster = cg::this_cluster();
+  float sum = 0.0f;
+  for (int r = 0; r < ranks; ++r) {
+    float2 peer = *cluster.map_shared_rank(&tm_cluster_stats, r);
+    sum += peer.y * exp2f((peer.x - row_max) * 1.4426950408889634f);
+  }
+  cluster.barrier_arrive();
+  return sum;
+}
+__device__ __forceinline__ void tm_cluster_wait() {
+  cooperative_groups::this_cluster().barrier_wait();
+}
+"""
 
 
 def build_gpu(shape: dict, dtype: str, target: dict, config: dict | None = None):
-    """``config`` overrides ``per_thread`` (resident rows) or ``vec`` and
-    ``threads`` (streamed rows); ``bench/kernel_tune.py`` measures them."""
+    """``config`` overrides ``per_thread`` (resident rows), ``ranks``,
+    ``vec`` and ``threads`` (clustered rows), ``cluster=0`` (stream instead)
+    or ``vec`` and ``threads`` (streamed rows); ``bench/kernel_tune.py``
+    measures them."""
+    config = dict(config or {})
     if shape["N"] <= RESIDENT_MAX:
-        return _build_resident(shape, dtype, target, **(config or {}))
-    return _build_streaming(shape, dtype, target, **(config or {}))
+        return _build_resident(shape, dtype, target, **config)
+    if _clusters(target) and config.pop("cluster", CLUSTER):
+        return _build_cluster(shape, dtype, target, **config)
+    return _build_streaming(shape, dtype, target, **config)
+
+
+def _clusters(target: dict) -> bool:
+    arch = target.get("arch", "")
+    return target["kind"] == "cuda" and arch.startswith("sm_") and int(arch[3:5]) >= 90
+
+
+def _build_cluster(
+    shape: dict,
+    dtype: str,
+    target: dict,
+    ranks: int = CLUSTER,
+    vec: int | None = None,
+    threads: int | None = None,
+):
+    """A cluster of ``ranks`` blocks shares each row: every block copies its
+    slice into shared memory once, reduces the slice's max and sum, and the
+    blocks swap those through distributed shared memory (``CLUSTER_SOURCE``)
+    before each writes its slice from shared memory: one read of X."""
+    T = language(target)
+    M, N = shape["M"], shape["N"]
+    vec = vec or 16 // element_size(dtype)  # 16-byte loads
+    threads = threads or CLUSTER_THREADS[dtype]
+    chunk = threads * vec
+    chunks = -(-N // (ranks * chunk))
+    width = chunks * chunk
+    neg_inf = -T.infinity("float32")
+
+    @T.prim_func
+    def softmax(X: T.Tensor((M, N), dtype), Y: T.Tensor((M, N), dtype)):
+        with T.Kernel(ranks * M, threads=threads, cluster_dims=ranks) as bx:
+            T.import_source(CLUSTER_SOURCE)
+            row = bx // ranks
+            base = bx % ranks * width
+            s = T.alloc_shared((width,), dtype)
+            x = T.alloc_fragment((threads, vec), "float32")
+            run = T.alloc_fragment((threads,), "float32")
+            part = T.alloc_fragment((threads,), "float32")
+            row_max = T.alloc_fragment((1,), "float32")
+            row_sum = T.alloc_fragment((1,), "float32")
+            # Each thread reads back only the columns it copied in, so the
+            # passes below need no barrier between them.
+            for j in T.Parallel(width):
+                if base + j < N:
+                    s[j] = X[row, base + j]
+            T.fill(run, neg_inf)
+            for k in T.serial(chunks):
+                for t, v in T.Parallel(threads, vec):
+                    x[t, v] = T.if_then_else(
+                        base + k * chunk + t * vec + v < N,
+                        T.cast(s[k * chunk + t * vec + v], "float32"),
+                        neg_inf,
+                    )
+                T.reduce_max(x, part, dim=1)
+                for t in T.Parallel(threads):
+                    run[t] = T.max(run[t], part[t])
+            T.reduce_max(run, row_max, dim=0)
+            T.fill(run, 0.0)
+            for k in T.serial(chunks):
+                for t, v in T.Parallel(threads, vec):
+                    x[t, v] = T.if_then_else(
+                        base + k * chunk + t * vec + v < N,
+                        T.exp2(
+                            (T.cast(s[k * chunk + t * vec + v], "float32") - row_max[0])
+                            * LOG2E
+                        ),
+                        0.0,
+                    )
+                T.reduce_sum(x, part, dim=1)
+                for t in T.Parallel(threads):
+                    run[t] += part[t]
+            T.reduce_sum(run, row_sum, dim=0)
+            # The slice's max and sum (relative to that max) become the row's.
+            for i in T.Parallel(1):
+                row_max[i] = T.call_extern(
+                    "float32", "tm_cluster_max", row_max[i], row_sum[i], ranks
+                )
+                row_sum[i] = 1.0 / T.call_extern(
+                    "float32", "tm_cluster_sum", row_max[i], ranks
+                )
+            for j in T.Parallel(width):
+                if base + j < N:
+                    Y[row, base + j] = T.cast(
+                        T.exp2((T.cast(s[j], "float32") - row_max[0]) * LOG2E)
+                        * row_sum[0],
+                        dtype,
+                    )
+            T.call_extern("void", "tm_cluster_wait")
+
+    return softmax
 
 
 def _build_resident(shape: dict, dtype: str, target: dict, per_thread: int = 16):

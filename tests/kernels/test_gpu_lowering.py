@@ -55,6 +55,19 @@ def test_gpu_kernel_builds_with_nvcc_for_sm90a_at_a_served_shape(tilelang, name)
     assert "__global__" in source
 
 
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
+def test_vocabulary_softmax_reads_each_row_once_through_a_cluster_on_hopper(tilelang):
+    # A ragged row past the resident limit: sm_90a shares it among a cluster
+    # of blocks that swap their (max, sum) through distributed shared memory;
+    # sm_80 has no clusters and streams the row twice.
+    shape = {"M": 3, "N": 20001}
+    hopper = build(get("softmax").program(shape, "float32", CUDA), CUDA)
+    assert "tm_cluster_max(" in hopper
+    ampere = {"kind": "cuda", "arch": "sm_80"}
+    streamed = build(get("softmax").program(shape, "float32", ampere), ampere)
+    assert "__global__" in streamed and "tm_cluster" not in streamed
+
+
 METAL_NAMES = [n for n in NAMES if "metal" in OPERATORS[n].builders]
 
 
