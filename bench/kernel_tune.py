@@ -66,11 +66,14 @@ GEMM_SERVED_CONFIGS = [
 ]
 # Rounds 7-10 chose the bare exp2, masking after the score gemm, the stale
 # running max and the shared-memory epilogue for attention, and per-thread
-# partials for the vocabulary softmax; the knobs those rounds turned are
-# gone with the variants that lost.
+# partials for the vocabulary softmax; round 11 (issuing only the gemm each
+# end of the KV loop needs) and round 13 (the two consumer warpgroups taking
+# turns at the tensor cores, retried on the current kernel) did not win. The
+# knobs those rounds turned are gone with the variants that lost.
 ATTENTION_CONFIGS = [
     {},
-    {"peel": True},
+    {"stages": 3},
+    {"overlap": False},
 ]
 # Rounds 11-12 chose clusters of 8 blocks for vocabulary rows on Hopper.
 STREAMING_CONFIGS = [
