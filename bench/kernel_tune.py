@@ -76,7 +76,7 @@ ATTENTION_CONFIGS = [
     {"overlap": False},
 ]
 # Rounds 11-12 chose clusters of 8 blocks for vocabulary rows on Hopper.
-STREAMING_CONFIGS = [
+VOCAB_CONFIGS = [
     {},
     {"cluster": 0},
     {"threads": 128},
@@ -100,7 +100,7 @@ def plan(ops: list[str]) -> list[dict]:
     add("gemm", SERVED_GEMM, ("bfloat16",), GEMM_SERVED_CONFIGS)
     for op in ("attention", "attention_causal"):
         add(op, ATTENTION, ("float16", "bfloat16"), ATTENTION_CONFIGS)
-    add("softmax", [VOCAB_ROWS], ("float16", "bfloat16", "float32"), STREAMING_CONFIGS)
+    add("softmax", [VOCAB_ROWS], ("float16", "bfloat16", "float32"), VOCAB_CONFIGS)
     return cells
 
 

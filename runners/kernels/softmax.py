@@ -15,6 +15,8 @@ each thread one row and loops serially.
 
 from __future__ import annotations
 
+import re
+
 from .base import Operator, TensorSpec
 from .common import (
     CPU_DTYPES,
@@ -89,14 +91,15 @@ def build_gpu(shape: dict, dtype: str, target: dict, config: dict | None = None)
     config = dict(config or {})
     if shape["N"] <= RESIDENT_MAX:
         return _build_resident(shape, dtype, target, **config)
-    if _clusters(target) and config.pop("cluster", CLUSTER):
+    if _clusters(target) and config.pop("cluster", True):
         return _build_cluster(shape, dtype, target, **config)
     return _build_streaming(shape, dtype, target, **config)
 
 
 def _clusters(target: dict) -> bool:
-    arch = target.get("arch", "")
-    return target["kind"] == "cuda" and arch.startswith("sm_") and int(arch[3:5]) >= 90
+    """Thread-block clusters: CUDA from sm_90 (Hopper) on, sm_100 included."""
+    arch = re.match(r"sm_(\d+)", target.get("arch", ""))
+    return target["kind"] == "cuda" and arch is not None and int(arch[1]) >= 90
 
 
 def _build_cluster(

@@ -68,6 +68,15 @@ def test_vocabulary_softmax_reads_each_row_once_through_a_cluster_on_hopper(tile
     assert "__global__" in streamed and "tm_cluster" not in streamed
 
 
+def test_vocabulary_softmax_uses_clusters_past_hopper_too(tilelang):
+    # The arch's number, not its first two digits: sm_100a is not "sm_10".
+    blackwell = {"kind": "cuda", "arch": "sm_100a"}
+    source = lower(
+        get("softmax").program({"M": 3, "N": 20001}, "float32", blackwell), blackwell
+    )
+    assert "tm_cluster_max(" in source
+
+
 METAL_NAMES = [n for n in NAMES if "metal" in OPERATORS[n].builders]
 
 
