@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 import sys
 import time
 import traceback
@@ -131,7 +132,10 @@ def compile_all(cells: list[dict], workers: int) -> None:
             cell["trials"].append(trial)
 
 
-def measure(cell: dict, copy_gbs: float) -> None:
+def measure(cell: dict, copy_gbs: float, rounds: int) -> None:
+    """Check each trial, then time the PyTorch path and every trial in turn,
+    ``rounds`` times over, so that drift in clock and power (an H200 at its
+    power cap) falls on all of them alike; each keeps its median round."""
     import torch
 
     op = OPERATORS[cell["op"]]
@@ -139,7 +143,7 @@ def measure(cell: dict, copy_gbs: float) -> None:
     inputs = op.make_inputs(shape, dtype, seed=0, device="cuda")
     refs = op.reference(*[x.double() for x in inputs])
     input_sets = rotated(op, shape, dtype, inputs)
-    cell["torch_ms"] = time_gpu(torch_baseline(cell["op"]), input_sets)
+    timed = [("torch", torch_baseline(cell["op"]), cell)]
     for trial in cell["trials"]:
         kernel = trial.pop("kernel", None)
         if kernel is None:
@@ -152,17 +156,28 @@ def measure(cell: dict, copy_gbs: float) -> None:
                 compare(o, r, op.tolerances[dtype])
                 for o, r in zip(outputs, refs, strict=True)
             ]
-            trial["pass"] = all(c["pass"] for c in checks)
-            trial["rel_err"] = max(c["rel_err"] for c in checks)
-            trial["tl_ms"] = time_gpu(
-                lambda *x, k=kernel, o=outputs: k(*x, *o), input_sets
-            )
         except Exception:
             trial["error"] = traceback.format_exc()[-1500:]
             continue
+        trial["pass"] = all(c["pass"] for c in checks)
+        trial["rel_err"] = max(c["rel_err"] for c in checks)
+        timed.append(("tl", lambda *x, k=kernel, o=outputs: k(*x, *o), trial))
+    del refs
+    for key, _, record in timed:
+        record[f"{key}_rounds_ms"] = []
+    for _ in range(rounds):
+        for key, fn, record in timed:
+            record[f"{key}_rounds_ms"].append(time_gpu(fn, input_sets))
+    for key, _, record in timed:
+        record[f"{key}_ms"] = statistics.median(record[f"{key}_rounds_ms"])
+    for _, _, trial in timed[1:]:
         trial["speedup"] = cell["torch_ms"] / trial["tl_ms"]
+        trial["round_speedups"] = [
+            t / k
+            for t, k in zip(cell["torch_rounds_ms"], trial["tl_rounds_ms"], strict=True)
+        ]
         trial.update(rates(op, shape, dtype, trial["tl_ms"], copy_gbs))
-    del inputs, input_sets, refs
+    del inputs, input_sets
     torch.cuda.empty_cache()
 
 
@@ -178,12 +193,20 @@ def print_cell(cell: dict) -> None:
         print(
             f"  {config:<52} {'pass' if t['pass'] else 'MISMATCH':<8} "
             f"{t['tl_ms']:.4f} ms  x{t['speedup']:.3f}  {t['tflops']:.0f} TFLOP/s  "
-            f"{t['copy_fraction']:.0%} of copy"
+            f"{t['copy_fraction']:.0%} of copy  rounds "
+            + "/".join(f"{r:.3f}" for r in t["round_speedups"])
         )
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = gpu_bench_parser(__doc__, "kernel_tune.json").parse_args(argv)
+    parser = gpu_bench_parser(__doc__, "kernel_tune.json")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="times each cell's PyTorch path and trials are timed in turn",
+    )
+    args = parser.parse_args(argv)
 
     import torch
 
@@ -200,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     for cell in cells:
         try:
-            measure(cell, copy_gbs)
+            measure(cell, copy_gbs, args.rounds)
         except Exception:
             cell["error"] = traceback.format_exc()[-1500:]
             print(cell["op"], cell["shape"], cell["error"], flush=True)
