@@ -519,10 +519,14 @@ class Gap:
     reasons: list[str]
     status: str
     score: float
+    # Some online runner hosts the toolchain: it validates the cell where it
+    # has the device, and lowers or builds it (compile-only) elsewhere.
+    takeable: bool = True
 
     @property
     def runnable(self) -> bool:
-        return bool(RUNNABLE.intersection(self.reasons))
+        """A fresh run would change the cell, and a runner would take it now."""
+        return self.takeable and bool(RUNNABLE.intersection(self.reasons))
 
     @property
     def label(self) -> tuple[str, str, str]:
@@ -535,8 +539,8 @@ class Gap:
 
 def served_gaps(filters: MatrixFilters) -> list[Gap]:
     """Served cells with no result, a stale or failing one, or no online
-    routable runner for their device type, ranked by served weight × backend
-    priority. Four queries."""
+    routable runner with their device type and the chosen toolchain, ranked
+    by served weight × backend priority. Four queries."""
     from runners.models import Runner
 
     tc = filters.toolchain
@@ -551,11 +555,16 @@ def served_gaps(filters: MatrixFilters) -> list[Gap]:
         .annotate(current_revision=Subquery(current))
         .by_weight()
     )
-    routable = set(
-        Runner.objects.online()
-        .filter(device_types__isnull=False)
-        .values_list("device_types", flat=True)
-    )
+    # One row per (online runner hosting the toolchain, device type it has);
+    # a runner with no device types gives one row of None.
+    hosts = []
+    if tc is not None:
+        hosts = list(
+            Runner.objects.online()
+            .filter(toolchains=tc)
+            .values_list("device_types", flat=True)
+        )
+    validators = {d for d in hosts if d is not None}
     found = {}
     if tc is not None:
         found = {
@@ -578,16 +587,27 @@ def served_gaps(filters: MatrixFilters) -> list[Gap]:
                     reasons.append(STALE)
                 if status in FAILURES:
                     reasons.append(FAILING)
-            if dt.id not in routable:
+            if dt.id not in validators:
                 reasons.append(NO_RUNNER)
             if not reasons:
                 continue
             if filters.status and not matches(filters.status, status, STALE in reasons):
                 continue
             score = shape.weight * BACKEND_PRIORITY.get(dt.backend, 0.1)
-            gaps.append(Gap(shape, dt, reasons, status, score))
+            gaps.append(Gap(shape, dt, reasons, status, score, takeable=bool(hosts)))
     gaps.sort(key=lambda g: (-g.score, g.shape.operator.name, g.shape.dims_key))
     return gaps
+
+
+def toolchains_online() -> list[Toolchain]:
+    """Toolchains that some online routable runner hosts."""
+    from runners.models import Runner
+
+    return list(
+        Toolchain.objects.filter(runners__in=Runner.objects.online())
+        .distinct()
+        .order_by("name")
+    )
 
 
 # --- error groups -------------------------------------------------------------

@@ -29,6 +29,9 @@ def _gaps_context(request):
     filters = queries.MatrixFilters.from_params(request.GET or request.POST, toolchains)
     gaps = queries.served_gaps(filters)
     runnable = [g for g in gaps if g.runnable]
+    # Every gap shares the toolchain, so either all are takeable or none is:
+    # then point at the toolchains the online runners do host.
+    unhosted = bool(gaps) and not gaps[0].takeable and filters.toolchain is not None
     reasons: dict[str, int] = {}
     for g in gaps:
         for r in g.reasons:
@@ -45,6 +48,8 @@ def _gaps_context(request):
         "states": queries.STATE_FILTERS,
         "query": urlencode(filters.as_params()),
         "can_run": can_run_sweeps(request.user),
+        "unhosted": unhosted,
+        "hosted": queries.toolchains_online() if unhosted else [],
     }
 
 

@@ -312,3 +312,11 @@ def test_the_gate_status_polls_while_collecting_and_stops_after(client, world):
     response = client.get(page, headers={"HX-Request": "true"})
     assert response.status_code == 286
     assert 'data-state="ready"' in response.content.decode()
+
+
+@pytest.mark.parametrize("page", ["matrix", "gaps", "runners", "submissions"])
+def test_the_upgrade_gate_is_in_every_pages_navigation(client, world, page):
+    client.force_login(world.reviewers[0])
+    body = client.get(reverse(page)).content.decode()
+    nav = body.split('<nav aria-label="Pages">', 1)[1].split("</nav>", 1)[0]
+    assert f'href="{reverse("upgrades")}"' in nav

@@ -46,7 +46,9 @@ def test_gaps_page_stays_within_ten_queries(
         client.get(reverse("gaps"))
 
 
-def test_run_missing_plans_exactly_the_runnable_gaps(client, results, sweeper):
+def test_run_missing_plans_exactly_the_runnable_gaps(
+    client, results, cpu_runner, sweeper
+):
     client.force_login(sweeper)
     gaps = client.get(reverse("gaps"), {"backend": "c"}).context["runnable"]
     response = client.post(
@@ -59,6 +61,35 @@ def test_run_missing_plans_exactly_the_runnable_gaps(client, results, sweeper):
     assert sweep.created_by == sweeper
     body = response.content.decode()
     assert "<progress" in body and 'hx-trigger="every 2s"' in body
+
+
+def test_cells_no_online_runner_hosts_the_toolchain_for_wait_and_are_not_run(
+    client, results, cpu_runner, sweeper, toolchains
+):
+    old, current = toolchains
+    cpu_runner.runnertoolchain_set.update(toolchain=old)
+    client.force_login(sweeper)
+    response = client.get(reverse("gaps"), {"backend": "c"})
+    gaps = response.context["gaps"]
+    missing = [g for g in gaps if "missing" in g.reasons]
+    assert missing and all("no runner" in g.reasons for g in missing)
+    assert response.context["runnable"] == []
+    body = response.content.decode()
+    assert "0 can be run now" in body and "Run missing" not in body
+    # The page names the toolchain the online runner does host, as a link.
+    assert f"No online runner hosts {current.name}" in body
+    assert f"?toolchain={old.name}" in body
+    client.post(reverse("gaps-run"), {"backend": "c"}, HTTP_HX_REQUEST="true")
+    assert not Sweep.objects.exists()
+
+
+def test_a_host_of_the_toolchain_without_the_device_takes_compile_only_work(
+    client, results, cpu_runner
+):
+    runnable = client.get(reverse("gaps"), {"backend": "hip"}).context["runnable"]
+    assert runnable
+    # Lowered on the CPU host: evidence, not validation, so still a gap.
+    assert all("no runner" in g.reasons for g in runnable)
 
 
 def test_run_missing_needs_the_add_sweep_permission(client, results, outsider):
@@ -79,7 +110,7 @@ def test_run_missing_refuses_get(client, sweeper):
 
 
 def test_the_run_button_is_confirmed_and_hidden_from_outsiders(
-    client, results, sweeper, outsider
+    client, results, cpu_runner, sweeper, outsider
 ):
     client.force_login(sweeper)
     assert "hx-confirm" in client.get(reverse("gaps")).content.decode()
