@@ -74,3 +74,7 @@ api.add_router("/", manifest_router)
 from matrix.api_submissions import router as submissions_router  # noqa: E402
 
 api.add_router("/", submissions_router)
+
+from matrix.api_coverage import router as coverage_router  # noqa: E402
+
+api.add_router("/", coverage_router)

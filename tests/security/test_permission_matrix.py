@@ -79,6 +79,9 @@ EXPECTED = {
     "api:results_upload": page(post=EVERYONE),
     # No manifest is exported in this world: a 404 for everyone.
     "api:manifest": page(get=NOBODY, hidden_from=EVERYONE),
+    # Coverage reads as the pages do.
+    "api:coverage_matrix": page(get=WITH_ROLE),
+    "api:coverage_gaps": page(get=WITH_ROLE),
     "api:kernel_create": page(post=AUTHORS),
     "api:kernel_read": page(
         get=SUBMISSION_READERS, hidden_from=WITH_ROLE - SUBMISSION_READERS | {NO_ROLE}

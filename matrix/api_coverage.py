@@ -1,0 +1,268 @@
+"""GET /api/v1/matrix and GET /api/v1/gaps: the coverage the matrix and gaps
+pages show, as JSON for scripts, e.g. a CI step that refuses to ship while a
+served cell of its device type has a gap.
+
+Read as the pages are: by a signed-in user with a role, or by anyone where
+anonymous reading is on. Filters are those of the pages, but checked: an
+unknown value is a 400 naming the allowed ones, not silently dropped."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from django.conf import settings
+from django.urls import reverse
+from django.utils.http import urlencode
+from ninja import Field, Query, Router, Schema
+from ninja.errors import HttpError
+
+from matrix import queries
+from matrix.api_manifest import toolchain_lookup
+from matrix.models import (
+    Backend,
+    Cell,
+    Dtype,
+    KernelRevision,
+    Operator,
+    Shape,
+    Toolchain,
+)
+from runners.roles import has_role
+
+
+def coverage_reader(request):
+    """The pages' read rule, for the API (where RoleMiddleware lets all in)."""
+    if getattr(settings, "TILEMATRIX_ANONYMOUS_READ", False):
+        return True
+    if has_role(request.user):
+        return request.user
+    if request.user.is_authenticated:
+        raise HttpError(403, "your account has no role; ask an admin for one")
+    return None  # 401: sign in
+
+
+router = Router(tags=["coverage"], auth=coverage_reader)
+
+
+class CoverageFilters(Schema):
+    toolchain: str | None = Field(
+        None,
+        description="name or fingerprint; default: the current one, as on the pages",
+    )
+    operator: str | None = None
+    dtype: str | None = Field(None, description=", ".join(Dtype.values))
+    backend: str | None = Field(None, description=", ".join(Backend.values))
+    status: str | None = Field(None, description=", ".join(queries.STATE_FILTERS))
+    served: bool = Field(False, description="served shapes only (the matrix)")
+    limit: int = Field(500, ge=1, le=5000)
+    offset: int = Field(0, ge=0)
+
+
+class ToolchainOut(Schema):
+    name: str
+    fingerprint: str
+    current: bool
+
+
+class CellOut(Schema):
+    operator: str
+    dims: dict[str, int]
+    dtype: str
+    served: bool
+    weight: float
+    device_type: str
+    backend: str
+    arch: str
+    status: str = Field(description="a status of the ladder, or empty: never run")
+    stale: bool = Field(description="its kernel revision or toolchain is superseded")
+    revision: str | None = Field(description="sha256 of the kernel revision it ran")
+    kernel_ms: float | None
+    reference_ms: float | None
+    error_signature: str
+    updated_at: datetime | None
+    url: str
+
+
+class MatrixOut(Schema):
+    toolchain: ToolchainOut
+    count: int
+    cells: list[CellOut]
+
+
+class GapOut(Schema):
+    operator: str
+    dims: dict[str, int]
+    dtype: str
+    weight: float
+    device_type: str
+    backend: str
+    status: str
+    reasons: list[str]
+    score: float
+    runnable: bool = Field(
+        description="a fresh run would help and a runner would take it now"
+    )
+    url: str
+
+
+class GapsOut(Schema):
+    toolchain: ToolchainOut
+    count: int
+    runnable: int
+    reasons: dict[str, int]
+    gaps: list[GapOut]
+
+
+def _checked(params: CoverageFilters) -> queries.MatrixFilters:
+    if params.toolchain:
+        try:
+            toolchain = toolchain_lookup(params.toolchain)
+        except LookupError as exc:
+            raise HttpError(404, str(exc)) from None
+    else:
+        # As the pages choose: the current toolchain, else the first.
+        toolchain = queries.MatrixFilters.from_params(
+            {}, queries.toolchain_list()
+        ).toolchain
+        if toolchain is None:
+            raise HttpError(404, "no toolchain has reported yet")
+    for name, allowed in (
+        ("dtype", Dtype.values),
+        ("backend", Backend.values),
+        ("status", queries.STATE_FILTERS),
+    ):
+        value = getattr(params, name)
+        if value and value not in allowed:
+            raise HttpError(400, f"{name} must be one of {', '.join(allowed)}")
+    if params.operator and not Operator.objects.filter(name=params.operator).exists():
+        raise HttpError(404, f"no operator named {params.operator!r}")
+    return queries.MatrixFilters(
+        toolchain=toolchain,
+        dtype=params.dtype or "",
+        backend=params.backend or "",
+        status=params.status or "",
+        served_only=params.served,
+        toolchain_stale=not toolchain.is_current
+        and Toolchain.objects.filter(is_current=True).exists(),
+    )
+
+
+def _toolchain(filters: queries.MatrixFilters) -> dict:
+    tc = filters.toolchain
+    return {"name": tc.name, "fingerprint": tc.fingerprint, "current": tc.is_current}
+
+
+def _cell_url(shape, device_type, filters) -> str:
+    url = reverse("cell", args=[shape.pk, device_type.pk])
+    return f"{url}?{urlencode({'toolchain': filters.toolchain.name})}"
+
+
+def _shape_fields(shape: Shape, device_type, filters) -> dict:
+    return {
+        "operator": shape.operator.name,
+        "dims": shape.dims,
+        "dtype": shape.dtype,
+        "weight": shape.weight,
+        "device_type": str(device_type),
+        "backend": device_type.backend,
+        "url": _cell_url(shape, device_type, filters),
+    }
+
+
+@router.get("/matrix", response=MatrixOut, url_name="coverage_matrix")
+def coverage_matrix(request, params: Query[CoverageFilters]):
+    """Every (shape, device type) cell under the filters for one toolchain,
+    never-run cells included, in the matrix's order (operators by name,
+    served shapes first by weight, device types by backend priority)."""
+    filters = _checked(params)
+    shapes = Shape.objects.filter(filters.shape_q()).select_related("operator")
+    if params.operator:
+        shapes = shapes.filter(operator__name=params.operator)
+    shapes = list(shapes)
+    device_types = queries.device_type_list(filters)
+    found = {
+        (c.shape_id, c.device_type_id): c
+        for c in Cell.objects.filter(
+            toolchain=filters.toolchain,
+            shape__in=[s.pk for s in shapes],
+            device_type__in=[d.pk for d in device_types],
+        ).only(
+            "shape_id",
+            "device_type_id",
+            "revision_id",
+            "status",
+            "kernel_ms",
+            "reference_ms",
+            "error_signature",
+            "updated_at",
+        )
+    }
+    current = queries.current_revisions()
+    revisions = dict(
+        KernelRevision.objects.filter(
+            pk__in={c.revision_id for c in found.values()}
+        ).values_list("pk", "source_sha256")
+    )
+    rows = []
+    for shape in shapes:
+        for dt in device_types:
+            cell = found.get((shape.pk, dt.pk))
+            status = cell.status if cell else queries.EMPTY
+            stale = cell is not None and (
+                filters.toolchain_stale
+                or cell.revision_id != current.get(shape.operator_id)
+            )
+            if queries.matches(filters.status, status, stale):
+                rows.append((shape, dt, cell, status, stale))
+    page = rows[params.offset : params.offset + params.limit]
+    return {
+        "toolchain": _toolchain(filters),
+        "count": len(rows),
+        "cells": [
+            {
+                **_shape_fields(shape, dt, filters),
+                "served": shape.served,
+                "arch": dt.arch,
+                "status": status,
+                "stale": stale,
+                "revision": revisions.get(cell.revision_id) if cell else None,
+                "kernel_ms": cell.kernel_ms if cell else None,
+                "reference_ms": cell.reference_ms if cell else None,
+                "error_signature": cell.error_signature if cell else "",
+                "updated_at": cell.updated_at if cell else None,
+            }
+            for shape, dt, cell, status, stale in page
+        ],
+    }
+
+
+@router.get("/gaps", response=GapsOut, url_name="coverage_gaps")
+def coverage_gaps(request, params: Query[CoverageFilters]):
+    """The served gaps of one toolchain, ranked as the gaps page ranks them:
+    no result, a stale or failing one, or no online runner with the device
+    type and toolchain. An empty list: every served cell passes, current."""
+    filters = _checked(params)
+    gaps = queries.served_gaps(filters)
+    if params.operator:
+        gaps = [g for g in gaps if g.shape.operator.name == params.operator]
+    reasons: dict[str, int] = {}
+    for g in gaps:
+        for reason in g.reasons:
+            reasons[reason] = reasons.get(reason, 0) + 1
+    page = gaps[params.offset : params.offset + params.limit]
+    return {
+        "toolchain": _toolchain(filters),
+        "count": len(gaps),
+        "runnable": sum(g.runnable for g in gaps),
+        "reasons": reasons,
+        "gaps": [
+            {
+                **_shape_fields(g.shape, g.device_type, filters),
+                "status": g.status,
+                "reasons": g.reasons,
+                "score": g.score,
+                "runnable": g.runnable,
+            }
+            for g in page
+        ],
+    }

@@ -1,0 +1,138 @@
+"""GET /api/v1/matrix and /api/v1/gaps: what the pages show, as JSON."""
+
+from __future__ import annotations
+
+import pytest
+from django.urls import reverse
+
+from matrix.models import DeviceType, Shape
+
+pytestmark = pytest.mark.django_db
+
+MATRIX = "/api/v1/matrix"
+GAPS = "/api/v1/gaps"
+
+
+@pytest.fixture
+def reader(client, viewer, settings):
+    settings.TILEMATRIX_ANONYMOUS_READ = False  # as deployed
+    client.force_login(viewer)
+    return client
+
+
+def cells_by_key(body):
+    return {
+        (c["operator"], tuple(sorted(c["dims"].items())), c["dtype"], c["backend"]): c
+        for c in body["cells"]
+    }
+
+
+def key(shape, backend):
+    return (
+        shape.operator.name,
+        tuple(sorted(shape.dims.items())),
+        shape.dtype,
+        backend,
+    )
+
+
+def test_the_matrix_lists_every_cell_never_run_ones_included(reader, results):
+    body = reader.get(MATRIX).json()
+    assert body["toolchain"]["name"] == "tl-0.1.15" and body["toolchain"]["current"]
+    assert body["count"] == Shape.objects.count() * DeviceType.objects.count()
+    cells = cells_by_key(body)
+    top = cells[key(results["top"], "c")]
+    # The latest of the three results on this toolchain.
+    assert top["status"] == "pass" and top["kernel_ms"] == 0.40
+    assert not top["stale"] and len(top["revision"]) == 64
+    assert top["url"].startswith(f"/cells/{results['top'].pk}/")
+    assert cells[key(results["fourth"], "hip")]["stale"]
+    never = cells[key(results["top"], "metal")]
+    assert never["status"] == "empty" and never["revision"] is None
+
+
+def test_the_matrix_takes_the_pages_filters(reader, results):
+    passing = reader.get(MATRIX, {"backend": "c", "status": "pass"}).json()
+    assert [(c["backend"], c["status"]) for c in passing["cells"]] == [("c", "pass")]
+    stale = reader.get(MATRIX, {"status": "stale"}).json()["cells"]
+    assert [(c["operator"], c["backend"]) for c in stale] == [
+        (results["fourth"].operator.name, "hip")
+    ]
+    served = reader.get(MATRIX, {"served": "true", "operator": "gemm"}).json()
+    assert served["cells"] and all(
+        c["served"] and c["operator"] == "gemm" for c in served["cells"]
+    )
+    # An older toolchain: everything it ran is superseded.
+    old = reader.get(MATRIX, {"toolchain": "tl-0.1.13", "backend": "c"}).json()
+    ran = [c for c in old["cells"] if c["status"] != "empty"]
+    assert ran and all(c["stale"] for c in ran)
+
+
+def test_the_matrix_pages_through_the_cells(reader, results):
+    whole = reader.get(MATRIX).json()
+    page = reader.get(MATRIX, {"limit": 7, "offset": 5}).json()
+    assert page["count"] == whole["count"]
+    assert page["cells"] == whole["cells"][5:12]
+
+
+def test_the_gaps_are_the_gaps_pages_in_its_order(reader, results, cpu_runner):
+    shown = reader.get(reverse("gaps")).context["gaps"]
+    body = reader.get(GAPS).json()
+    assert body["count"] == len(shown)
+    assert [(g["url"], g["reasons"]) for g in body["gaps"]] == [
+        (f"/cells/{g.shape.pk}/{g.device_type.pk}/?toolchain=tl-0.1.15", g.reasons)
+        for g in shown
+    ]
+    assert body["runnable"] == sum(g.runnable for g in shown)
+    assert body["reasons"]["no runner"] == sum("no runner" in g.reasons for g in shown)
+
+
+def test_a_covered_device_type_has_no_gaps(reader, results, cpu_runner):
+    # Only the CPU column's top served shape passes; filtered to it, the
+    # list names every other served cell of the column and not that one.
+    body = reader.get(GAPS, {"backend": "c"}).json()
+    assert body["count"] == Shape.objects.served().count() - 1
+    assert all(g["backend"] == "c" for g in body["gaps"])
+
+
+@pytest.mark.parametrize(
+    ("params", "status", "says"),
+    [
+        ({"dtype": "fp8"}, 400, "dtype must be one of float16"),
+        ({"backend": "cuda11"}, 400, "backend must be one of"),
+        ({"status": "green"}, 400, "status must be one of"),
+        ({"toolchain": "tl-9"}, 404, "no toolchain named"),
+        ({"operator": "conv"}, 404, "no operator named 'conv'"),
+        ({"limit": 0}, 422, "greater than or equal to 1"),
+    ],
+)
+@pytest.mark.parametrize("url", [MATRIX, GAPS])
+def test_bad_filters_get_a_clear_error(reader, results, url, params, status, says):
+    response = reader.get(url, params)
+    assert response.status_code == status
+    assert says in response.content.decode()
+
+
+@pytest.mark.parametrize("url", [MATRIX, GAPS])
+def test_it_reads_as_the_pages_do(client, results, django_user_model, settings, url):
+    settings.TILEMATRIX_ANONYMOUS_READ = False
+    assert client.get(url).status_code == 401
+    nobody = django_user_model.objects.create_user("norole", password="pw-123456")
+    client.force_login(nobody)
+    assert client.get(url).status_code == 403
+    settings.TILEMATRIX_ANONYMOUS_READ = True
+    client.logout()
+    assert client.get(url).status_code == 200
+
+
+@pytest.mark.parametrize("url", [MATRIX, GAPS])
+def test_it_refuses_post(reader, url):
+    assert reader.post(url).status_code == 405
+
+
+@pytest.mark.parametrize("url", [MATRIX, GAPS])
+def test_the_lists_stay_within_a_fixed_number_of_queries(
+    reader, results, cpu_runner, django_assert_max_num_queries, url
+):
+    with django_assert_max_num_queries(10):
+        assert reader.get(url).status_code == 200
