@@ -33,7 +33,7 @@ from gpu_validate import (  # noqa: E402
     poisoned,
     rates,
     rotated,
-    time_gpu,
+    time_in_turn,
     torch_baseline,
 )
 
@@ -134,8 +134,7 @@ def compile_all(cells: list[dict], workers: int) -> None:
 
 def measure(cell: dict, copy_gbs: float, rounds: int) -> None:
     """Check each trial, then time the PyTorch path and every trial in turn,
-    ``rounds`` times over, so that drift in clock and power (an H200 at its
-    power cap) falls on all of them alike; each keeps its median round."""
+    ``rounds`` times over; each keeps its median round."""
     import torch
 
     op = OPERATORS[cell["op"]]
@@ -163,13 +162,10 @@ def measure(cell: dict, copy_gbs: float, rounds: int) -> None:
         trial["rel_err"] = max(c["rel_err"] for c in checks)
         timed.append(("tl", lambda *x, k=kernel, o=outputs: k(*x, *o), trial))
     del refs
-    for key, _, record in timed:
-        record[f"{key}_rounds_ms"] = []
-    for _ in range(rounds):
-        for key, fn, record in timed:
-            record[f"{key}_rounds_ms"].append(time_gpu(fn, input_sets))
-    for key, _, record in timed:
-        record[f"{key}_ms"] = statistics.median(record[f"{key}_rounds_ms"])
+    times = time_in_turn([fn for _, fn, _ in timed], input_sets, rounds)
+    for (key, _, record), samples in zip(timed, times, strict=True):
+        record[f"{key}_rounds_ms"] = samples
+        record[f"{key}_ms"] = statistics.median(samples)
     for _, _, trial in timed[1:]:
         trial["speedup"] = cell["torch_ms"] / trial["tl_ms"]
         trial["round_speedups"] = [
