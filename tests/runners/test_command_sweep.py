@@ -8,9 +8,9 @@ from django.core.management import CommandError, call_command
 from matrix.models import JobStage, ValidationJob
 
 
-def sweep(*args) -> str:
+def sweep(*args, stderr=None) -> str:
     out = StringIO()
-    call_command("sweep", *args, stdout=out)
+    call_command("sweep", *args, stdout=out, stderr=stderr or StringIO())
     return out.getvalue()
 
 
@@ -50,3 +50,16 @@ def test_sweep_shows_progress_and_gives_up_after_its_timeout(cpu_runner):
 def test_sweep_with_nothing_to_do_says_so(cpu_runner):
     out = sweep("--operator", "no-such-operator")
     assert "0 jobs planned" in out
+
+
+def test_sweep_says_when_its_jobs_wait_for_a_runner(cpu_runner):
+    quiet = StringIO()
+    sweep("--operator", "softmax", "--device-type", "c", "--no-wait", stderr=quiet)
+    assert quiet.getvalue() == ""
+    cpu_runner.runner.go_offline()
+    told = StringIO()
+    sweep("--operator", "gemm", "--device-type", "c", "--no-wait", stderr=told)
+    planned = ValidationJob.objects.filter(shape__operator__name="gemm").count()
+    assert planned and f"{planned} of them wait on queues no online runner" in (
+        told.getvalue()
+    )

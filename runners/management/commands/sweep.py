@@ -8,6 +8,7 @@ import time
 from django.core.management.base import BaseCommand, CommandError
 
 from runners import services
+from runners.models import Runner
 
 BAR_WIDTH = 30
 
@@ -21,6 +22,12 @@ def bar(progress: dict) -> str:
         f"{progress['running']} running, {progress['queued']} queued"
         + (f", about {eta:.0f} s left" if eta is not None else "")
     )
+
+
+def jobs_waiting_for_a_runner(sweep) -> int:
+    """The sweep's jobs on queues that no online runner consumes."""
+    read = {q for runner in Runner.objects.online() for q in runner.queues()}
+    return sweep.jobs.exclude(queue__in=read).count()
 
 
 class Command(BaseCommand):
@@ -62,6 +69,13 @@ class Command(BaseCommand):
             f"({len(cells) - sweep.total} cells skipped: a job is already open, "
             "or no approved revision)"
         )
+        waiting = jobs_waiting_for_a_runner(sweep)
+        if waiting:
+            self.stderr.write(
+                f"{waiting} of them wait on queues no online runner reads (no "
+                "runner with their device type or toolchain is online); they run "
+                "when one connects"
+            )
         if options["no_wait"] or not sweep.total:
             return
         deadline = time.monotonic() + options["timeout"]
