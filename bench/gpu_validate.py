@@ -386,9 +386,12 @@ def environment() -> dict:
     }
 
 
-def gpu_bench_parser(doc: str, out_name: str) -> argparse.ArgumentParser:
+def gpu_bench_parser(
+    doc: str, out_name: str, rounds: str | None = None
+) -> argparse.ArgumentParser:
     """The options every GPU kernel bench takes: where its JSON goes, which
-    operators, how many compile threads."""
+    operators, how many compile threads; and ``--rounds`` of timing in turn
+    (see ``time_in_turn``) where ``rounds`` says what gets them."""
     parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     parser.add_argument(
         "--out",
@@ -397,18 +400,18 @@ def gpu_bench_parser(doc: str, out_name: str) -> argparse.ArgumentParser:
     )
     parser.add_argument("--ops", default="", help="comma-separated operator names")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 4)
+    if rounds:
+        parser.add_argument(
+            "--rounds", type=int, default=3, help=f"rounds of timing in turn, {rounds}"
+        )
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = gpu_bench_parser(__doc__, "gpu_validate.json")
-    parser.add_argument("--quick", action="store_true", help="fewer shapes")
-    parser.add_argument(
-        "--rounds",
-        type=int,
-        default=3,
-        help="rounds of timing, kernel and PyTorch in turn, for target cells",
+    parser = gpu_bench_parser(
+        __doc__, "gpu_validate.json", rounds="kernel and PyTorch, for target cells"
     )
+    parser.add_argument("--quick", action="store_true", help="fewer shapes")
     args = parser.parse_args(argv)
 
     import torch

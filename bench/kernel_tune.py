@@ -195,14 +195,9 @@ def print_cell(cell: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = gpu_bench_parser(__doc__, "kernel_tune.json")
-    parser.add_argument(
-        "--rounds",
-        type=int,
-        default=3,
-        help="times each cell's PyTorch path and trials are timed in turn",
-    )
-    args = parser.parse_args(argv)
+    args = gpu_bench_parser(
+        __doc__, "kernel_tune.json", rounds="PyTorch and every trial of a cell"
+    ).parse_args(argv)
 
     import torch
 
