@@ -148,11 +148,20 @@ def time_gpu(fn, input_sets, min_reps=10, max_reps=200, budget_s=0.25) -> float:
 
 def time_in_turn(fns, input_sets, rounds: int) -> list[list[float]]:
     """Each function's ``time_gpu`` in each of ``rounds`` rounds, the
-    functions timed in turn within a round: drift in clock and power (an H200
-    at its power cap) then falls on all of them alike."""
+    functions timed in turn within a round and in reverse order every other
+    round: drift in clock and power (an H200 at its power cap) then falls on
+    all of them alike, and no function always goes first."""
     times: list[list[float]] = [[] for _ in fns]
-    for _ in range(rounds):
-        for fn, samples in zip(fns, times, strict=True):
+    if rounds > 1:
+        # An untimed round first: whatever runs first on a GPU that has just
+        # idled (the host comparing against the reference) runs at clocks the
+        # rest never see. Without it a first round read up to 16% off the
+        # other two; with it, at most 5%.
+        for fn in fns:
+            time_gpu(fn, input_sets)
+    for r in range(rounds):
+        turns = list(zip(fns, times, strict=True))
+        for fn, samples in turns if r % 2 == 0 else reversed(turns):
             samples.append(time_gpu(fn, input_sets))
     return times
 

@@ -54,9 +54,10 @@ VOCAB_ROWS = {"M": 4096, "N": 128256}
 # pipeline depths and the epilogue for gemm, and the tile knobs of the
 # memory-bound operators at 65536 x 4096, where all of them ran at 96-107% of
 # the copy bandwidth with their own choice.
+# Round 15 (alternating rounds) found 256 x 128 tiles and 128 x 128 tiles
+# with four stages slower at 4096^3 and 8192^3, and the panels within the noise.
 GEMM_BIG_CONFIGS = [
     {},
-    {"store_via_shared": False, "panel": 10},
     {"panel": 8},
     {"panel": 32},
 ]
@@ -70,11 +71,14 @@ GEMM_SERVED_CONFIGS = [
 # partials for the vocabulary softmax; round 11 (issuing only the gemm each
 # end of the KV loop needs) and round 13 (the two consumer warpgroups taking
 # turns at the tensor cores, retried on the current kernel) did not win. The
-# knobs those rounds turned are gone with the variants that lost.
+# knobs those rounds turned are gone with the variants that lost. Round 14
+# chose the queries in registers for non-causal attention; idle gemms
+# reading zero-filled tiles from past the keys' ends (TMA reads nothing
+# there) won nothing beyond the noise and are gone.
 ATTENTION_CONFIGS = [
     {},
-    {"stages": 3},
-    {"overlap": False},
+    {"q_regs": False},
+    {"q_regs": True},
 ]
 # Rounds 11-12 chose clusters of 8 blocks for vocabulary rows on Hopper.
 VOCAB_CONFIGS = [

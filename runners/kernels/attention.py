@@ -12,7 +12,8 @@ factor 2^8), probabilities cast to the input dtype for the second
 ``T.gemm``. Keys past S are masked to -inf, query rows past S are never
 stored. Causal attention (see ``attention_causal``) also stops the KV loop
 at the block's diagonal. On CUDA, exp2 is the bare hardware instruction
-(``common.FAST_EXP2``).
+(``common.FAST_EXP2``); on Hopper, non-causal attention keeps its queries in
+registers for the score gemm.
 
 CPU (``c``): one query row per program, scores in a local buffer, float32.
 Metal: no kernel, since TileLang 0.1.15 cannot lower ``T.reduce_*`` there.
@@ -36,40 +37,55 @@ STALE_MAX_LOG2 = 8.0  # how far (in powers of two) the running max may lag
 CPU_MAX_SEQ = 8192  # the c kernel keeps one row of scores on the stack
 
 
-def tile_config(shape: dict, target: dict) -> dict:
+def tile_config(shape: dict, target: dict, causal: bool = False) -> dict:
     """Tiles, pipeline depth and threads; ``overlap`` runs each KV block's
     softmax while the tensor cores still work on the previous block (Hopper's
-    asynchronous wgmma). ``bench/kernel_tune.py`` measured the choices
-    (docs/evidence/2026-11-30-h200-kernel-tune-*.json): overlap took
+    asynchronous wgmma), and ``q_regs`` feeds the score gemm its queries from
+    registers rather than shared memory. ``bench/kernel_tune.py`` measured the
+    choices (docs/evidence/*-h200-kernel-tune-*.json): overlap took
     non-causal attention from 0.86-0.87x to 0.90-0.91x SDPA (round 1); the
     bare exp2, the stale running max and the shared-memory epilogue took it
-    on to 0.98-1.03x, and causal attention from 0.89x to 1.00-1.03x
-    (rounds 7-9)."""
+    on to 0.98-1.03x, and causal attention from 0.89x to 1.00-1.03x (rounds
+    7-9); queries in registers took non-causal attention from 0.980-0.994x
+    to 0.995-1.004x over five alternating rounds, where causal attention at
+    B=4 lost 0.7-1.8% with them and keeps them in shared memory (round 14)."""
     S, D = shape["S"], shape["D"]
     hopper = target["kind"] == "cuda" and target.get("arch", "").startswith("sm_90")
-    common = dict(overlap=False)
+    common = dict(overlap=False, q_regs=False)
     if target["kind"] == "hip":
         return dict(common, block_m=128, block_n=64, stages=1, threads=256)
     if S <= 64:
         return dict(common, block_m=64, block_n=64, stages=1, threads=128)
     if D > 128:
         return dict(common, block_m=128, block_n=64, stages=2, threads=256)
-    return dict(common, block_m=128, block_n=128, stages=2, threads=256, overlap=hopper)
+    return dict(
+        common,
+        block_m=128,
+        block_n=128,
+        stages=2,
+        threads=256,
+        overlap=hopper,
+        q_regs=hopper and not causal,
+    )
 
 
 def gpu_builder(causal: bool):
     def build(shape: dict, dtype: str, target: dict, config: dict | None = None):
         T = language(target)
         B, H, HKV, S, D = (shape[d] for d in DIMS)
-        cfg = {**tile_config(shape, target), **(config or {})}
+        cfg = {**tile_config(shape, target, causal), **(config or {})}
         block_m, block_n = cfg["block_m"], cfg["block_n"]
         stages, threads = cfg["stages"], cfg["threads"]
         overlap = cfg["overlap"]
+        # Only the hand-pipelined loop reads the queries from registers.
+        q_regs = cfg["q_regs"] and overlap
         scale = D**-0.5 * LOG2E  # softmax in base 2: exp2 is one instruction
         ragged_kv = S % block_n != 0
         neg_inf = -T.infinity("float32")
         cuda = target["kind"] == "cuda"
         exp2 = (lambda x: T.call_extern("float32", FAST_EXP2, x)) if cuda else T.exp2
+        if q_regs:
+            from tilelang.layout import make_swizzled_layout
 
         @T.macro
         def mask_scores(scores, bx, kb):
@@ -157,7 +173,17 @@ def gpu_builder(causal: bool):
                 # head, spelled with HKV because TileLang resolves the string
                 # annotations against the names the body uses.
                 kv = head * HKV // H
-                T.copy(Q[batch, head, bx * block_m, 0], q_tile)
+                if q_regs:
+                    # No gemm reads q_tile now, so TileLang would lay it out
+                    # in rows and load it without TMA: swizzle it, ask for TMA.
+                    T.annotate_layout({q_tile: make_swizzled_layout(q_tile)})
+                    T.copy(
+                        Q[batch, head, bx * block_m, 0],
+                        q_tile,
+                        annotations={"prefer_instruction": "tma"},
+                    )
+                else:
+                    T.copy(Q[batch, head, bx * block_m, 0], q_tile)
                 T.fill(acc, 0)
                 T.fill(row_sum, 0)
                 T.fill(row_max, neg_inf)
@@ -178,13 +204,16 @@ def gpu_builder(causal: bool):
                     # (Issuing the idle gemms conditionally measured slower.)
                     T.fill(probs, 0)
                     tile_done = T.alloc_local((2,), dtype)
+                    if q_regs:
+                        q_frag = T.alloc_fragment((block_m, D), dtype)
+                        T.copy(q_tile, q_frag)
                     for kb in T.Pipelined(kv_blocks + 1, num_stages=stages):
                         T.copy(
                             K[batch, kv, T.min(kb, kv_blocks - 1) * block_n, 0], k_tile
                         )
                         T.copy(V[batch, kv, T.max(kb - 1, 0) * block_n, 0], v_tile)
                         T.wgmma_gemm(
-                            q_tile,
+                            q_frag if q_regs else q_tile,
                             k_tile,
                             scores,
                             transpose_B=True,
