@@ -17,16 +17,7 @@ from ninja import Field, Query, Router, Schema
 from ninja.errors import HttpError
 
 from matrix import queries
-from matrix.api_manifest import toolchain_lookup
-from matrix.models import (
-    Backend,
-    Cell,
-    Dtype,
-    KernelRevision,
-    Operator,
-    Shape,
-    Toolchain,
-)
+from matrix.models import Backend, Cell, Dtype, KernelRevision, Operator, Shape
 from runners.roles import has_role
 
 
@@ -114,18 +105,16 @@ class GapsOut(Schema):
 
 
 def _checked(params: CoverageFilters) -> queries.MatrixFilters:
+    """The pages' filters, after refusing what the pages would quietly drop."""
+    toolchains = queries.toolchain_list()
+    chosen = ""
     if params.toolchain:
-        try:
-            toolchain = toolchain_lookup(params.toolchain)
-        except LookupError as exc:
-            raise HttpError(404, str(exc)) from None
-    else:
-        # As the pages choose: the current toolchain, else the first.
-        toolchain = queries.MatrixFilters.from_params(
-            {}, queries.toolchain_list()
-        ).toolchain
-        if toolchain is None:
-            raise HttpError(404, "no toolchain has reported yet")
+        found = [t for t in toolchains if params.toolchain in (t.name, t.fingerprint)]
+        if not found:
+            raise HttpError(
+                404, f"no toolchain named or fingerprinted {params.toolchain!r}"
+            )
+        chosen = found[0].name
     for name, allowed in (
         ("dtype", Dtype.values),
         ("backend", Backend.values),
@@ -136,15 +125,19 @@ def _checked(params: CoverageFilters) -> queries.MatrixFilters:
             raise HttpError(400, f"{name} must be one of {', '.join(allowed)}")
     if params.operator and not Operator.objects.filter(name=params.operator).exists():
         raise HttpError(404, f"no operator named {params.operator!r}")
-    return queries.MatrixFilters(
-        toolchain=toolchain,
-        dtype=params.dtype or "",
-        backend=params.backend or "",
-        status=params.status or "",
-        served_only=params.served,
-        toolchain_stale=not toolchain.is_current
-        and Toolchain.objects.filter(is_current=True).exists(),
+    filters = queries.MatrixFilters.from_params(
+        {
+            "toolchain": chosen,
+            "dtype": params.dtype or "",
+            "backend": params.backend or "",
+            "status": params.status or "",
+            "served": "1" if params.served else "",
+        },
+        toolchains,
     )
+    if filters.toolchain is None:
+        raise HttpError(404, "no toolchain has reported yet")
+    return filters
 
 
 def _toolchain(filters: queries.MatrixFilters) -> dict:
@@ -245,16 +238,12 @@ def coverage_gaps(request, params: Query[CoverageFilters]):
     gaps = queries.served_gaps(filters)
     if params.operator:
         gaps = [g for g in gaps if g.shape.operator.name == params.operator]
-    reasons: dict[str, int] = {}
-    for g in gaps:
-        for reason in g.reasons:
-            reasons[reason] = reasons.get(reason, 0) + 1
     page = gaps[params.offset : params.offset + params.limit]
     return {
         "toolchain": _toolchain(filters),
         "count": len(gaps),
         "runnable": sum(g.runnable for g in gaps),
-        "reasons": reasons,
+        "reasons": queries.reason_counts(gaps),
         "gaps": [
             {
                 **_shape_fields(g.shape, g.device_type, filters),

@@ -599,6 +599,15 @@ def served_gaps(filters: MatrixFilters) -> list[Gap]:
     return gaps
 
 
+def reason_counts(gaps: list[Gap]) -> dict[str, int]:
+    """How many gaps give each reason, the most common first."""
+    counts: dict[str, int] = {}
+    for g in gaps:
+        for reason in g.reasons:
+            counts[reason] = counts.get(reason, 0) + 1
+    return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
+
+
 def toolchains_online() -> list[Toolchain]:
     """Toolchains that some online routable runner hosts."""
     from runners.models import Runner

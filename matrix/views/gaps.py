@@ -32,17 +32,13 @@ def _gaps_context(request):
     # Every gap shares the toolchain, so either all are takeable or none is:
     # then point at the toolchains the online runners do host.
     unhosted = bool(gaps) and not gaps[0].takeable and filters.toolchain is not None
-    reasons: dict[str, int] = {}
-    for g in gaps:
-        for r in g.reasons:
-            reasons[r] = reasons.get(r, 0) + 1
     return {
         "filters": filters,
         "toolchains": toolchains,
         "gaps": gaps[:SHOWN],
         "gap_count": len(gaps),
         "runnable": runnable,
-        "reasons": sorted(reasons.items(), key=lambda kv: -kv[1]),
+        "reasons": list(queries.reason_counts(gaps).items()),
         "dtypes": Dtype.values,
         "backends": Backend.choices,
         "states": queries.STATE_FILTERS,
