@@ -52,6 +52,9 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "matrix.security.SecurityHeadersMiddleware",
+    # Outside the role and login checks, so their redirects reach it.
+    "django_htmx.middleware.HtmxMiddleware",
+    "matrix.htmx_login.HtmxLoginRedirectMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -59,7 +62,6 @@ MIDDLEWARE = [
     "runners.roles.RoleMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
-    "django_htmx.middleware.HtmxMiddleware",
     "axes.middleware.AxesMiddleware",
 ]
 

@@ -5,7 +5,16 @@ from django.contrib.auth import views as auth_views
 from django.urls import path
 
 from matrix.api import api
-from matrix.views import cells, errors, gaps, matrix, runners, submissions, upgrades
+from matrix.views import (
+    account,
+    cells,
+    errors,
+    gaps,
+    matrix,
+    runners,
+    submissions,
+    upgrades,
+)
 
 urlpatterns = [
     path("", matrix.matrix_page, name="matrix"),
@@ -55,7 +64,7 @@ urlpatterns = [
         name="submission-review",
     ),
     path("login/", auth_views.LoginView.as_view(), name="login"),
-    path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("logout/", account.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),
     path("api/v1/", api.urls),
 ]

@@ -64,7 +64,7 @@ EXPECTED = {
         post=SUBMISSION_REVIEWERS, hidden_from={VIEWER, RUNNER_ADMIN}
     ),
     "login": page(get=EVERYONE, post=EVERYONE),
-    "logout": page(post=EVERYONE),
+    "logout": page(get=EVERYONE, post=EVERYONE),  # GET shows the button
     # The API authenticates each route itself (signed runner messages,
     # registration tokens, sessions for kernel submissions).
     "api:openapi-json": page(get=EVERYONE, post=EVERYONE),
