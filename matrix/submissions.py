@@ -106,24 +106,30 @@ def kernel_review(*, revision: KernelRevision, by, approve: bool) -> KernelRevis
     return revision
 
 
-def revision_diff(revision: KernelRevision) -> list[str]:
-    """The unified diff of a revision against the operator's current one
-    (the library module's text for a library revision)."""
+def diff_base(revision: KernelRevision) -> KernelRevision | None:
+    """What a revision is shown against: the operator's current revision,
+    or, once the revision is current itself, the one it replaced."""
     others = KernelRevision.objects.filter(
         operator_id=revision.operator_id, review_state=KernelRevision.Review.APPROVED
     ).exclude(pk=revision.pk)
-    # Once approved, the revision is current itself: compare with the one
-    # it replaced.
-    current = (
+    return (
         others.filter(is_current=True).first()
         or others.filter(created_at__lte=revision.created_at)
         .order_by("-created_at")
         .first()
     )
+
+
+def revision_diff(revision: KernelRevision, base: KernelRevision | None) -> list[str]:
+    """The unified diff of a revision against ``base`` (for a library
+    revision, the operator's own module within its text)."""
     # A library revision's text carries the library modules it imports;
     # a submission replaces the operator's own module alone.
-    before = operator_module(current.source) if current else ""
-    label = f"current {current.source_sha256[:12]}" if current else "nothing"
+    before = operator_module(base.source) if base else ""
+    label = "nothing"
+    if base is not None:
+        role = "current" if base.is_current else "replaced"
+        label = f"{role} {base.source_sha256[:12]}"
     return list(
         difflib.unified_diff(
             before.splitlines(),

@@ -73,11 +73,14 @@ def submission_new(request):
 @require_GET
 def submission_page(request, pk: int):
     revision = _get_submission_for_user(request, pk)
+    base = submissions.diff_base(revision)
+    pending = revision.review_state == KernelRevision.Review.PENDING
     context = {
         "revision": revision,
-        "diff": submissions.revision_diff(revision),
-        "can_review": revision.review_state == KernelRevision.Review.PENDING
-        and submissions.can_review(request.user, revision),
+        "base": base,
+        "diff": submissions.revision_diff(revision, base),
+        "can_review": pending and submissions.can_review(request.user, revision),
+        "own_pending": pending and revision.author_id == request.user.pk,
         "form": ReviewForm(),
     }
     return render(request, "submissions/detail.html", context)
@@ -102,4 +105,11 @@ def submission_review(request, pk: int):
         )
     except ValidationError as exc:
         messages.error(request, " ".join(exc.messages))
+    else:
+        messages.success(
+            request,
+            "Approved: it is the operator's current revision, and new jobs run it."
+            if form.cleaned_data["decision"] == "approve"
+            else "Rejected: it never runs.",
+        )
     return redirect("submission", pk=revision.pk)

@@ -151,6 +151,28 @@ def test_another_reviewer_approves_and_its_jobs_carry_text_and_hash(
     assert payload["source_sha256"] == pending.source_sha256
 
 
+def test_an_approved_submission_is_shown_against_the_revision_it_replaced(
+    client, author, second_reviewer, pending
+):
+    replaced = KernelRevision.objects.get(operator=pending.operator, is_current=True)
+    client.force_login(author)
+    page = client.get(reverse("submission", args=[pending.pk])).content.decode()
+    assert "You submitted this revision: another reviewer" in page
+    assert f"current {replaced.source_sha256[:12]}" in page
+
+    client.force_login(second_reviewer)
+    response = client.post(
+        reverse("submission-review", args=[pending.pk]),
+        {"decision": "approve"},
+        follow=True,
+    )
+    page = response.content.decode()
+    assert "Approved: it is the operator&#x27;s current revision" in page
+    assert "Diff against the revision it replaced" in page
+    assert f"replaced {replaced.source_sha256[:12]}" in page
+    assert "current " + replaced.source_sha256[:12] not in page
+
+
 def test_a_second_review_is_refused(client, second_reviewer, pending):
     kernel_review(revision=pending, by=second_reviewer, approve=False)
     client.force_login(second_reviewer)
