@@ -2,7 +2,9 @@ from __future__ import annotations
 
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
+from django.templatetags.static import static
 from django.urls import path
+from django.views.generic import RedirectView
 
 from matrix.api import api
 from matrix.views import (
@@ -65,6 +67,12 @@ urlpatterns = [
     ),
     path("login/", auth_views.LoginView.as_view(), name="login"),
     path("logout/", account.LogoutView.as_view(), name="logout"),
+    # Pages without the app's <link rel="icon"> (the admin's) ask for this.
+    path(
+        "favicon.ico",
+        RedirectView.as_view(url=static("favicon.svg"), permanent=True),
+        name="favicon",
+    ),
     path("admin/", admin.site.urls),
     path("api/v1/", api.urls),
 ]

@@ -48,7 +48,7 @@ ADMIN_APPS = ("matrix", "runners", "auth", "axes")
 
 # Reachable without a role: signing in and out, the API (which authenticates
 # each route itself: signed runner messages, tokens) and static files.
-PUBLIC_URL_NAMES = {"login", "logout"}
+PUBLIC_URL_NAMES = {"login", "logout", "favicon"}
 PUBLIC_NAMESPACES = {"api"}
 SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
 

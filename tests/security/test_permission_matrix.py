@@ -65,6 +65,7 @@ EXPECTED = {
     ),
     "login": page(get=EVERYONE, post=EVERYONE),
     "logout": page(get=EVERYONE, post=EVERYONE),  # GET shows the button
+    "favicon": page(get=EVERYONE, post=EVERYONE),
     # The API authenticates each route itself (signed runner messages,
     # registration tokens, sessions for kernel submissions).
     "api:openapi-json": page(get=EVERYONE, post=EVERYONE),
@@ -189,7 +190,7 @@ def want(row, persona: str, method: str, name: str) -> str:
         if name in ADMIN_PUBLIC:
             return "any"
         return "not login" if persona in ADMIN_HOLDERS else "login"
-    public = name in ("login", "logout") or name.startswith("api:")
+    public = name in ("login", "logout", "favicon") or name.startswith("api:")
     if not public and not name.startswith("admin:"):
         if persona == ANONYMOUS:
             return "login"

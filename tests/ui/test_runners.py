@@ -87,8 +87,11 @@ def test_revoke_takes_the_runner_out_of_routing(client, cpu_runner, runner_admin
     response = client.post(
         reverse("runner-revoke", args=[cpu_runner.pk]), HTTP_HX_REQUEST="true"
     )
-    assert response.status_code == 200 and "revoked" in response.content.decode()
+    row = response.content.decode()
+    assert response.status_code == 200 and "revoked" in row
     assert not Runner.objects.online().filter(pk=cpu_runner.pk).exists()
+    # Jobs still wait on the queues it read, but not for it.
+    assert "takes no jobs" in row and "queued" not in row
 
 
 @pytest.mark.parametrize(
