@@ -169,6 +169,14 @@ def perf(baseline: list[float], candidate: list[float]) -> tuple[float, float] |
 
 
 def classify(baseline: str | None, candidate: str | None) -> str:
+    """A side whose result is ``infra_error`` has no evidence: the runner or
+    the sandbox failed, the kernel did not, so it is neither red nor a
+    regression. (Ingest lets infra_error fill only an empty cell, so it
+    never hides an earlier answer.)"""
+    if baseline == Status.INFRA_ERROR:
+        baseline = None
+    if candidate == Status.INFRA_ERROR:
+        candidate = None
     if candidate is None:
         return Change.MISSING
     if baseline is None:

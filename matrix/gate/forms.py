@@ -26,13 +26,25 @@ class ProposalForm(forms.Form):
 
 
 class DecisionForm(forms.Form):
-    decision = forms.ChoiceField(choices=Decision.choices, widget=forms.RadioSelect)
-    comment = forms.CharField(widget=forms.Textarea(attrs={"rows": 3}))
+    decision = forms.ChoiceField(
+        choices=Decision.choices,
+        widget=forms.RadioSelect,
+        error_messages={"required": "choose approve or reject"},
+    )
+    comment = forms.CharField(
+        widget=forms.Textarea(attrs={"rows": 3}),
+        error_messages={"required": "write a comment: it explains the decision"},
+    )
 
 
 class ExceptionForm(forms.Form):
-    backend = forms.ChoiceField(choices=Backend.choices)
-    reason = forms.CharField(widget=forms.Textarea(attrs={"rows": 2}))
+    backend = forms.ChoiceField(
+        choices=Backend.choices, error_messages={"required": "choose a backend"}
+    )
+    reason = forms.CharField(
+        widget=forms.Textarea(attrs={"rows": 2}),
+        error_messages={"required": "write why its regressions may be waived"},
+    )
 
     def __init__(self, *args, backends=None, **kwargs):
         super().__init__(*args, **kwargs)
@@ -59,6 +71,17 @@ class JSONMapField(forms.CharField):
 
 
 class PolicyForm(forms.ModelForm):
+    """The bounds are checked here, before the model's check constraints,
+    whose messages name the constraint rather than the rule."""
+
+    perf_budget = forms.FloatField(
+        min_value=0,
+        error_messages={"min_value": "must not be negative"},
+        help_text=Policy._meta.get_field("perf_budget").help_text,
+    )
+    required_approvals = forms.IntegerField(
+        min_value=1, error_messages={"min_value": "must be at least 1"}
+    )
     perf_budgets = JSONMapField(
         required=False, help_text='per operator, e.g. {"gemm": 0.02}'
     )

@@ -105,7 +105,7 @@ class ProposalState(models.TextChoices):
     BLOCKED = "blocked"
     APPROVED = "approved"
     REJECTED = "rejected"
-    ROLLED_OUT = "rolled_out", "rolled out"
+    ROLLED_OUT = "rolled_out", "Rolled out"
 
 
 class ProposalQuerySet(models.QuerySet):

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from django.contrib.auth import get_user_model
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import transaction
-from django.db.models import Q
+from django.db.models import Count, Q
 from django.utils import timezone
 
 from matrix.gate.diff import Change, Diff, matrix_diff
@@ -23,13 +23,20 @@ from matrix.gate.models import (
 )
 from matrix.models import (
     AuditEvent,
+    Backend,
     Cell,
+    DeviceType,
+    JobStage,
     KernelRevision,
+    Operator,
     Shape,
+    Status,
     Sweep,
     Toolchain,
     ValidationJob,
 )
+from matrix.queries import toolchains_online
+from runners.models import Runner
 
 POLICY_FIELDS = (
     "forbid_served_regressions",
@@ -73,8 +80,8 @@ def policy_save(*, by, **changes) -> Policy:
         raise ValidationError(f"unknown policy fields: {', '.join(unknown)}")
     current = Policy.objects.select_for_update().order_by("-version").first()
     values = {name: getattr(current, name) for name in POLICY_FIELDS} if current else {}
+    _policy_check(changes)
     values.update(changes)
-    _policy_check(values)
     policy = Policy.objects.create(
         version=(current.version + 1) if current else 1, created_by=by, **values
     )
@@ -90,25 +97,84 @@ def policy_save(*, by, **changes) -> Policy:
     return policy
 
 
-def _policy_check(values: dict) -> None:
-    budgets = values.get("perf_budgets", {})
-    if not isinstance(budgets, dict) or any(
-        isinstance(v, bool) or not isinstance(v, int | float) or v < 0
-        for v in budgets.values()
-    ):
-        raise ValidationError("per-operator budgets must map names to numbers >= 0")
-    owners = values.get("backend_owners", {})
-    if not isinstance(owners, dict) or any(
-        not isinstance(v, list) or not all(isinstance(n, str) for n in v)
-        for v in owners.values()
-    ):
-        raise ValidationError(
-            "backend owners must map a backend to a list of user names"
+def _policy_check(changes: dict) -> None:
+    """Refuse, per field and in words, a change the gate could not apply:
+    the stored versions were checked when written, so only ``changes`` are."""
+    checks = {
+        "perf_budget": _perf_budget_errors,
+        "perf_budgets": _perf_budgets_errors,
+        "required_approvals": _required_approvals_errors,
+        "backend_owners": _backend_owners_errors,
+    }
+    errors = {}
+    for name, check in checks.items():
+        if name in changes:
+            problems = check(changes[name])
+            if problems:
+                errors[name] = problems
+    if errors:
+        raise ValidationError(errors)
+
+
+def _is_number(value) -> bool:
+    return not isinstance(value, bool) and isinstance(value, int | float)
+
+
+def _perf_budget_errors(value) -> list[str]:
+    if not _is_number(value):
+        return ["must be a number, e.g. 0.05"]
+    return ["must not be negative"] if value < 0 else []
+
+
+def _required_approvals_errors(value) -> list[str]:
+    if isinstance(value, bool) or not isinstance(value, int):
+        return ["must be a whole number"]
+    return ["must be at least 1"] if value < 1 else []
+
+
+def _perf_budgets_errors(budgets) -> list[str]:
+    if not isinstance(budgets, dict):
+        return ['must map operator names to budgets, e.g. {"gemm": 0.02}']
+    known = set(Operator.objects.values_list("name", flat=True))
+    errors = []
+    unknown = sorted(set(budgets) - known)
+    if unknown:
+        errors.append(
+            f"unknown operator {', '.join(unknown)}; the operators are "
+            f"{', '.join(sorted(known)) or 'none yet'}"
         )
-    if values.get("required_approvals", 1) < 1:
-        raise ValidationError("at least one approval is required")
-    if values.get("perf_budget", 0) < 0:
-        raise ValidationError("the performance budget cannot be negative")
+    for name, budget in sorted(budgets.items()):
+        if not _is_number(budget) or budget < 0:
+            errors.append(f"the budget for {name} must be a number, not negative")
+    return errors
+
+
+def _backend_owners_errors(owners) -> list[str]:
+    if not isinstance(owners, dict):
+        return ['must map backends to user names, e.g. {"cuda": ["alice"]}']
+    errors = []
+    unknown = sorted(set(owners) - set(Backend.values))
+    if unknown:
+        errors.append(
+            f"unknown backend {', '.join(unknown)}; the backends are "
+            f"{', '.join(Backend.values)}"
+        )
+    names = set()
+    for backend, users in sorted(owners.items()):
+        if not isinstance(users, list) or not all(isinstance(n, str) for n in users):
+            errors.append(f"the owners of {backend} must be a list of user names")
+        else:
+            names.update(users)
+    User = get_user_model()
+    existing = set(
+        User.objects.filter(**{f"{User.USERNAME_FIELD}__in": names}).values_list(
+            User.USERNAME_FIELD, flat=True
+        )
+    )
+    missing = sorted(names - existing)
+    if missing:
+        errors.append(f"no user named {', '.join(missing)}")
+    return errors
 
 
 # -- evaluation ---------------------------------------------------------------
@@ -123,6 +189,7 @@ class Evaluation:
     blocking: list[str] = field(default_factory=list)  # only new results clear these
     approvals_needed: list[str] = field(default_factory=list)
     rejections: list[str] = field(default_factory=list)
+    rejected_by: list[str] = field(default_factory=list)
     approvals: int = 0
 
     @property
@@ -147,8 +214,14 @@ def policy_evaluate(
 
 
 def _evaluate(
-    *, proposal: UpgradeProposal, diff: Diff | None = None, policy: Policy | None = None
+    *,
+    proposal: UpgradeProposal,
+    diff: Diff | None = None,
+    policy: Policy | None = None,
+    ignoring=None,
 ) -> Evaluation:
+    """``ignoring``: a reviewer whose standing decision is left out, as it
+    will be once their next decision replaces it."""
     policy = policy or Policy.current()
     diff = diff or proposal_diff(proposal=proposal)
     ev = Evaluation(policy=policy, diff=diff)
@@ -163,7 +236,10 @@ def _evaluate(
                 f"served cell {row.label} went from pass to {row.candidate_status}"
             )
         if policy.require_candidate_results and row.change == Change.MISSING:
-            ev.blocking.append(f"served cell {row.label} has no candidate result")
+            reason = f"served cell {row.label} has no candidate result"
+            if row.candidate_status == Status.INFRA_ERROR:
+                reason += " (its run hit runner trouble: infra_error, not the kernel)"
+            ev.blocking.append(reason)
         budget = policy.budget_for(row.operator)
         if row.slower_than(budget):
             exception = exceptions.get(row.backend)
@@ -187,13 +263,15 @@ def _evaluate(
         .objects.filter(groups__name=policy.reviewer_group)
         .values_list("pk", flat=True)
     )
+    if ignoring is not None:
+        standing = standing.exclude(reviewer=ignoring)
     for approval in standing:
         if approval.diff_digest != diff.digest or approval.reviewer_id not in reviewers:
             continue
         if approval.decision == Approval.Decision.REJECT:
-            ev.rejections.append(
-                f"rejected by {approval.reviewer.get_username()}: {approval.comment}"
-            )
+            name = approval.reviewer.get_username()
+            ev.rejections.append(f"rejected by {name}: {approval.comment}")
+            ev.rejected_by.append(name)
         elif approval.reviewer_id != proposal.proposer_id:
             ev.approvals += 1
     if ev.approvals < policy.required_approvals:
@@ -204,19 +282,95 @@ def _evaluate(
     return ev
 
 
-def _has_open_jobs(proposal: UpgradeProposal) -> bool:
+def _open_jobs(proposal: UpgradeProposal):
     """Jobs still queued or running on the proposal's served cells, whoever
     planned them: a cell already in flight when the proposal opened is not
     planned twice, but its result is awaited all the same."""
-    return (
-        ValidationJob.objects.open()
-        .filter(
-            shape__served=True,
-            device_type__in=proposal.device_types.all(),
-            toolchain__in=[proposal.baseline_id, proposal.candidate_id],
-        )
-        .exists()
+    return ValidationJob.objects.open().filter(
+        shape__served=True,
+        device_type__in=proposal.device_types.all(),
+        toolchain__in=[proposal.baseline_id, proposal.candidate_id],
     )
+
+
+@dataclass
+class StalledJobs:
+    """Queued jobs of one toolchain on one device type that sit on a queue no
+    online runner reads: they run only once a runner that can take them
+    comes online."""
+
+    toolchain: Toolchain
+    device_type: DeviceType
+    count: int
+    missing_runner: str
+
+    def __str__(self) -> str:
+        return (
+            f"{_jobs_phrase(self.count)} on {self.toolchain} for {self.device_type} "
+            f"({self.missing_runner})"
+        )
+
+
+def _jobs_phrase(count: int) -> str:
+    return f"{count} validation job{'s' if count != 1 else ''}"
+
+
+@dataclass
+class JobsInFlight:
+    open: int
+    stalled: list[StalledJobs]
+
+    @property
+    def stalled_count(self) -> int:
+        return sum(group.count for group in self.stalled)
+
+
+def proposal_jobs_in_flight(*, proposal: UpgradeProposal) -> JobsInFlight:
+    """What a collecting proposal waits for: its open jobs, and those of them
+    that no online runner can take (the rule of ``manage.py sweep``'s
+    warning), with the runner each group lacks."""
+    jobs = _open_jobs(proposal)
+    total = jobs.count()
+    if not total:
+        return JobsInFlight(open=0, stalled=[])
+    read = {queue for runner in Runner.objects.online() for queue in runner.queues()}
+    hosted = {toolchain.pk for toolchain in toolchains_online()}
+    groups = (
+        jobs.filter(state=ValidationJob.State.QUEUED)
+        .exclude(queue__in=read)
+        .values("toolchain", "device_type", "stage")
+        .annotate(count=Count("pk"))
+        .order_by("toolchain", "device_type", "stage")
+    )
+    toolchains = Toolchain.objects.in_bulk({g["toolchain"] for g in groups})
+    device_types = DeviceType.objects.in_bulk({g["device_type"] for g in groups})
+    stalled = []
+    for group in groups:
+        toolchain = toolchains[group["toolchain"]]
+        device_type = device_types[group["device_type"]]
+        # A job's queue follows from its stage (runners.services.routes_for).
+        if toolchain.pk not in hosted:
+            missing = f"no online runner hosts {toolchain}"
+        elif group["stage"] == JobStage.VALIDATE:
+            missing = f"no online runner with {device_type} hosts {toolchain}"
+        else:
+            missing = f"no online runner that hosts {toolchain} has nvcc"
+        stalled.append(StalledJobs(toolchain, device_type, group["count"], missing))
+    return JobsInFlight(open=total, stalled=stalled)
+
+
+def _state_of(proposal: UpgradeProposal, ev: Evaluation) -> str:
+    """The state an evaluation puts the proposal in; a failing rule while
+    jobs are open may still be cleared by their results."""
+    if ev.rejections:
+        return ProposalState.REJECTED
+    if _open_jobs(proposal).exists():
+        return ProposalState.COLLECTING
+    if ev.blocking:
+        return ProposalState.BLOCKED
+    if ev.approvals_needed:
+        return ProposalState.READY
+    return ProposalState.APPROVED
 
 
 @transaction.atomic
@@ -231,20 +385,7 @@ def proposal_reevaluate(*, proposal: UpgradeProposal, actor=None) -> UpgradeProp
     if proposal.diff_digest and diff.digest != proposal.diff_digest:
         _void_decisions(proposal=proposal, digest=diff.digest, actor=actor)
     ev = _evaluate(proposal=proposal, diff=diff)
-    if ev.rejections:
-        state = ProposalState.REJECTED
-    elif ev.blocking:
-        state = (
-            ProposalState.COLLECTING
-            if _has_open_jobs(proposal)
-            else ProposalState.BLOCKED
-        )
-    elif _has_open_jobs(proposal):
-        state = ProposalState.COLLECTING
-    elif ev.approvals_needed:
-        state = ProposalState.READY
-    else:
-        state = ProposalState.APPROVED
+    state = _state_of(proposal, ev)
     if state == ProposalState.APPROVED and (
         proposal.state != ProposalState.APPROVED or diff.digest != proposal.diff_digest
     ):
@@ -260,14 +401,16 @@ def proposal_reevaluate(*, proposal: UpgradeProposal, actor=None) -> UpgradeProp
     proposal.blocking_reasons = ev.reasons
     proposal.evaluated_at = timezone.now()
     proposal.save()
-    after = proposal.snapshot()
-    if after != before:
+    # Results arriving while collecting change the digest and the reasons on
+    # every ingest; the trail records the transitions, and the approvals the
+    # diff voids are recorded one by one.
+    if proposal.state != before["state"]:
         AuditEvent.record(
             actor=actor,
             verb="proposal.evaluate",
             obj=proposal,
             before=before,
-            after=after,
+            after=proposal.snapshot(),
         )
     return proposal
 
@@ -407,14 +550,8 @@ def _decide(*, proposal, by, comment: str, decision: str) -> Approval:
     proposal = proposal_reevaluate(proposal=proposal, actor=by)
     if proposal.state == ProposalState.ROLLED_OUT:
         raise ValidationError("this proposal is already rolled out")
-    if decision == Approval.Decision.APPROVE and proposal.state not in (
-        ProposalState.READY,
-        ProposalState.APPROVED,
-    ):
-        raise ValidationError(
-            f"cannot approve while {proposal.state.replace('_', ' ')}: "
-            + "; ".join(proposal.blocking_reasons)
-        )
+    if decision == Approval.Decision.APPROVE:
+        _approval_check(proposal=proposal, by=by)
     for previous in proposal.approvals.filter(reviewer=by, voided=False):
         _void(previous, reason="superseded by a later decision", actor=by)
     approval = Approval.objects.create(
@@ -435,6 +572,44 @@ def _decide(*, proposal, by, comment: str, decision: str) -> Approval:
         after={**proposal.snapshot(), "approval": approval.pk, "comment": comment},
     )
     return approval
+
+
+def _approval_check(*, proposal: UpgradeProposal, by) -> None:
+    """Refuse an approval the proposal cannot take now, saying what has to
+    happen first. The reviewer's own standing decision is left out, since
+    this one replaces it: that is how a reviewer lifts their rejection,
+    while someone else's rejection still stands."""
+    ev = _evaluate(proposal=proposal, ignoring=by)
+    state = _state_of(proposal, ev)
+    if state in (ProposalState.READY, ProposalState.APPROVED):
+        return
+    if state == ProposalState.REJECTED:
+        them = "that rejection" if len(ev.rejected_by) == 1 else "those rejections"
+        why = (
+            "; ".join(ev.rejections)
+            + f"; only {' and '.join(ev.rejected_by)} can lift {them}"
+        )
+    elif state == ProposalState.COLLECTING:
+        why = _collecting_wait(proposal)
+    else:
+        why = "; ".join(ev.blocking)
+    raise ValidationError(
+        f"cannot approve while {ProposalState(state).label.lower()}: {why}"
+    )
+
+
+def _collecting_wait(proposal: UpgradeProposal) -> str:
+    jobs = proposal_jobs_in_flight(proposal=proposal)
+    why = (
+        f"wait for the {_jobs_phrase(jobs.open)} still queued or running on its "
+        "served cells and approve once their results are in"
+    )
+    if jobs.stalled:
+        why += (
+            f"; {jobs.stalled_count} of them wait on queues no online runner "
+            "reads: " + "; ".join(str(group) for group in jobs.stalled)
+        )
+    return why
 
 
 @transaction.atomic
@@ -459,7 +634,12 @@ def exception_grant(
     *, proposal: UpgradeProposal, backend: str, reason: str, by
 ) -> BackendException:
     """A reviewer waives one backend's performance regressions; it counts only
-    after that backend's owner signs."""
+    after that backend's owner signs. Never the proposer: waiving a rule is a
+    decision on the proposal, under the same two-person rule as approving."""
+    if by.pk == proposal.proposer_id:
+        raise PermissionDenied(
+            "the proposer cannot grant an exception to their own proposal"
+        )
     if not is_reviewer(by):
         raise PermissionDenied("only reviewers grant exceptions")
     if not proposal.device_types.filter(backend=backend).exists():

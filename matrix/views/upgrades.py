@@ -7,14 +7,17 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 from django.views.decorators.vary import vary_on_headers
+from django_htmx.http import HttpResponseClientRedirect
 
 from matrix.gate import services
 from matrix.gate.diff import Change
 from matrix.gate.forms import DecisionForm, ExceptionForm, PolicyForm, ProposalForm
 from matrix.gate.models import BackendException, Policy, UpgradeProposal
 from matrix.models import AuditEvent
+from matrix.queries import toolchains_online
 
 # htmx stops polling on this status.
 STOP_POLLING = 286
@@ -91,10 +94,17 @@ def upgrade_page(request, pk: int):
     return render(request, "gate/detail.html", context)
 
 
-def _detail_context(request, proposal: UpgradeProposal) -> dict:
+def _detail_context(
+    request, proposal: UpgradeProposal, *, decision_form=None, exception_form=None
+) -> dict:
+    """The page's context; a form passed in is a bound one that failed, shown
+    again with its errors and what the user typed."""
     diff = services.proposal_diff(proposal=proposal)
     policy = Policy.current()
     reviewer = services.is_reviewer(request.user, policy)
+    is_proposer = request.user.pk == proposal.proposer_id
+    collecting = proposal.state == UpgradeProposal.State.COLLECTING
+    jobs = services.proposal_jobs_in_flight(proposal=proposal) if collecting else None
     return {
         "proposal": proposal,
         "device_types": proposal.device_types.all(),
@@ -111,17 +121,18 @@ def _detail_context(request, proposal: UpgradeProposal) -> dict:
             object_id=str(proposal.pk),
         ),
         "policy": policy,
-        "can_decide": reviewer and request.user.pk != proposal.proposer_id,
-        "is_proposer": request.user.pk == proposal.proposer_id,
+        "jobs": jobs,
+        "hosted": toolchains_online() if jobs and jobs.stalled else [],
+        "can_decide": reviewer and not is_proposer,
+        "can_grant_exception": reviewer and not is_proposer,
+        "is_proposer": is_proposer,
         "can_rollout": proposal.state == UpgradeProposal.State.APPROVED
         and (reviewer or services.can_edit_policy(request.user)),
-        "decision_form": DecisionForm(),
-        "exception_form": ExceptionForm(
-            backends={dt.backend for dt in proposal.device_types.all()}
-        ),
+        "decision_form": decision_form or DecisionForm(),
+        "exception_form": exception_form or _exception_form(proposal),
         "is_reviewer": reviewer,
         "can_reevaluate": reviewer
-        or request.user.pk == proposal.proposer_id
+        or is_proposer
         or services.can_edit_policy(request.user),
         "owned_backends": [
             backend
@@ -131,8 +142,33 @@ def _detail_context(request, proposal: UpgradeProposal) -> dict:
     }
 
 
+def _exception_form(proposal: UpgradeProposal, data=None) -> ExceptionForm:
+    return ExceptionForm(
+        data, backends={dt.backend for dt in proposal.device_types.all()}
+    )
+
+
+def _back_to_proposal(request, proposal: UpgradeProposal):
+    """After an action that worked: the whole page again, since it changes
+    the gate status, the decisions and the audit trail alike."""
+    url = reverse("upgrade", args=[proposal.pk])
+    if request.htmx:
+        return HttpResponseClientRedirect(url)
+    return redirect(url)
+
+
+def _form_again(request, proposal: UpgradeProposal, partial: str, **forms):
+    """A refused form with its errors and the text typed into it: the form's
+    partial for htmx, which swaps it in place, else the whole page."""
+    template = "gate/detail.html"
+    if request.htmx:
+        template += f"#{partial}"
+    return render(request, template, _detail_context(request, proposal, **forms))
+
+
 @login_required
 @require_POST
+@vary_on_headers("HX-Request")
 def upgrade_decide(request, pk: int):
     proposal = _get_proposal_for_user(request.user, pk)
     if request.user.pk == proposal.proposer_id:
@@ -140,19 +176,21 @@ def upgrade_decide(request, pk: int):
     if not services.is_reviewer(request.user):
         raise PermissionDenied("only reviewers decide on upgrades")
     form = DecisionForm(request.POST)
-    if not form.is_valid():
-        messages.error(request, "choose approve or reject and write a comment")
-        return redirect("upgrade", pk=pk)
-    decide = (
-        services.proposal_approve
-        if form.cleaned_data["decision"] == "approve"
-        else services.proposal_reject
-    )
-    try:
-        decide(proposal=proposal, by=request.user, comment=form.cleaned_data["comment"])
-    except ValidationError as exc:
-        _refusal(request, exc)
-    return redirect("upgrade", pk=pk)
+    if form.is_valid():
+        decide = (
+            services.proposal_approve
+            if form.cleaned_data["decision"] == "approve"
+            else services.proposal_reject
+        )
+        try:
+            decide(
+                proposal=proposal, by=request.user, comment=form.cleaned_data["comment"]
+            )
+        except ValidationError as exc:
+            form.add_error(None, exc)
+        else:
+            return _back_to_proposal(request, proposal)
+    return _form_again(request, proposal, "decision-form", decision_form=form)
 
 
 @login_required
@@ -182,11 +220,16 @@ def upgrade_rollout(request, pk: int):
 
 @login_required
 @require_POST
+@vary_on_headers("HX-Request")
 def upgrade_exception(request, pk: int):
     proposal = _get_proposal_for_user(request.user, pk)
+    if request.user.pk == proposal.proposer_id:
+        raise PermissionDenied(
+            "the proposer cannot grant an exception to their own proposal"
+        )
     if not services.is_reviewer(request.user):
         raise PermissionDenied("only reviewers grant exceptions")
-    form = ExceptionForm(request.POST)
+    form = _exception_form(proposal, request.POST)
     if form.is_valid():
         try:
             services.exception_grant(
@@ -196,10 +239,10 @@ def upgrade_exception(request, pk: int):
                 by=request.user,
             )
         except ValidationError as exc:
-            _refusal(request, exc)
-    else:
-        messages.error(request, "an exception needs a backend and a reason")
-    return redirect("upgrade", pk=pk)
+            form.add_error(None, exc)
+        else:
+            return _back_to_proposal(request, proposal)
+    return _form_again(request, proposal, "exception-form", exception_form=form)
 
 
 @login_required

@@ -6,8 +6,14 @@ import pytest
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import IntegrityError, connection, transaction
 
-from matrix.gate.models import Approval, ManifestEntry, UpgradeProposal
+from matrix.gate.models import (
+    Approval,
+    BackendException,
+    ManifestEntry,
+    UpgradeProposal,
+)
 from matrix.gate.services import (
+    exception_grant,
     proposal_approve,
     proposal_open,
     proposal_reevaluate,
@@ -251,3 +257,71 @@ def test_a_cell_already_in_flight_keeps_the_proposal_collecting(world):
     )
     assert not proposal.sweeps.exists()
     assert proposal.state == UpgradeProposal.State.COLLECTING
+
+
+def test_a_reviewer_lifts_their_own_rejection_by_approving(world, proposal):
+    reviewer = world.reviewers[1]
+    proposal_reject(proposal=proposal, by=reviewer, comment="changed my mind")
+    proposal_approve(proposal=proposal, by=reviewer, comment="0.1.15 is fine after all")
+    proposal.refresh_from_db()
+    assert proposal.state == UpgradeProposal.State.READY
+    assert proposal.blocking_reasons == [
+        "needs 2 approvals from the reviewer group, has 1"
+    ]
+    # The rejection stays in the record, replaced rather than deleted.
+    rejection = Approval.objects.get(decision="reject")
+    assert (rejection.voided, rejection.voided_reason) == (
+        True,
+        "superseded by a later decision",
+    )
+    assert AuditEvent.objects.filter(
+        verb="approval.void", object_id=str(rejection.pk)
+    ).exists()
+    proposal_approve(proposal=proposal, by=world.reviewers[2], comment="agreed")
+    proposal.refresh_from_db()
+    assert proposal.state == UpgradeProposal.State.APPROVED
+
+
+def test_only_its_author_lifts_a_rejection(world, proposal):
+    proposal_reject(proposal=proposal, by=world.reviewers[1], comment="changed my mind")
+    with pytest.raises(ValidationError) as refused:
+        proposal_approve(proposal=proposal, by=world.reviewers[2], comment="ship it")
+    assert refused.value.messages == [
+        "cannot approve while rejected: rejected by reviewer2: changed my mind; "
+        "only reviewer2 can lift that rejection"
+    ]
+    proposal.refresh_from_db()
+    assert proposal.state == UpgradeProposal.State.REJECTED
+    assert list(
+        Approval.objects.filter(voided=False).values_list("reviewer", "decision")
+    ) == [(world.reviewers[1].pk, "reject")]
+
+
+def test_the_proposer_cannot_grant_an_exception_to_their_proposal(world, proposal):
+    with pytest.raises(PermissionDenied, match="proposer cannot grant an exception"):
+        exception_grant(
+            proposal=proposal, backend="c", reason="my own waiver", by=world.owner
+        )
+    assert not BackendException.objects.exists()
+
+
+def test_the_audit_trail_records_state_changes_not_every_evaluation(world):
+    world.green(world.old)
+    proposal = proposal_open(
+        baseline=world.old,
+        candidate=world.new,
+        device_types=[world.cpu],
+        by=world.owner,
+    )
+    jobs = list(proposal.sweeps.get().jobs.all())
+    # Each result changes the diff while other jobs are still open.
+    for job in jobs:
+        job.state = job.State.DONE
+        job.save(update_fields=["state"])
+        world.record(job.shape, job.device_type, job.toolchain, Status.PASS)
+        proposal = proposal_reevaluate(proposal=proposal)
+    evaluations = [
+        (e.before["state"], e.after["state"])
+        for e in AuditEvent.objects.filter(verb="proposal.evaluate").order_by("id")
+    ]
+    assert evaluations == [("collecting", "ready")]

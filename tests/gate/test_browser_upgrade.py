@@ -54,6 +54,13 @@ def test_propose_review_approve_and_read_the_manifest(
         page = log_in(browser, live_server, reviewer.username, "browser-pass-123")
         page.click(f"text=#{proposal.pk}")
         page.check("input[name=decision][value=approve]")
+        if n == 1:
+            # A blank comment passes the browser's own check, not the
+            # server's: the form comes back in place, the choice kept.
+            page.fill("textarea[name=comment]", "   ")
+            page.click("text=Submit decision")
+            page.wait_for_selector("#decision-form >> text=write a comment")
+            assert page.is_checked("input[name=decision][value=approve]")
         page.fill("textarea[name=comment]", f"diff is clean ({n})")
         page.click("text=Submit decision")
         page.wait_for_selector(f"text=diff is clean ({n})")

@@ -20,6 +20,11 @@ from matrix.gate.diff import DEFAULT_NOISE_BAND, Change, classify, noise, perf
         (None, "mismatch", Change.NEW),
         ("pass", None, Change.MISSING),
         (None, None, Change.MISSING),
+        # infra_error is runner trouble: no evidence either way.
+        ("infra_error", "pass", Change.NEW),
+        ("infra_error", "mismatch", Change.NEW),
+        ("pass", "infra_error", Change.MISSING),
+        ("compile_error", "infra_error", Change.MISSING),
     ],
 )
 def test_each_cell_is_classified(baseline, candidate, change):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from django.core.exceptions import ValidationError
 
 from matrix.gate.models import Policy, UpgradeProposal
 from matrix.gate.services import (
@@ -117,6 +118,16 @@ CASES = [
         {"softmax": (Status.PASS, 1.04, tight(1.04))},
         {"perf_budgets": {"softmax": 0.01}},
         [f"{SOFTMAX} is 4% slower (ratio 1.04 ± 0.02), over the 1% budget for softmax"],
+    ),
+    (
+        "a candidate infra_error is a missing result, not a regression",
+        {},
+        {"gemm": (Status.INFRA_ERROR, None, None)},
+        {},
+        [
+            f"{GEMM} has no candidate result (its run hit runner trouble: "
+            "infra_error, not the kernel)"
+        ],
     ),
 ]
 
@@ -239,3 +250,38 @@ def test_policy_edits_write_new_versions_and_only_admins_edit(world, admin_user)
         second.save()
     with pytest.raises(Exception, match="only admins"):
         policy_save(by=world.reviewers[0], perf_budget=0.5)
+
+
+def test_infra_errors_count_as_missing_evidence_in_the_diff(world):
+    for shape in ("softmax", "gemm"):
+        world.record(shape, world.cpu, world.old, Status.INFRA_ERROR)
+    world.record("softmax", world.cpu, world.new, Status.PASS)
+    world.record("gemm", world.cpu, world.new, Status.INFRA_ERROR)
+    proposal = proposal_open(
+        baseline=world.old,
+        candidate=world.new,
+        device_types=[world.cpu],
+        by=world.owner,
+    )
+    summary = proposal.summary
+    assert (summary["red_to_green"], summary["still_red"]) == (0, 0)
+    assert (summary["new"], summary["missing"]) == (1, 1)
+    assert proposal.state == UpgradeProposal.State.BLOCKED
+
+
+def test_policy_save_refuses_unknown_backends_users_and_operators(world, admin_user):
+    current = Policy.current()
+    with pytest.raises(ValidationError) as refused:
+        policy_save(
+            by=admin_user,
+            backend_owners={"zz": ["alice"]},
+            perf_budgets={"nope": 0.1},
+        )
+    assert refused.value.message_dict == {
+        "backend_owners": [
+            "unknown backend zz; the backends are cuda, hip, metal, c, npu",
+            "no user named alice",
+        ],
+        "perf_budgets": ["unknown operator nope; the operators are gemm, softmax"],
+    }
+    assert list(Policy.objects.all()) == [current]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from django.urls import reverse
+from django.utils.html import escape
 
 from matrix.gate.models import Approval, BackendException, Policy, UpgradeProposal
 from matrix.gate.services import (
@@ -11,6 +12,8 @@ from matrix.gate.services import (
     proposal_approve,
     proposal_open,
     proposal_reevaluate,
+    proposal_reject,
+    proposal_rollout,
 )
 from matrix.models import Status
 
@@ -320,3 +323,161 @@ def test_the_upgrade_gate_is_in_every_pages_navigation(client, world, page):
     body = client.get(reverse(page)).content.decode()
     nav = body.split('<nav aria-label="Pages">', 1)[1].split("</nav>", 1)[0]
     assert f'href="{reverse("upgrades")}"' in nav
+
+
+def test_a_reviewer_who_rejected_approves_later_from_the_page(client, world, green):
+    client.force_login(world.reviewers[1])
+    decide = url("upgrade-decide", green)
+    client.post(decide, {"decision": "reject", "comment": "changed my mind"})
+    response = client.post(
+        decide, {"decision": "approve", "comment": "fine after all"}, follow=True
+    )
+    body = response.content.decode()
+    assert 'data-state="ready"' in body
+    assert "needs 2 approvals from the reviewer group, has 1" in body
+
+
+def test_the_decision_list_says_approved_and_rejected(client, world, green):
+    proposal_approve(proposal=green, by=world.reviewers[0], comment="clean diff")
+    proposal_reject(proposal=green, by=world.reviewers[1], comment="wait for 0.1.16")
+    client.force_login(world.reviewers[2])
+    body = client.get(url("upgrade", green)).content.decode()
+    assert "<strong>reviewer</strong> approved: “clean diff”" in body
+    assert "<strong>reviewer2</strong> rejected: “wait for 0.1.16”" in body
+
+
+def typed_into_textarea(text: str, body: str) -> bool:
+    # Django writes a newline before a textarea's text.
+    return f">\n{text}</textarea>" in body
+
+
+@pytest.mark.parametrize("htmx", [False, True], ids=["page", "htmx"])
+def test_a_decision_without_a_choice_keeps_the_comment(client, world, green, htmx):
+    client.force_login(world.reviewers[0])
+    response = client.post(
+        url("upgrade-decide", green),
+        {"comment": "looks right to me"},
+        headers={"HX-Request": "true"} if htmx else {},
+    )
+    assert response.status_code == 200
+    body = response.content.decode()
+    assert "choose approve or reject" in body
+    assert typed_into_textarea("looks right to me", body)
+    # htmx swaps the form in place; without it the whole page comes back.
+    assert body.lstrip().startswith('<form method="post"') == htmx
+    assert not Approval.objects.exists()
+
+
+def test_a_refused_approval_keeps_the_comment(client, world, proposal):
+    client.force_login(world.reviewers[0])
+    response = client.post(
+        url("upgrade-decide", proposal), {"decision": "approve", "comment": "ship it"}
+    )
+    body = response.content.decode()
+    assert "cannot approve while blocked: served cell softmax" in body
+    assert typed_into_textarea("ship it", body)
+    assert 'value="approve" required id="id_decision_0" checked>' in body
+
+
+def test_a_decision_over_htmx_reloads_the_page(client, world, green):
+    client.force_login(world.reviewers[0])
+    response = client.post(
+        url("upgrade-decide", green),
+        {"decision": "approve", "comment": "clean diff"},
+        headers={"HX-Request": "true"},
+    )
+    assert response["HX-Redirect"] == url("upgrade", green)
+    assert Approval.objects.get().comment == "clean diff"
+
+
+@pytest.mark.parametrize("htmx", [False, True], ids=["page", "htmx"])
+def test_an_exception_without_a_backend_keeps_the_reason(client, world, green, htmx):
+    client.force_login(world.reviewers[0])
+    response = client.post(
+        url("upgrade-exception", green),
+        {"reason": "CPU gemm is not served"},
+        headers={"HX-Request": "true"} if htmx else {},
+    )
+    assert response.status_code == 200
+    body = response.content.decode()
+    assert "choose a backend" in body
+    assert typed_into_textarea("CPU gemm is not served", body)
+    assert body.lstrip().startswith('<form method="post"') == htmx
+    assert not BackendException.objects.exists()
+
+
+def test_a_reviewer_grants_an_exception_from_the_page(client, world, green):
+    client.force_login(world.reviewers[0])
+    response = client.post(
+        url("upgrade-exception", green), {"backend": "c", "reason": "not served"}
+    )
+    assert response["Location"] == url("upgrade", green)
+    assert BackendException.objects.get().granted_by == world.reviewers[0]
+
+
+def test_the_proposer_cannot_grant_an_exception_from_the_page(client, world, green):
+    client.force_login(world.owner)
+    page = client.get(url("upgrade", green)).content.decode()
+    assert 'id="exception-form"' not in page
+    assert "another reviewer must grant any exception" in page
+    response = client.post(
+        url("upgrade-exception", green), {"backend": "c", "reason": "my own waiver"}
+    )
+    assert response.status_code == 403
+    assert "the proposer cannot grant an exception to their own proposal" in (
+        response.content.decode()
+    )
+    assert not BackendException.objects.exists()
+
+
+def test_the_rolled_out_state_is_capitalised_like_the_others(client, world, green):
+    proposal_approve(proposal=green, by=world.reviewers[0], comment="ok")
+    proposal_approve(proposal=green, by=world.reviewers[1], comment="ok")
+    proposal_rollout(proposal=green, by=world.reviewers[2])
+    client.force_login(world.reviewers[0])
+    body = client.get(reverse("upgrades")).content.decode()
+    assert '<span class="badge rolled_out">Rolled out</span>' in body
+
+
+POLICY_POST = {
+    "forbid_served_regressions": "on",
+    "require_candidate_results": "on",
+    "perf_budget": "0.05",
+    "perf_budgets": "{}",
+    "required_approvals": "2",
+    "reviewer_group": "reviewer",
+    "backend_owners": "{}",
+}
+
+
+@pytest.mark.parametrize(
+    "field,typed,error",
+    [
+        ("perf_budget", "-1", "must not be negative"),
+        ("required_approvals", "0", "must be at least 1"),
+        (
+            "backend_owners",
+            '{"zz": ["reviewer3"]}',
+            "unknown backend zz; the backends are cuda, hip, metal, c, npu",
+        ),
+        ("backend_owners", '{"c": ["alice"]}', "no user named alice"),
+        (
+            "perf_budgets",
+            '{"nope": 0.1}',
+            "unknown operator nope; the operators are gemm, softmax",
+        ),
+        ("perf_budgets", '{"gemm": -0.1}', "the budget for gemm must be a number"),
+    ],
+)
+def test_the_policy_form_says_what_is_wrong_with_a_field(
+    client, admin_user, world, field, typed, error
+):
+    client.force_login(admin_user)
+    response = client.post(reverse("upgrade-policy"), {**POLICY_POST, field: typed})
+    assert response.status_code == 200
+    body = response.content.decode()
+    field_errors = body.split(f'id="id_{field}_error"', 1)[1].split("</ul>", 1)[0]
+    assert error in field_errors
+    assert "Constraint" not in body
+    assert f'value="{escape(typed)}"' in body
+    assert Policy.objects.count() == 1

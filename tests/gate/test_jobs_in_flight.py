@@ -1,0 +1,119 @@
+"""What a collecting proposal waits for: the jobs no online runner can take,
+named by the runner they lack, on the page and in a refused approval."""
+
+from __future__ import annotations
+
+import pytest
+from django.core.exceptions import ValidationError
+from django.urls import reverse
+from django.utils import timezone
+
+from matrix.gate.services import (
+    proposal_approve,
+    proposal_jobs_in_flight,
+    proposal_open,
+)
+from matrix.models import JobStage, ValidationJob
+from runners.models import Runner, RunnerToolchain, compile_queue, validate_queue
+
+
+def online_runner(name, *, device_types, toolchains, nvcc=False):
+    runner = Runner.objects.create(
+        name=name,
+        public_key="ab" * 32,
+        state=Runner.State.ONLINE,
+        last_heartbeat=timezone.now(),
+        inventory={"nvcc": nvcc},
+    )
+    runner.device_types.set(device_types)
+    for toolchain in toolchains:
+        RunnerToolchain.objects.create(
+            runner=runner, toolchain=toolchain, interpreter="/usr/bin/python3"
+        )
+    return runner
+
+
+@pytest.fixture
+def unhosted_baseline(world):
+    """A CPU runner hosts only the candidate: the cuda cells of the baseline,
+    which has no result there, can run nowhere."""
+    online_runner("cpu-host", device_types=[world.cpu], toolchains=[world.new])
+    world.green(world.old)
+    return proposal_open(
+        baseline=world.old,
+        candidate=world.new,
+        device_types=[world.cpu, world.h200],
+        by=world.owner,
+    )
+
+
+STALLED = (
+    "2 validation jobs on tilelang-0.1.13 for NVIDIA H200 · sm_90a · cuda "
+    "(no online runner hosts tilelang-0.1.13)"
+)
+
+
+def test_the_page_names_the_jobs_no_online_runner_can_take(
+    client, world, unhosted_baseline
+):
+    client.force_login(world.reviewers[0])
+    body = client.get(reverse("upgrade", args=[unhosted_baseline.pk])).content.decode()
+    assert 'data-state="collecting"' in body
+    assert "6 validation jobs on its served cells are queued or running" in body
+    stalled = body.split('id="stalled-jobs"', 1)[1].split("</div>", 1)[0]
+    assert "2 of them wait on queues no online" in stalled
+    assert f"<li>{STALLED}</li>" in stalled
+    assert "Online runners host tilelang-0.1.15." in stalled
+
+
+def test_approving_while_collecting_says_what_to_wait_for(world, unhosted_baseline):
+    with pytest.raises(ValidationError) as refused:
+        proposal_approve(
+            proposal=unhosted_baseline, by=world.reviewers[0], comment="ship it"
+        )
+    assert refused.value.messages == [
+        "cannot approve while collecting: wait for the 6 validation jobs still "
+        "queued or running on its served cells and approve once their results are "
+        f"in; 2 of them wait on queues no online runner reads: {STALLED}"
+    ]
+
+
+def queued(world, shape, device_type, toolchain, *, stage, queue):
+    return ValidationJob.objects.create(
+        revision=world.shapes[shape].operator.current_revision,
+        shape=world.shapes[shape],
+        device_type=device_type,
+        toolchain=toolchain,
+        stage=stage,
+        queue=queue,
+    )
+
+
+def test_each_stalled_group_names_the_runner_it_lacks(world):
+    # Reruns routed while other runners were online; now only these two are.
+    online_runner("cpu-host", device_types=[world.cpu], toolchains=[world.old])
+    online_runner("cpu-new", device_types=[world.cpu], toolchains=[world.new])
+    world.green(world.old, [world.cpu, world.h200])
+    world.green(world.new, [world.cpu, world.h200])
+    proposal = proposal_open(
+        baseline=world.old,
+        candidate=world.new,
+        device_types=[world.cpu, world.h200],
+        by=world.owner,
+    )
+    h200, old, new = world.h200, world.old, world.new
+    validate_old = validate_queue(device_type_id=h200.pk, toolchain_id=old.pk)
+    build_new = compile_queue(toolchain_id=new.pk, nvcc=True)
+    lower_new = compile_queue(toolchain_id=new.pk)
+    queued(world, "softmax", h200, old, stage=JobStage.VALIDATE, queue=validate_old)
+    queued(world, "softmax", h200, new, stage=JobStage.BUILD, queue=build_new)
+    # cpu-new reads this one: it waits its turn, it is not stalled.
+    queued(world, "gemm", h200, new, stage=JobStage.LOWER, queue=lower_new)
+    jobs = proposal_jobs_in_flight(proposal=proposal)
+    assert jobs.open == 3
+    assert [str(group) for group in jobs.stalled] == [
+        "1 validation job on tilelang-0.1.13 for NVIDIA H200 · sm_90a · cuda "
+        "(no online runner with NVIDIA H200 · sm_90a · cuda hosts tilelang-0.1.13)",
+        "1 validation job on tilelang-0.1.15 for NVIDIA H200 · sm_90a · cuda "
+        "(no online runner that hosts tilelang-0.1.15 has nvcc)",
+    ]
