@@ -8,8 +8,8 @@ after every migrate, so a fresh database has them.
 
     viewer        reads the matrix, gaps, errors, runners, upgrades, submissions
     kernel author submits kernel revisions
-    reviewer      approves or rejects submissions (never their own), decides
-                  upgrades, runs sweeps
+    reviewer      approves or rejects submissions (never their own), proposes
+                  and decides upgrades (never their own), runs sweeps
     runner admin  creates registration tokens, sets maintenance, revokes runners,
                   runs sweeps
     admin         everything, the admin site included
@@ -37,7 +37,11 @@ ROLES = (VIEWER, KERNEL_AUTHOR, REVIEWER, RUNNER_ADMIN, ADMIN)
 ROLE_PERMISSIONS = {
     VIEWER: (),
     KERNEL_AUTHOR: ("matrix.add_kernelrevision",),
-    REVIEWER: ("matrix.change_kernelrevision", "matrix.add_sweep"),
+    REVIEWER: (
+        "matrix.change_kernelrevision",
+        "matrix.add_sweep",
+        "matrix.propose_upgrade",
+    ),
     RUNNER_ADMIN: (
         "runners.add_registrationtoken",
         "runners.change_runner",

@@ -49,7 +49,9 @@ EXPECTED = {
     "runner-health": page(post=RUNNER_ADMINS),
     "runner-revoke": page(post=RUNNER_ADMINS),
     "upgrades": READ,
-    "upgrade-new": page(get={ADMIN, SUPERUSER}, post={ADMIN, SUPERUSER}),
+    "upgrade-new": page(
+        get={REVIEWER, ADMIN, SUPERUSER}, post={REVIEWER, ADMIN, SUPERUSER}
+    ),
     "upgrade-policy": page(get={SUPERUSER}, post={SUPERUSER}),
     "upgrade": READ,
     "upgrade-decide": page(post={REVIEWER}),
