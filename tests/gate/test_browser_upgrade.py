@@ -7,6 +7,7 @@ import json
 import pytest
 
 from matrix.gate.models import UpgradeProposal
+from matrix.gate.services import proposal_open
 
 pytestmark = pytest.mark.browser
 
@@ -77,3 +78,25 @@ def test_propose_review_approve_and_read_the_manifest(
         ("softmax", "tilelang"),
         ("gemm", "tilelang"),
     }
+
+
+def test_a_long_unbroken_note_wraps_inside_the_page(
+    transactional_db, live_server, browser, world
+):
+    world.green(world.old)
+    world.green(world.new)
+    world.owner.set_password("browser-pass-123")
+    world.owner.save()
+    proposal = proposal_open(
+        baseline=world.old,
+        candidate=world.new,
+        device_types=[world.cpu],
+        by=world.owner,
+        note="x" * 5000,
+    )
+    page = log_in(browser, live_server, world.owner.username, "browser-pass-123")
+    page.set_viewport_size({"width": 1280, "height": 900})
+    page.goto(f"{live_server.url}/upgrades/{proposal.pk}/")
+    width = page.evaluate("document.documentElement.scrollWidth")
+    page.context.close()
+    assert width <= 1280
