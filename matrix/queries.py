@@ -9,7 +9,8 @@ of queries, whatever the size of the matrix.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
 
 from django.db import connection
 from django.db.models import Count, Exists, Max, OuterRef, Q, Subquery
@@ -28,12 +29,13 @@ from matrix.models import (
     Shape,
     Status,
     Toolchain,
+    UpgradeProposal,
 )
 
 STALE = "stale"
 EMPTY = "empty"
-# Filter values beside the Status ladder: a cell whose revision or toolchain is
-# no longer current, and a cell never run.
+# Filter values beside the Status ladder: a cell run on a superseded toolchain
+# or a kernel revision no longer current, and a cell never run.
 STATE_FILTERS = [*Status.values, STALE, EMPTY]
 
 # (icon, short text, long text): every state reads without colour too.
@@ -68,6 +70,10 @@ def status_kind(status: str) -> str:
     return "empty"
 
 
+# Query-string filters of the pages, in the order their links carry them.
+FILTER_PARAMS = ("toolchain", "dtype", "backend", "status", "served")
+
+
 @dataclass
 class MatrixFilters:
     toolchain: Toolchain | None
@@ -75,32 +81,64 @@ class MatrixFilters:
     backend: str = ""
     status: str = ""
     served_only: bool = False
-    # The chosen toolchain is superseded: another one is current. Before
-    # any toolchain is marked current, none is stale.
-    toolchain_stale: bool = False
+    # The current toolchain, when the chosen one is older: nothing run on
+    # the chosen one can become current again.
+    superseded_by: Toolchain | None = None
+    # Filter name -> a value the page does not know and so ignores.
+    unknown: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def from_params(cls, params, toolchains: list[Toolchain]) -> MatrixFilters:
-        """Read filters from a query string; unknown values are ignored so a
-        stale bookmark still opens the page."""
+        """Read filters from a query string. ``toolchains`` comes from
+        ``toolchain_list()``. An unknown value is ignored, so a stale
+        bookmark still opens the page, and kept in ``unknown`` so the page
+        can say so."""
         by_name = {t.name: t for t in toolchains}
-        default = next((t for t in toolchains if t.is_current), None)
-        if default is None and toolchains:
-            default = toolchains[0]
-        dtype = params.get("dtype", "")
-        backend = params.get("backend", "")
-        status = params.get("status", "")
-        toolchain = by_name.get(params.get("toolchain", ""), default)
+        current = current_toolchain(toolchains)
+        default = current or (toolchains[0] if toolchains else None)
+        given = {name: params.get(name, "") for name in FILTER_PARAMS}
+        allowed = {
+            "toolchain": by_name,
+            "dtype": Dtype.values,
+            "backend": Backend.values,
+            "status": STATE_FILTERS,
+        }
+        unknown = {
+            name: given[name]
+            for name, known in allowed.items()
+            if given[name] and given[name] not in known
+        }
+        kept = {name: "" if name in unknown else given[name] for name in allowed}
+        toolchain = by_name.get(kept["toolchain"], default)
+        superseded = toolchain is not None and toolchain_superseded(toolchain, current)
         return cls(
             toolchain=toolchain,
-            dtype=dtype if dtype in Dtype.values else "",
-            backend=backend if backend in Backend.values else "",
-            status=status if status in STATE_FILTERS else "",
-            served_only=params.get("served") in ("1", "on", "true"),
-            toolchain_stale=toolchain is not None
-            and not toolchain.is_current
-            and any(t.is_current for t in toolchains),
+            dtype=kept["dtype"],
+            backend=kept["backend"],
+            status=kept["status"],
+            served_only=given["served"] in ("1", "on", "true"),
+            superseded_by=current if superseded else None,
+            unknown=unknown,
         )
+
+    @property
+    def toolchain_stale(self) -> bool:
+        """Every result on the chosen toolchain is stale."""
+        return self.superseded_by is not None
+
+    @property
+    def unknown_notes(self) -> list[str]:
+        """What the page shows in place of each value it does not know."""
+        notes = []
+        for name, value in self.unknown.items():
+            if name != "toolchain":
+                shown = f"showing every {name} instead"
+            elif self.toolchain is not None:
+                shown = f"showing {self.toolchain} instead"
+            else:
+                shown = "no toolchain is registered yet"
+            notes.append(f"Unknown {name} “{value}”: {shown}.")
+        return notes
 
     def as_params(self) -> dict[str, str]:
         params = {
@@ -122,7 +160,50 @@ class MatrixFilters:
 
 
 def toolchain_list() -> list[Toolchain]:
-    return list(Toolchain.objects.only("id", "name", "is_current", "fingerprint"))
+    """Every toolchain, each with ``rolled_out_baseline``: an upgrade away
+    from it has rolled out."""
+    rolled_out = UpgradeProposal.objects.filter(
+        baseline=OuterRef("pk"), state=UpgradeProposal.State.ROLLED_OUT
+    )
+    return list(
+        Toolchain.objects.only(
+            "id", "name", "is_current", "fingerprint", "tilelang_version"
+        ).annotate(rolled_out_baseline=Exists(rolled_out))
+    )
+
+
+def current_toolchain(toolchains: list[Toolchain]) -> Toolchain | None:
+    return next((t for t in toolchains if t.is_current), None)
+
+
+def release_of(version: str) -> tuple[int, ...] | None:
+    """The release numbers of a version string, trailing zeros dropped so
+    that 0.2 and 0.2.0 compare equal: "0.1.6.post1+cu121" -> (0, 1, 6).
+    None when it starts with no number."""
+    found = re.match(r"v?(\d+(?:\.\d+)*)", version.strip())
+    if found is None:
+        return None
+    numbers = [int(n) for n in found.group(1).split(".")]
+    while len(numbers) > 1 and numbers[-1] == 0:
+        numbers.pop()
+    return tuple(numbers)
+
+
+def toolchain_superseded(toolchain: Toolchain, current: Toolchain | None) -> bool:
+    """Older than the current toolchain: a lower TileLang release, or the
+    baseline of an upgrade that rolled out. Other toolchains are not older
+    but different (each runner host has its own torch, Python and driver;
+    an upgrade candidate is newer): results on them are judged on the kernel
+    revision alone. Before any toolchain is current, none is superseded."""
+    if current is None or toolchain.pk == current.pk:
+        return False
+    if toolchain.rolled_out_baseline:
+        return True
+    release = release_of(toolchain.tilelang_version)
+    current_release = release_of(current.tilelang_version)
+    if release is None or current_release is None:
+        return False  # a version naming no release is not judged older
+    return release < current_release
 
 
 def device_type_list(
@@ -332,6 +413,9 @@ def matrix_summary(
     grid: dict[int, list[Tally]] = {
         op.id: [Tally() for _ in device_types] for op in operators
     }
+    # Cells with a result per operator × device type, matching the status
+    # filter or not: the rest of its shapes were never run.
+    ran: dict[int, list[int]] = {op.id: [0] * len(device_types) for op in operators}
     if groups is None:
         groups = cell_groups(filters, device_types)
     for op_id, rev_id, dt_id, status, n in groups:
@@ -339,41 +423,33 @@ def matrix_summary(
         # catalogue, or a column the backend filter hides, is not drawn.
         if op_id not in grid or dt_id not in dt_index:
             continue
+        i = dt_index[dt_id]
+        ran[op_id][i] += n
         stale = filters.toolchain_stale or rev_id != revisions.get(op_id)
-        grid[op_id][dt_index[dt_id]].add(status, n, stale)
+        if matches(filters.status, status, stale):
+            # Under the stale filter a tally counts stale cells whatever
+            # their status.
+            grid[op_id][i].add(STALE if filters.status == STALE else status, n, stale)
+    never_run_counted = matches(filters.status, EMPTY, False)
     columns = [Tally() for _ in device_types]
     total = Tally()
     rows = []
     for op in operators:
-        shapes = op.shape_count
-        if not shapes:
-            continue
         tally = Tally()
         for i, t in enumerate(grid[op.id]):
-            missing = shapes - t.total
-            if missing > 0:
+            missing = op.shape_count - ran[op.id][i]
+            if missing > 0 and never_run_counted:
                 t.add(EMPTY, missing, False)
-            _filter_tally(t, filters.status)
             tally.merge(t)
+        # No shapes, no device types or no cell in the filtered state:
+        # nothing to draw for this operator.
+        if not tally.total:
+            continue
+        for i, t in enumerate(grid[op.id]):
             columns[i].merge(t)
         total.merge(tally)
-        rows.append(OperatorRow(op, shapes, grid[op.id], tally))
+        rows.append(OperatorRow(op, op.shape_count, grid[op.id], tally))
     return MatrixSummary(device_types, rows, columns, total)
-
-
-def _filter_tally(t: Tally, status_filter: str) -> None:
-    """Under a status filter a tally counts only the matching cells."""
-    if not status_filter:
-        return
-    if status_filter == STALE:
-        t.by_status = {STALE: t.stale} if t.stale else {}
-        t.total = t.stale
-    else:
-        kept = t.by_status.get(status_filter, 0)
-        t.by_status = {status_filter: kept} if kept else {}
-        t.total = kept
-        t.stale = 0 if status_filter == EMPTY else t.stale
-    t._kinds = None
 
 
 @dataclass(slots=True)
@@ -416,18 +492,19 @@ def operator_rows(
     device_types: list[DeviceType],
     revisions: dict[int, int],
     limit: int,
-) -> tuple[list[ShapeRow], bool]:
+) -> tuple[list[ShapeRow], int]:
     """Shape × dtype rows of one operator, served first by weight, with one
-    cell per device type; at most ``limit`` rows. Two queries."""
+    cell per device type; at most ``limit`` rows, and how many more match.
+    Two queries, three when there are more."""
     tc = filters.toolchain
     dt_ids = [d.id for d in device_types]
-    shapes = Shape.objects.filter(filters.shape_q(), operator=operator)
+    matching = Shape.objects.filter(filters.shape_q(), operator=operator)
     if filters.status and tc is not None:
-        shapes = shapes.filter(_row_status_q(filters, operator, dt_ids, revisions))
+        matching = matching.filter(_row_status_q(filters, operator, dt_ids, revisions))
     elif filters.status and filters.status != EMPTY:
-        shapes = shapes.none()
-    shapes = list(shapes.by_weight()[: limit + 1])
-    more = len(shapes) > limit
+        matching = matching.none()
+    shapes = list(matching.by_weight()[: limit + 1])
+    left = matching.count() - limit if len(shapes) > limit else 0
     shapes = shapes[:limit]
     found: dict[tuple[int, int], tuple] = {}
     if tc is not None and shapes and dt_ids:
@@ -473,7 +550,7 @@ def operator_rows(
                 )
             )
         rows.append(ShapeRow(shape, cells, passing, len(dt_ids)))
-    return rows, more
+    return rows, left
 
 
 def _row_status_q(
@@ -522,11 +599,22 @@ class Gap:
     # Some online runner hosts the toolchain: it validates the cell where it
     # has the device, and lowers or builds it (compile-only) elsewhere.
     takeable: bool = True
+    # The toolchain is superseded: a fresh result on it would be stale too.
+    superseded: bool = False
 
     @property
     def runnable(self) -> bool:
         """A fresh run would change the cell, and a runner would take it now."""
-        return self.takeable and bool(RUNNABLE.intersection(self.reasons))
+        return (
+            self.takeable
+            and not self.superseded
+            and bool(RUNNABLE.intersection(self.reasons))
+        )
+
+    @property
+    def compile_only(self) -> bool:
+        """A run would only lower or build it: no online runner has the device."""
+        return NO_RUNNER in self.reasons
 
     @property
     def label(self) -> tuple[str, str, str]:
@@ -594,7 +682,17 @@ def served_gaps(filters: MatrixFilters) -> list[Gap]:
             if filters.status and not matches(filters.status, status, STALE in reasons):
                 continue
             score = shape.weight * BACKEND_PRIORITY.get(dt.backend, 0.1)
-            gaps.append(Gap(shape, dt, reasons, status, score, takeable=bool(hosts)))
+            gaps.append(
+                Gap(
+                    shape,
+                    dt,
+                    reasons,
+                    status,
+                    score,
+                    takeable=bool(hosts),
+                    superseded=filters.toolchain_stale,
+                )
+            )
     gaps.sort(key=lambda g: (-g.score, g.shape.operator.name, g.shape.dims_key))
     return gaps
 

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
+from django.db import transaction
 from django.http import HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
 from django.utils.http import urlencode
 from django.views.decorators.http import require_GET, require_POST
 from django.views.decorators.vary import vary_on_headers
 
 from matrix import queries
-from matrix.models import Backend, Dtype, Sweep
+from matrix.models import Backend, Dtype, Sweep, ValidationJob
 from runners.services import sweep_plan
 
 SHOWN = 500
@@ -30,14 +33,37 @@ def _gaps_context(request):
     gaps = queries.served_gaps(filters)
     runnable = [g for g in gaps if g.runnable]
     # Every gap shares the toolchain, so either all are takeable or none is:
-    # then point at the toolchains the online runners do host.
-    unhosted = bool(gaps) and not gaps[0].takeable and filters.toolchain is not None
+    # then point at the toolchains the online runners do host. On a
+    # superseded toolchain no runner would help: the page says so instead.
+    unhosted = (
+        bool(gaps)
+        and not gaps[0].takeable
+        and filters.toolchain is not None
+        and filters.superseded_by is None
+    )
+    hosted = []
+    if unhosted:
+        online = {t.pk for t in queries.toolchains_online()}
+        current = queries.current_toolchain(toolchains)
+        hosted = [
+            (
+                t,
+                _query_with(filters, toolchain=t.name),
+                queries.toolchain_superseded(t, current),
+            )
+            for t in toolchains
+            if t.pk in online
+        ]
+    superseded_by = filters.superseded_by
     return {
         "filters": filters,
         "toolchains": toolchains,
         "gaps": gaps[:SHOWN],
         "gap_count": len(gaps),
         "runnable": runnable,
+        # Run missing validates these, and only lowers or builds the rest.
+        "validating": sum(not g.compile_only for g in runnable),
+        "compile_only": sum(g.compile_only for g in runnable),
         "reasons": list(queries.reason_counts(gaps).items()),
         "dtypes": Dtype.values,
         "backends": Backend.choices,
@@ -45,8 +71,15 @@ def _gaps_context(request):
         "query": urlencode(filters.as_params()),
         "can_run": can_run_sweeps(request.user),
         "unhosted": unhosted,
-        "hosted": queries.toolchains_online() if unhosted else [],
+        "hosted": hosted,
+        "superseded_query": (
+            _query_with(filters, toolchain=superseded_by.name) if superseded_by else ""
+        ),
     }
+
+
+def _query_with(filters, **changed) -> str:
+    return urlencode({**filters.as_params(), **changed})
 
 
 @require_GET
@@ -62,25 +95,82 @@ def gaps_page(request):
 @login_required
 @require_POST
 def gaps_run(request):
-    """Plan one sweep for exactly the runnable gaps under the posted filters."""
+    """Plan one sweep for exactly the runnable gaps under the posted filters
+    that have no job queued or running yet."""
     if not can_run_sweeps(request.user):
         raise PermissionDenied("running sweeps needs the matrix.add_sweep permission")
     context = _gaps_context(request)
     filters = context["filters"]
     cells = [(g.shape, g.device_type, filters.toolchain) for g in context["runnable"]]
-    if filters.toolchain is None or not cells:
-        return render(request, "matrix/gaps.html#nothing-to-run", context, status=200)
-    sweep = sweep_plan(
-        cells=cells, created_by=request.user, filters=filters.as_params()
-    )
+    sweep = None
+    if filters.toolchain is not None and cells:
+        sweep = _plan_new_work(
+            cells=cells, created_by=request.user, filters=filters.as_params()
+        )
+    if sweep is None:
+        return _nothing_new_to_run(request, context)
     if not request.htmx:
         return redirect("sweep", sweep.pk)
     return _render_progress(request, sweep)
 
 
+def _plan_new_work(*, cells, created_by, filters: dict) -> Sweep | None:
+    """A sweep of the cells that can get a new job; None, and no sweep
+    saved, when none can: mostly because each has one queued or running
+    already (a second click, a second tab)."""
+    with transaction.atomic():
+        sweep = sweep_plan(cells=cells, created_by=created_by, filters=filters)
+        if sweep.total:
+            return sweep
+        transaction.set_rollback(True)
+    return None
+
+
+def _nothing_new_to_run(request, context) -> HttpResponse:
+    """Point at the sweep already working on these gaps, or say there is
+    nothing to run."""
+    sweep = _open_sweep_for(context["runnable"], context["filters"].toolchain)
+    if request.htmx:
+        if sweep is not None:
+            context.update(_progress_context(sweep))
+        return render(request, "matrix/gaps.html#nothing-to-run", context)
+    if sweep is not None:
+        messages.info(
+            request,
+            f"Nothing new to plan: these cells are already queued in sweep {sweep.pk}.",
+        )
+        return redirect("sweep", sweep.pk)
+    messages.info(request, "Nothing to run: no gap here that a fresh run would close.")
+    return redirect(f"{reverse('gaps')}?{context['query']}")
+
+
+def _open_sweep_for(gaps, toolchain) -> Sweep | None:
+    """The newest sweep with a queued or running job for one of these gaps."""
+    if not gaps or toolchain is None:
+        return None
+    wanted = {(g.shape.pk, g.device_type.pk) for g in gaps}
+    sweep_ids = [
+        sweep_id
+        for shape_id, device_type_id, sweep_id in ValidationJob.objects.open()
+        .filter(toolchain=toolchain, shape__in={s for s, _ in wanted})
+        .exclude(sweep=None)
+        .values_list("shape_id", "device_type_id", "sweep_id")
+        if (shape_id, device_type_id) in wanted
+    ]
+    return Sweep.objects.filter(pk__in=sweep_ids).order_by("-pk").first()
+
+
 def _get_sweep_for_user(request, pk: int) -> Sweep:
     # Sweeps are coverage evidence, readable by everyone who can read the matrix.
     return get_object_or_404(Sweep, pk=pk)
+
+
+def _progress_context(sweep: Sweep) -> dict:
+    # The filters the sweep was planned under carry over to its links back
+    # to the matrix and the gaps; other keys (an offline bundle's runner)
+    # are not filters.
+    links = {k: v for k, v in sweep.filters.items() if k in queries.FILTER_PARAMS}
+    return {"sweep": sweep, "p": sweep.progress(), "links_query": urlencode(links)}
 
 
 @require_GET
@@ -89,15 +179,13 @@ def sweep_page(request, pk: int):
     sweep = _get_sweep_for_user(request, pk)
     if request.htmx:
         return _render_progress(request, sweep)
-    return render(request, "matrix/sweep.html", {"sweep": sweep, "p": sweep.progress()})
+    return render(request, "matrix/sweep.html", _progress_context(sweep))
 
 
 def _render_progress(request, sweep: Sweep) -> HttpResponse:
-    progress = sweep.progress()
-    response = render(
-        request, "matrix/sweep.html#sweep-progress", {"sweep": sweep, "p": progress}
-    )
-    if progress["finished"] and request.htmx and request.method == "GET":
+    context = _progress_context(sweep)
+    response = render(request, "matrix/sweep.html#sweep-progress", context)
+    if context["p"]["finished"] and request.htmx and request.method == "GET":
         response.status_code = STOP_POLLING
         # The gap list on the page reloads itself on this event.
         response["HX-Trigger"] = "sweep-finished"

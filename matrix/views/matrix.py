@@ -61,7 +61,10 @@ class Catalogue:
     def __post_init__(self) -> None:
         # Computed once, when read from the database, not on every view.
         parts = (
-            [(t.pk, t.name, t.is_current) for t in self.toolchains],
+            [
+                (t.pk, t.name, t.is_current, t.tilelang_version, t.rolled_out_baseline)
+                for t in self.toolchains
+            ],
             [(d.pk, str(d)) for d in self.device_types],
             sorted(self.revisions.items()),
             [(o.pk, o.name, o.shape_count) for o in self.operators],
@@ -125,7 +128,9 @@ def matrix_page(request):
         context["row"] = row
         return render(request, "matrix/matrix.html#operator-body", context)
 
-    if open_name or target or not cache_seconds():
+    # A page naming an unknown filter value says so; it is not cached, so
+    # made-up values cannot fill the cache.
+    if open_name or target or filters.unknown or not cache_seconds():
         context = matrix_context(filters, catalogue, open_name, limit)
         template = "matrix/matrix.html"
         if target == "matrix":
@@ -176,14 +181,16 @@ def matrix_context(
     for row in summary.rows:
         row.cells_html = summary_cells(row.cells)
         if row.operator.name == open_name:
-            rows, more = queries.operator_rows(
+            rows, left = queries.operator_rows(
                 row.operator, filters, device_types, revisions, limit
             )
             expanded = {
                 "name": open_name,
                 "rows": rows,
                 "rows_html": shape_rows(rows, cell_link_prefix(), query),
-                "more": more,
+                "left": left,
+                # Each "show more" doubles the rows shown, up to MAX_ROWS.
+                "next": min(left, limit, MAX_ROWS - limit),
             }
     return {
         "filters": filters,
@@ -200,6 +207,5 @@ def matrix_context(
         "column_counts": column_counts(summary.columns),
         "expanded": expanded,
         "limit": limit,
-        "more_limit": min(limit * 2, MAX_ROWS),
         "query": query,
     }

@@ -49,6 +49,8 @@ def summary_bar(t: Tally) -> str:
 def summary_cells(tallies: list[Tally]) -> SafeString:
     parts = []
     for t in tallies:
+        # The pass glyph only where something passes: "✓0/16" read as a pass.
+        passing = f"✓{t.passing}" if t.passing else "0"
         fails = f' <b class="fails">✗{t.failing}</b>' if t.failing else ""
         stale = f' <span class="stale-n">↻{t.stale}</span>' if t.stale else ""
         title = (
@@ -59,7 +61,7 @@ def summary_cells(tallies: list[Tally]) -> SafeString:
             f'<td class="summary{" has-fail" if t.failing else ""}">'
             f'<span data-nav tabindex="-1" title="{title}">'
             f"{summary_bar(t)}"
-            f"✓{t.passing}/{t.total}{fails}{stale}</span></td>"
+            f"{passing}/{t.total}{fails}{stale}</span></td>"
         )
     return mark_safe("".join(parts))
 

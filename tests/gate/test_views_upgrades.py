@@ -308,6 +308,12 @@ def test_the_gate_status_polls_while_collecting_and_stops_after(client, world):
     assert 'hx-trigger="every 2s"' in body
     assert f'href="/sweeps/{proposal.sweeps.get().pk}/"' in body
     assert response["Vary"] == "HX-Request, Cookie"
+    # The sweep's page links back to the proposal that planned it.
+    sweep_page = client.get(url("sweep", proposal.sweeps.get())).content.decode()
+    assert (
+        f'<a href="/upgrades/{proposal.pk}/">upgrade proposal #{proposal.pk}</a>'
+        in (sweep_page)
+    )
 
     proposal.sweeps.get().jobs.update(state="done")
     world.green(world.new)

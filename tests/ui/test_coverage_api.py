@@ -136,3 +136,13 @@ def test_the_lists_stay_within_a_fixed_number_of_queries(
 ):
     with django_assert_max_num_queries(10):
         assert reader.get(url).status_code == 200
+
+
+def test_no_gap_of_a_superseded_toolchain_is_runnable(
+    reader, results, cpu_runner, toolchains
+):
+    old, _ = toolchains
+    cpu_runner.runnertoolchain_set.update(toolchain=old)
+    body = reader.get(GAPS, {"toolchain": old.name, "backend": "c"}).json()
+    assert body["count"] and body["runnable"] == 0
+    assert not any(g["runnable"] for g in body["gaps"])

@@ -5,7 +5,9 @@ from unittest import mock
 import pytest
 from django.urls import reverse
 
-from matrix.models import JobState, Shape, Sweep, ValidationJob
+from matrix.models import JobState, Shape, Status, Sweep, ValidationJob
+from matrix.services import toolchain_register
+from tests.ui.conftest import record
 
 pytestmark = pytest.mark.django_db
 
@@ -75,7 +77,7 @@ def test_cells_no_online_runner_hosts_the_toolchain_for_wait_and_are_not_run(
     assert missing and all("no runner" in g.reasons for g in missing)
     assert response.context["runnable"] == []
     body = response.content.decode()
-    assert "0 can be run now" in body and "Run missing" not in body
+    assert "None can be run now" in body and "Run missing" not in body
     # The page names the toolchain the online runner does host, as a link.
     assert f"No online runner hosts {current.name}" in body
     assert f"?toolchain={old.name}" in body
@@ -165,3 +167,124 @@ def test_before_any_toolchain_is_current_passing_cells_are_not_stale(
     assert (results["top"].pk, "c") not in reasons
     # A revision that is no longer current still is.
     assert "stale" in reasons[results["fourth"].pk, "hip"]
+
+
+@pytest.fixture
+def host_toolchain(toolchains, cpu_runner):
+    """The CPU runner's own toolchain: the current TileLang release under
+    another torch and Python, so another fingerprint; not the current one."""
+    toolchain = toolchain_register(
+        name="tl-0.1.15-cpu", components={"tilelang": "0.1.15", "torch": "2.13.0+cpu"}
+    )
+    cpu_runner.runnertoolchain_set.update(toolchain=toolchain)
+    return toolchain
+
+
+def test_run_missing_on_a_runner_hosts_own_toolchain_closes_the_gaps(
+    client, results, host_toolchain, sweeper
+):
+    client.force_login(sweeper)
+    params = {"toolchain": host_toolchain.name, "backend": "c"}
+    before = client.get(reverse("gaps"), params)
+    assert before.context["gap_count"] == Shape.objects.served().count()
+    assert "Run missing" in before.content.decode()
+    client.post(reverse("gaps-run"), params, HTTP_HX_REQUEST="true")
+    # The runner answers every job it was sent with a pass.
+    for job in Sweep.objects.get().jobs.all():
+        record(job.shape, job.device_type, job.toolchain, Status.PASS)
+    after = client.get(reverse("gaps"), params)
+    assert after.context["gap_count"] == 0
+    body = after.content.decode()
+    assert "No gaps" in body and "Run missing" not in body
+
+
+def test_an_older_toolchain_is_superseded_and_offers_no_run_missing(
+    client, results, cpu_runner, sweeper, toolchains
+):
+    old, current = toolchains
+    cpu_runner.runnertoolchain_set.update(toolchain=old)
+    client.force_login(sweeper)
+    params = {"toolchain": old.name, "backend": "c"}
+    response = client.get(reverse("gaps"), params)
+    body = response.content.decode()
+    assert response.context["gap_count"] and response.context["runnable"] == []
+    assert "Run missing" not in body
+    assert f"{old.name} is superseded by {current.name}" in body
+    assert f'href="/gaps/?toolchain={current.name}&amp;backend=c"' in body
+    client.post(reverse("gaps-run"), params, HTTP_HX_REQUEST="true")
+    without_htmx = client.post(reverse("gaps-run"), params, follow=True)
+    assert "Nothing to run" in without_htmx.content.decode()
+    assert not Sweep.objects.exists()
+
+
+def test_a_second_run_missing_plans_no_empty_sweep_and_shows_the_running_one(
+    client, results, cpu_runner, sweeper
+):
+    client.force_login(sweeper)
+    client.post(reverse("gaps-run"), {"backend": "c"}, HTTP_HX_REQUEST="true")
+    sweep = Sweep.objects.get()
+    again = client.post(reverse("gaps-run"), {"backend": "c"}, HTTP_HX_REQUEST="true")
+    assert Sweep.objects.get() == sweep and sweep.total > 0
+    body = again.content.decode()
+    link = f'<a href="/sweeps/{sweep.pk}/">sweep {sweep.pk}</a>'
+    assert f"already queued in {link}" in body
+    # The running sweep's own progress, still polling, so the gap list
+    # refreshes when it ends.
+    assert f'id="sweep-{sweep.pk}"' in body and 'hx-trigger="every 2s"' in body
+    assert f"{sweep.total} in all" in body
+
+
+def test_a_second_run_missing_without_htmx_leads_to_the_running_sweep(
+    client, results, cpu_runner, sweeper
+):
+    client.force_login(sweeper)
+    client.post(reverse("gaps-run"), {"backend": "c"})
+    sweep = Sweep.objects.get()
+    response = client.post(reverse("gaps-run"), {"backend": "c"}, follow=True)
+    assert Sweep.objects.get() == sweep
+    assert response.redirect_chain[-1][0] == reverse("sweep", args=[sweep.pk])
+    assert f"already queued in sweep {sweep.pk}" in response.content.decode()
+
+
+def test_the_run_button_is_disabled_while_its_request_is_in_flight(
+    client, results, cpu_runner, sweeper
+):
+    client.force_login(sweeper)
+    body = client.get(reverse("gaps")).content.decode()
+    form = body[body.index('action="/gaps/run/"') :].split("</form>")[0]
+    assert 'hx-disabled-elt="find button"' in form
+
+
+def test_the_summary_says_which_gaps_a_run_only_lowers_or_builds(
+    client, results, cpu_runner, sweeper
+):
+    client.force_login(sweeper)
+    response = client.get(reverse("gaps"))
+    runnable = response.context["runnable"]
+    compile_only = [g for g in runnable if "no runner" in g.reasons]
+    validated = [g for g in runnable if "no runner" not in g.reasons]
+    assert compile_only and validated
+    # The CPU runner has only the CPU column's device.
+    assert {g.device_type.backend for g in validated} == {"c"}
+    summary = response.content.decode().split('id="gap-summary">')[1].split("</p>")[0]
+    assert f"{len(validated)} can be run now and validated" in summary
+    assert (
+        f"{len(compile_only)} can only be lowered or built: "
+        "no online runner has that device"
+    ) in summary
+    assert f"{len(runnable)} can be run now" not in summary
+
+
+def test_a_finished_sweep_links_back_to_its_toolchain_and_filters(client, results):
+    sweep = Sweep.objects.create(filters={"toolchain": "tl-0.1.13", "backend": "c"})
+    body = client.get(reverse("sweep", args=[sweep.pk])).content.decode()
+    assert 'href="/?toolchain=tl-0.1.13&amp;backend=c">See the matrix' in body
+    assert 'href="/gaps/?toolchain=tl-0.1.13&amp;backend=c">remaining gaps' in body
+
+
+def test_an_unknown_filter_value_is_named_with_what_is_shown_instead(client, results):
+    response = client.get(reverse("gaps"), {"dtype": "fp8", "backend": "c"})
+    assert response.status_code == 200
+    body = response.content.decode()
+    assert "Unknown dtype “fp8”: showing every dtype instead." in body
+    assert response.context["filters"].backend == "c"

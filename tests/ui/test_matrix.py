@@ -199,12 +199,134 @@ def test_signed_in_pages_still_render_while_the_session_cache_is_down(
 
 def test_cell_groups_name_the_operator_of_a_revision_the_catalogue_lacks(results):
     from matrix import queries
-    from matrix.models import Cell, DeviceType, Toolchain
+    from matrix.models import Cell, DeviceType
 
-    filters = queries.MatrixFilters.from_params({}, list(Toolchain.objects.all()))
+    filters = queries.MatrixFilters.from_params({}, queries.toolchain_list())
     groups = queries.cell_groups(filters, list(DeviceType.objects.all()), {})
     cells = Cell.objects.filter(toolchain=filters.toolchain)
     assert sum(n for *_, n in groups) == cells.count()
     assert {(op, rev) for op, rev, *_ in groups} == {
         (c.revision.operator_id, c.revision_id) for c in cells
     }
+
+
+def shape_row(body: str, shape) -> str:
+    """The expanded row of one shape × dtype."""
+    return next(r for r in body.split('class="shape-row"')[1:] if shape.dims_key in r)
+
+
+@pytest.mark.parametrize(
+    ("tilelang", "stale"),
+    [
+        ("0.1.9", True),  # older: 9 < 15, though "0.1.9" > "0.1.15" as text
+        ("0.1.15", False),  # another host's build of the current release
+        ("0.1.16", False),  # an upgrade candidate: newer, not superseded
+    ],
+)
+def test_only_an_older_toolchain_makes_its_results_stale_on_every_page(
+    client, results, device_types, toolchains, cpu_runner, tilelang, stale
+):
+    from matrix.services import toolchain_register
+    from tests.ui.conftest import record
+
+    top = results["top"]
+    other = toolchain_register(
+        name=f"tl-{tilelang}-host", components={"tilelang": tilelang, "host": "b"}
+    )
+    cpu_runner.runnertoolchain_set.update(toolchain=other)
+    record(top, device_types["c"], other, "pass")
+    params = {"toolchain": other.name, "backend": "c"}
+
+    page = client.get(reverse("matrix"), {**params, "open": top.operator.name})
+    assert ("stale-mark" in shape_row(page.content.decode(), top)) is stale
+    gaps = client.get(reverse("gaps"), params).context["gaps"]
+    assert any(g.shape == top for g in gaps) is stale
+    api = client.get("/api/v1/matrix", {**params, "operator": top.operator.name})
+    cell = next(
+        c for c in api.json()["cells"] if c["url"].startswith(f"/cells/{top.pk}/")
+    )
+    assert cell["stale"] is stale
+
+
+def test_the_baseline_of_a_rolled_out_upgrade_is_superseded(
+    client, results, device_types, toolchains, django_user_model
+):
+    from django.core.cache import cache
+
+    from matrix.models import UpgradeProposal
+    from matrix.services import toolchain_register
+    from tests.ui.conftest import record
+
+    old, current = toolchains
+    top = results["top"]
+    # The current release, upgraded away from all the same (a new CUDA, say).
+    baseline = toolchain_register(
+        name="tl-0.1.15-cuda12", components={"tilelang": "0.1.15", "cuda": "12"}
+    )
+    record(top, device_types["c"], baseline, "pass")
+    params = {"toolchain": baseline.name, "open": top.operator.name, "backend": "c"}
+    assert "stale-mark" not in shape_row(
+        client.get(reverse("matrix"), params).content.decode(), top
+    )
+    UpgradeProposal.objects.create(
+        baseline=baseline,
+        candidate=current,
+        proposer=django_user_model.objects.create_user("proposer"),
+        state=UpgradeProposal.State.ROLLED_OUT,
+    )
+    cache.clear()  # the catalogue, toolchains included, is kept for seconds
+    assert "stale-mark" in shape_row(
+        client.get(reverse("matrix"), params).content.decode(), top
+    )
+
+
+def test_a_backend_without_device_types_says_so(client, results):
+    response = client.get(reverse("matrix"), {"backend": "npu"})
+    assert response.status_code == 200
+    body = response.content.decode()
+    assert "No device types for this backend." in body
+    assert '<table class="matrix"' not in body
+
+
+def test_a_status_filter_matching_nothing_shows_the_empty_note(client, results):
+    body = client.get(reverse("matrix"), {"status": "timeout"}).content.decode()
+    assert "No shapes match these filters." in body
+    assert 'id="op-' not in body
+
+
+def test_a_status_filter_keeps_only_the_operators_with_such_cells(client, results):
+    body = client.get(reverse("matrix"), {"status": "compile_error"}).content.decode()
+    assert 'id="op-gemm"' in body
+    assert 'id="op-rmsnorm"' not in body and 'id="op-softmax"' not in body
+
+
+def test_a_summary_shows_the_pass_glyph_only_where_something_passes(client, results):
+    body = client.get(reverse("matrix"), {"backend": "c"}).content.decode()
+    gemm = body.split('id="op-gemm"')[1].split("</tbody>")[0]
+    rmsnorm = body.split('id="op-rmsnorm"')[1].split("</tbody>")[0]
+    # gemm's top shape passes on the CPU; nothing of rmsnorm has run.
+    assert "✓1/5" in gemm
+    assert "✓0/" not in rmsnorm and "</svg>0/5</span>" in rmsnorm
+    assert "operator rows: ✓3/16 = 3 of 16 cells pass" in body
+
+
+def test_show_more_says_how_many_rows_are_left(client, results):
+    gemm = results["top"].operator.name
+    some_left = client.get(reverse("matrix"), {"open": gemm, "rows": 2})
+    assert "Show 2 more of the 3 left" in some_left.content.decode()
+    last_ones = client.get(reverse("matrix"), {"open": gemm, "rows": 3})
+    body = last_ones.content.decode()
+    assert "Show the other 2 rows" in body and "rows=5" in body
+    assert "showing the first 3 of 5" in body
+    everything = client.get(reverse("matrix"), {"open": gemm, "rows": 5})
+    assert "Show" not in everything.content.decode().split('id="op-gemm"')[1]
+
+
+def test_an_unknown_toolchain_is_named_and_the_current_one_shown(client, results):
+    response = client.get(reverse("matrix"), {"toolchain": "nope"})
+    assert response.status_code == 200
+    assert "Unknown toolchain “nope”: showing tl-0.1.15 instead." in (
+        response.content.decode()
+    )
+    # The cached page without the unknown value carries no such notice.
+    assert "Unknown toolchain" not in client.get(reverse("matrix")).content.decode()
