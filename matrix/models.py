@@ -3,7 +3,8 @@ and what came out.
 
 A *cell* is (shape with its dtype, device type, toolchain); the kernel
 revision that produced its latest result is stored on it, so a cell whose
-revision or toolchain is no longer current reads as stale. ``Cell`` keeps the
+revision is no longer current, or whose toolchain is older than the current
+one (``queries.toolchain_superseded``), reads as stale. ``Cell`` keeps the
 latest result per cell so that no page ever scans all results.
 """
 
