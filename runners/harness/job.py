@@ -1,15 +1,19 @@
 """Parse and check a job before any process is started for it.
 
-A job the harness cannot even describe (unknown operator, dims that do not
-fit, bad dtype, target or stage, a source whose hash does not match) is a
-``MalformedJob``: the caller's mistake, reported instead of run.
+A job the harness cannot even describe (JSON with a key given twice or a
+NaN, unknown operator, dims or tensors that do not fit, bad dtype, a target
+with an unknown or a missing attribute, bad stage, a source whose hash does
+not match) is a ``MalformedJob``: the caller's mistake, reported instead of
+run.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 
+from runners.harness import tensors
 from runners.harness.result import STAGES
 from runners.kernels.base import BACKENDS, DTYPES, MalformedShape
 
@@ -18,16 +22,52 @@ OPTIONAL = ("stage", "seed", "source", "source_sha256", "timeout_s", "repeats")
 MAX_TIMEOUT_S = 3600.0
 MAX_REPEATS = 10_000
 
-_TARGET_KEY = re.compile(r"^[a-z][a-z0-9_-]*$")
-_TARGET_ARCH = {
-    "cuda": ("arch", re.compile(r"^sm_\d{2,3}[af]?$")),
-    "hip": ("mcpu", re.compile(r"^gfx[0-9a-f]{3,4}$")),
+# A dim must fit a signed 32-bit index, TileLang's default index type.
+MAX_DIM = 2**31 - 1
+# More than the memory of any host or device, for one tensor.
+MAX_TENSOR_BYTES = 2**40
+
+# A target's attributes besides "kind", each required: left out, TileLang
+# would build for its default (sm_50, gfx900), not the device meant.
+# attribute: (what its value matches, an example).
+_TARGET_ATTRIBUTES = {
+    "cuda": {"arch": (re.compile(r"sm_\d{2,3}[af]?"), "sm_90a")},
+    "hip": {"mcpu": (re.compile(r"gfx[0-9a-f]{3,4}"), "gfx942")},
 }
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 
 class MalformedJob(ValueError):
     """The job cannot be run as written; the message says why, in one line."""
+
+
+def load_job(text: str) -> object:
+    """The job JSON ``text`` as Python values, or MalformedJob. Stricter than
+    ``json.loads``, which would keep the last of a key given twice, read NaN
+    and Infinity (not JSON), and overflow the stack on deep nesting."""
+    try:
+        return json.loads(
+            text, object_pairs_hook=_unique_keys, parse_constant=_not_json
+        )
+    except MalformedJob:
+        raise
+    except RecursionError:
+        raise MalformedJob("the job JSON is nested too deeply to read") from None
+    except ValueError as exc:
+        raise MalformedJob(f"the job is not valid JSON: {exc}") from None
+
+
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
+    found = {}
+    for key, value in pairs:
+        if key in found:
+            raise MalformedJob(f"the job JSON gives key {key!r} twice")
+        found[key] = value
+    return found
+
+
+def _not_json(constant: str):
+    raise MalformedJob(f"the job JSON has {constant}, which is not a JSON number")
 
 
 def lookup_operator(name: str):
@@ -60,10 +100,11 @@ def parse_job(raw: object) -> dict:
         shape = operator.validate_shape(raw["shape"])
     except MalformedShape as exc:
         raise MalformedJob(str(exc)) from None
-
     dtype = raw["dtype"]
     if dtype not in DTYPES:
         raise MalformedJob(f"dtype {dtype!r} is not one of {', '.join(DTYPES)}")
+    _check_sizes(operator, shape, dtype)
+
     stage = raw.get("stage", "validate")
     if stage not in STAGES:
         raise MalformedJob(f"stage {stage!r} is not one of {', '.join(STAGES)}")
@@ -91,29 +132,46 @@ def parse_job(raw: object) -> dict:
     return job
 
 
+def _check_sizes(operator, shape: dict, dtype: str) -> None:
+    """Refuse dims and tensors no kernel could be built or run for, before
+    they overflow inside TileLang and read as the kernel's compile error."""
+    for dim, size in shape.items():
+        if size > MAX_DIM:
+            raise MalformedJob(
+                f"{operator.name}: dim {dim} is {size}, above {MAX_DIM} (2**31 - 1)"
+            )
+    for spec in [*operator.inputs(shape, dtype), *operator.outputs(shape, dtype)]:
+        size = tensors.byte_size(tensors.spec_dict(spec))
+        if size > MAX_TENSOR_BYTES:
+            raise MalformedJob(
+                f"{operator.name}: tensor {spec.name} {list(spec.shape)} would take "
+                f"{size:.3g} bytes, more than any host can allocate "
+                f"(at most {MAX_TENSOR_BYTES / 2**40:g} TiB a tensor)"
+            )
+
+
 def _parse_target(target: object) -> dict:
     if not isinstance(target, dict):
         raise MalformedJob('target must be a TileLang target object like {"kind": "c"}')
     kind = target.get("kind")
     if kind not in BACKENDS:
         raise MalformedJob(f"target kind {kind!r} is not one of {', '.join(BACKENDS)}")
-    for key, value in target.items():
-        if not isinstance(key, str) or not _TARGET_KEY.match(key):
-            raise MalformedJob(f"target key {key!r} is not a target attribute name")
-        if not _plain_target_value(value):
-            raise MalformedJob(f"target {key} must be a string, number or list of them")
-    if kind in _TARGET_ARCH:
-        key, pattern = _TARGET_ARCH[kind]
+    attributes = _TARGET_ATTRIBUTES.get(kind, {})
+    allowed = ["kind", *attributes]
+    unknown = [key for key in target if key not in allowed]
+    if unknown:
+        raise MalformedJob(
+            f"target key {unknown[0]!r} is not allowed for kind {kind!r} "
+            f"(allowed: {', '.join(allowed)})"
+        )
+    for key, (pattern, example) in attributes.items():
         value = target.get(key)
-        if value is not None and not (isinstance(value, str) and pattern.match(value)):
+        if value is None:
+            example_target = json.dumps({"kind": kind, key: example})
+            raise MalformedJob(f"a {kind} target needs {key}, e.g. {example_target}")
+        if not (isinstance(value, str) and pattern.fullmatch(value)):
             raise MalformedJob(f"target {key} {value!r} is not a {kind} architecture")
     return dict(target)
-
-
-def _plain_target_value(value: object) -> bool:
-    if isinstance(value, list):
-        return all(isinstance(v, (str, int)) and not isinstance(v, bool) for v in value)
-    return isinstance(value, (str, int, float, bool))
 
 
 def _int_field(raw: dict, key: str, *, default, low: int, high: int):

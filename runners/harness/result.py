@@ -14,7 +14,8 @@ Shared by the supervisor and the child so that both build the same keys::
                     share of the supervisor's clock, the child's start
                     included for the first job of a child), overhead_s
                     (wall_s - compile_s - run_s)
-    error           None, or signature, message (sanitized), pass_name
+    error           None, or signature, message (sanitized, at most 8 KB),
+                    pass_name
     fingerprint     hash (toolchain only) and components (device too)
     kernel_source   generated device code, at most 64 KB
     tolerance       rel_err, atol, rtol, max_mismatch_ratio, reason
@@ -22,6 +23,9 @@ Shared by the supervisor and the child so that both build the same keys::
 """
 
 from __future__ import annotations
+
+import itertools
+import re
 
 STAGES = ("lower", "build", "validate")
 
@@ -39,6 +43,10 @@ STATUSES = ("lowered", "built", "pass", *FAILURES)
 
 KERNEL_SOURCE_CAP = 64 * 1024
 MESSAGE_CAP = 8 * 1024
+
+# A line that says what failed: a compiler's "error:" or "fatal", Python's
+# "...Error: ...".
+_DIAGNOSTIC = re.compile(r"error|fatal", re.IGNORECASE)
 
 METRIC_KEYS = ("rel_err", "max_abs_err", "mismatch_ratio")
 TIMING_KEYS = (
@@ -92,3 +100,47 @@ def cap_text(text: str, limit: int) -> str:
         return text
     kept = data[:limit].decode(errors="ignore")
     return f"{kept}\n/* truncated: {len(data)} bytes in all */"
+
+
+def cap_message(text: str, limit: int) -> str:
+    """``text`` in at most ``limit`` bytes, keeping the lines that explain a
+    failure: the first, those that name an error (in order), then as many of
+    the last as fit. A device compiler's message starts with the generated
+    source and ends with the compiler's own lines, so cutting its tail off
+    would keep only source."""
+    if len(text.encode()) <= limit:
+        return text
+    lines = [_cap_line(line, limit // 4) for line in text.split("\n")]
+    diagnostics = [i for i, line in enumerate(lines) if _DIAGNOSTIC.search(line)]
+    # A marker line stands for each run of cut lines: one may come before
+    # the first line kept and each diagnostic, and one before the last lines
+    # (or at the very end, when none of them fit).
+    marker_bytes = len(_cut_marker(len(lines)).encode()) + 1
+    wanted = [(i, marker_bytes) for i in [0, *diagnostics]]
+    wanted += [(i, 0) for i in range(len(lines) - 1, 0, -1)]
+    kept: set[int] = set()
+    used = marker_bytes
+    for i, marker in wanted:
+        if i in kept:
+            continue
+        used += len(lines[i].encode()) + 1 + marker
+        if used > limit:
+            break
+        kept.add(i)
+    out = []
+    for keep, run in itertools.groupby(range(len(lines)), key=kept.__contains__):
+        indices = list(run)
+        out += [lines[i] for i in indices] if keep else [_cut_marker(len(indices))]
+    return "\n".join(out)
+
+
+def _cap_line(line: str, limit: int) -> str:
+    data = line.encode()
+    if len(data) <= limit:
+        return line
+    marker = " [cut]"
+    return data[: limit - len(marker)].decode(errors="ignore") + marker
+
+
+def _cut_marker(lines: int) -> str:
+    return f"[{lines} lines cut]"

@@ -45,6 +45,7 @@ from runners.harness.result import (
     STATUSES,
     SUCCESS_FOR_STAGE,
     TIMING_KEYS,
+    cap_message,
     cap_text,
     new_result,
     set_error,
@@ -425,7 +426,10 @@ def _run_child(
             cache=cache if shared_cache else None,
         )
         try:
-            return _supervise(child, jobs, timeouts, spawned, base)
+            # The child's sandbox and kernel cache are this run's or this
+            # host's own: a path in them is named by its file only.
+            private = (base, cache, env["TILELANG_CACHE_DIR"])
+            return _supervise(child, jobs, timeouts, spawned, private)
         finally:
             child.kill()
             identity.kill_all()
@@ -443,7 +447,7 @@ def _own_cache(cache: str, identity: isolation.Identity) -> None:
         identity.give(cache)
 
 
-def _supervise(child, jobs, timeouts, spawned, home) -> list[dict]:
+def _supervise(child, jobs, timeouts, spawned, private) -> list[dict]:
     results: list[dict] = []
     toolchain = None
     current, stage = None, None
@@ -468,7 +472,7 @@ def _supervise(child, jobs, timeouts, spawned, home) -> list[dict]:
             accepted = _accept(
                 message.get("result"), jobs[current], toolchain, child.untrusted
             )
-            results.append(_finish(accepted, mark, home))
+            results.append(_finish(accepted, mark, private))
             _progress(results[-1], time.perf_counter() - mark)
             mark = time.perf_counter()
             current = None
@@ -487,7 +491,7 @@ def _supervise(child, jobs, timeouts, spawned, home) -> list[dict]:
         else:
             text = "the harness child failed to start: " + child.describe_exit()
         return [
-            _finish(_failed(j, "infra_error", text, None, None), mark, home)
+            _finish(_failed(j, "infra_error", text, None, None), mark, private)
             for j in jobs
         ]
     if current is None and results and not timed_out:
@@ -508,7 +512,8 @@ def _supervise(child, jobs, timeouts, spawned, home) -> list[dict]:
     else:
         status = "runtime_error"
         text = "the kernel process died: " + child.describe_exit()
-    return results + [_finish(_failed(job, status, text, stage, toolchain), mark, home)]
+    failed = _failed(job, status, text, stage, toolchain)
+    return results + [_finish(failed, mark, private)]
 
 
 def _progress(result: dict, seconds: float) -> None:
@@ -574,18 +579,17 @@ def _copy_checked(result: dict, clean: dict) -> None:
     clean["tolerance"] = tolerance
 
 
-def _finish(result: dict, since: float, home: str) -> dict:
+def _finish(result: dict, since: float, private: tuple[str, ...]) -> dict:
     """Sanitize what the child said, sign its error, and account the time."""
-    roots = (REPO_ROOT, home)
+    roots = (REPO_ROOT,)
     if result.get("error"):
-        message = cap_text(
-            sanitize(result["error"]["message"], roots=roots), MESSAGE_CAP
-        )
+        message = sanitize(result["error"]["message"], roots=roots, private=private)
+        message = cap_message(message, MESSAGE_CAP)
         result["error"]["message"] = message
         result["error"]["signature"] = error_signature(message)
     if result.get("kernel_source"):
         result["kernel_source"] = sanitize(
-            result["kernel_source"], roots=roots, keep_data=True
+            result["kernel_source"], roots=roots, private=private, keep_data=True
         )
     timings = result["timings"]
     timings["wall_s"] = time.perf_counter() - since

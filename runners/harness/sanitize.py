@@ -2,7 +2,8 @@
 
 A stored message keeps what a reader needs (shapes, dtype, target, TileLang
 pass names, the toolchain's own package-relative paths) and loses what would
-leak (home, temp and install paths, environment values, tensor contents).
+leak (home, temp and install paths, environment values, tensor contents) or
+would differ between two runs of the same error (random temp names).
 """
 
 from __future__ import annotations
@@ -23,6 +24,10 @@ _PACKAGE_ROOT = re.compile(r"^.*/(?:site|dist)-packages/")
 # The toolchain's own source tree as compiled into its binaries (for example
 # "/project/src/transform/x.cc"): keep from "src/" or "include/" on.
 _TOOLCHAIN_TREE = re.compile(r"^.*?/(?=(?:src|include|python|3rdparty)/)")
+# A name Python's tempfile made ("tmp" and 8 random characters) as a path
+# component: it differs on every run of the same error.
+_TEMP_NAME = re.compile(r"(?<![^/])tmp[a-z0-9_]{8}(?![a-z0-9_])")
+TEMP_NAME = "tmpXXXXXXXX"
 
 _TENSOR_REPR = re.compile(r"\b(tensor|array|Tensor)\((?:[^()]|\([^()]*\))*\)", re.S)
 _INNER_BRACKETS = re.compile(r"\[[^\[\]]*\]")
@@ -41,25 +46,43 @@ def sanitize(
     text: str,
     *,
     roots: Iterable[str] = (),
+    private: Iterable[str] = (),
     environ: Mapping[str, str] | None = None,
     keep_data: bool = False,
 ) -> str:
     """Return ``text`` without private paths, environment values or tensor data.
 
     ``roots`` are directories whose paths become relative (the repository);
-    ``environ`` is the environment whose values are redacted (default: this
-    process's); ``keep_data`` leaves number lists alone (generated code).
+    ``private`` are directories, besides home and temp, whose files are named
+    by their leaf only (a child's sandbox, a kernel cache); ``environ`` is the
+    environment whose values are redacted (default: this process's);
+    ``keep_data`` leaves number lists alone (generated code).
     """
     environ = os.environ if environ is None else environ
-    roots = sorted({r.rstrip("/") for r in roots if r and r != "/"}, key=len)
+    roots = _longest_first(roots)
+    private = _longest_first([*private, *_home_and_temp()])
     if not keep_data:
         text = _TENSOR_REPR.sub(lambda m: f"{m.group(1)}(<data>)", text)
         text = _strip_float_lists(text)
-    text = _ABS_PATH.sub(lambda m: _short_path(m.group(0), roots[::-1]), text)
+    text = _ABS_PATH.sub(
+        lambda m: _TEMP_NAME.sub(TEMP_NAME, _short_path(m.group(0), roots, private)),
+        text,
+    )
     return _redact_values(text, environ)
 
 
-def _short_path(path: str, roots: list[str]) -> str:
+def _home_and_temp() -> list[str]:
+    """Home and temp directories: a file there is named by its leaf only (the
+    directories between are the host's or one run's, such as a temp HOME or
+    a random temp name, and would split the signatures of equal errors)."""
+    return [tempfile.gettempdir(), "/tmp", "/var/tmp", os.path.expanduser("~")]
+
+
+def _longest_first(dirs: Iterable[str]) -> list[str]:
+    return sorted({d.rstrip("/") for d in dirs if d and d != "/"}, key=len)[::-1]
+
+
+def _short_path(path: str, roots: list[str], private: list[str]) -> str:
     if path == "/":
         return path
     for root in roots:
@@ -67,19 +90,10 @@ def _short_path(path: str, roots: list[str]) -> str:
             return path[len(root) + 1 :] or "."
     if _PACKAGE_ROOT.match(path):
         return _PACKAGE_ROOT.sub("", path)
-    for private in _private_dirs():
-        if path.startswith(private + "/"):
-            return path[len(private) + 1 :].split("/", 1)[-1]
-    if _TOOLCHAIN_TREE.match(path):
+    in_private = any(path.startswith(d + "/") for d in private)
+    if not in_private and _TOOLCHAIN_TREE.match(path):
         return _TOOLCHAIN_TREE.sub("", path)
     return "<path>/" + path.rstrip("/").rsplit("/", 1)[-1]
-
-
-def _private_dirs() -> list[str]:
-    """Home and temp directories: a file there is named by its leaf only (its
-    parent is typically a random temp name that would split signatures)."""
-    dirs = {tempfile.gettempdir(), "/tmp", "/var/tmp", os.path.expanduser("~")}
-    return sorted((d.rstrip("/") for d in dirs if d and d != "/"), key=len)[::-1]
 
 
 def _strip_float_lists(text: str) -> str:

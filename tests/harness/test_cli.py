@@ -30,6 +30,7 @@ RESULT_KEYS = {
 }
 
 SOFTMAX = library_job("softmax", {"M": 3, "N": 37})
+GEMM = library_job("gemm", {"M": 64, "N": 64, "K": 64})
 SOURCE = "def program(shape, dtype, target):\n    raise ValueError('x')\n"
 
 MALFORMED = {
@@ -43,6 +44,31 @@ MALFORMED = {
         {**SOFTMAX, "target": {"kind": "cuda", "arch": "sm90"}},
         "not a cuda architecture",
     ),
+    "unknown target key": (
+        {**SOFTMAX, "target": {"kind": "c", "foo": "bar"}},
+        "target key 'foo' is not allowed for kind 'c' (allowed: kind)",
+    ),
+    "cuda target key of another kind": (
+        {**SOFTMAX, "target": {"kind": "cuda", "arch": "sm_90a", "mcpu": "gfx942"}},
+        "(allowed: kind, arch)",
+    ),
+    # TileLang's defaults, sm_50 and gfx900, are no device the job meant.
+    "cuda without arch": (
+        {**SOFTMAX, "target": {"kind": "cuda"}},
+        "a cuda target needs arch",
+    ),
+    "hip without mcpu": (
+        {**SOFTMAX, "target": {"kind": "hip"}},
+        "a hip target needs mcpu",
+    ),
+    "dim above int32": (
+        {**SOFTMAX, "shape": {"M": 3, "N": 10**30}},
+        f"dim N is {10**30}, above 2147483647",
+    ),
+    "tensor larger than any host": (
+        {**GEMM, "shape": {"M": 2**21, "N": 2**21, "K": 2**21}},
+        "tensor A [2097152, 2097152] would take 1.76e+13 bytes, more than any host",
+    ),
     "target as string": ({**SOFTMAX, "target": "c"}, "target must be"),
     "bad stage": ({**SOFTMAX, "stage": "run"}, "stage 'run'"),
     "unknown field": ({**SOFTMAX, "stge": "lower"}, "unknown fields stge"),
@@ -55,7 +81,14 @@ MALFORMED = {
         },
         "does not match",
     ),
-    "not json": ("{operator: softmax", "cannot read job"),
+    "not json": ("{operator: softmax", "not valid JSON"),
+    "duplicate key": (
+        json.dumps(SOFTMAX)[:-1] + ', "operator": "gemm"}',
+        "gives key 'operator' twice",
+    ),
+    "NaN": (json.dumps(SOFTMAX)[:-1] + ', "timeout_s": NaN}', "has NaN"),
+    "Infinity": (json.dumps(SOFTMAX)[:-1] + ', "timeout_s": Infinity}', "Infinity"),
+    "deep nesting": ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
 }
 
 
@@ -66,6 +99,15 @@ def test_a_malformed_job_exits_non_zero_with_one_line(job, expected, tmp_path):
     assert done.stdout == ""
     assert len(done.stderr.strip().splitlines()) == 1
     assert expected in done.stderr
+
+
+@pytest.mark.parametrize("timeout", ["nan", "inf", "0", "-5", "1e300", "soon"])
+def test_a_timeout_that_cannot_bound_a_job_is_a_usage_error(timeout, tmp_path):
+    done = run_cli(SOFTMAX, f"--timeout={timeout}", tmp_path=tmp_path)
+    assert done.returncode == 2
+    assert done.stdout == ""
+    (line,) = done.stderr.strip().splitlines()
+    assert f"argument --timeout: {timeout!r} is not a number" in line
 
 
 def test_a_job_prints_one_json_result_and_exits_zero(tmp_path, cache_dir):

@@ -63,3 +63,32 @@ def test_different_errors_and_dtypes_do_not_group():
     base = error_signature("cannot vectorize float16 load")
     assert base != error_signature("cannot vectorize bfloat16 load")
     assert base != error_signature("layout for fragment F can not be inferred")
+
+
+def test_temp_directories_of_two_runs_leave_one_message_and_signature():
+    runs = [
+        "/tmp/tmpAAAA/home/tmp/tmp8ru55hm0/x: undefined symbol f",
+        "/tmp/tmpBBBB/home/tmp/tmpzzzz/x: undefined symbol f",
+    ]
+    clean = [sanitize(text, environ={}) for text in runs]
+    assert clean[0] == clean[1] == "<path>/x: undefined symbol f"
+    assert error_signature(clean[0]) == error_signature(clean[1])
+    assert error_signature(clean[0]) != error_signature(
+        sanitize(runs[0].replace("undefined symbol", "no such file"), environ={})
+    )
+
+
+def test_a_sandbox_path_keeps_its_file_name_only():
+    sandbox = "/srv/sandbox/tm-harness-3k2j1h0g"
+    text = (
+        f"-o {sandbox}/home/tmp/tmp8ru55hm0/tvm_kernels.cubin "
+        f"{sandbox}/home/tmp/tmp8ru55hm0/include/k.h /srv/cache/kernels/ab12/lib.so"
+    )
+    clean = sanitize(text, private=[sandbox, "/srv/cache"], environ={})
+    assert clean == "-o <path>/tvm_kernels.cubin <path>/k.h <path>/lib.so"
+
+
+def test_random_temp_names_are_replaced_where_a_path_keeps_its_directories():
+    text = "/srv/tm/var/cache/tmp/tmp8ru55hm0/lib.so and /tmp/tmpk_3ab9zq.cubin"
+    clean = sanitize(text, roots=["/srv/tm"], environ={})
+    assert clean == "var/cache/tmp/tmpXXXXXXXX/lib.so and <path>/tmpXXXXXXXX.cubin"
