@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import math
+
+from django.conf import settings
+from django.core.exceptions import RequestDataTooBig
 from django.db import DataError, connection
 from ninja import NinjaAPI, Schema, Status
 
@@ -26,6 +30,34 @@ def text_with_nul(request, exc):
         raise exc
     return api.create_response(
         request, {"detail": "text may not contain NUL characters"}, status=400
+    )
+
+
+def _megabytes(size: int, *, round_up: bool) -> str:
+    # Rounded away from the limit, so a body just over it never reads as
+    # equal to it.
+    tenths = size / 2**20 * 10
+    return f"{(math.ceil(tenths) if round_up else math.floor(tenths)) / 10:.1f} MB"
+
+
+@api.exception_handler(RequestDataTooBig)
+def body_too_big(request, exc):
+    """Django will not read a body over DATA_UPLOAD_MAX_MEMORY_SIZE. That is
+    the caller sending too much at once, not a server error: a 413 saying
+    the limit lets a client split its upload instead of retrying it."""
+    limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+    try:
+        size = int(request.META.get("CONTENT_LENGTH"))
+        body = f"the body is {_megabytes(size, round_up=True)}"
+    except (TypeError, ValueError):
+        body = "the body is too large"
+    detail = (
+        f"{body}; the most this server takes is "
+        f"{_megabytes(limit, round_up=False)}: send less in one request "
+        "(upload results in smaller batches)"
+    )
+    return api.create_response(
+        request, {"detail": detail, "limit_bytes": limit}, status=413
     )
 
 

@@ -206,7 +206,9 @@ def runner_queues(request, envelope: Body[Any]):
 def results_upload(request, bundle: Body[dict]):
     """Import signed results (an offline bundle: ``{"results": [envelope,
     ...]}``) with the checks the control worker applies. Each envelope is
-    judged alone; when none is accepted the first refusal is the answer."""
+    judged alone; one already stored (a bundle sent again after a lost
+    reply) counts as ``duplicate``; when none is accepted the first refusal
+    is the answer. A body over 2.5 MB is a 413: send smaller batches."""
     envelopes = bundle.get("results")
     if not isinstance(envelopes, list) or not envelopes:
         return Status(

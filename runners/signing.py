@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 import secrets
 from datetime import UTC, datetime
 from pathlib import Path
@@ -25,6 +26,14 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import (
 
 SERVER_SIGNER = "server"
 ENVELOPE_FIELDS = {"payload", "signer", "nonce", "issued_at", "signature"}
+# Exactly what envelope_sign makes: anything else did not come from a signer
+# of this protocol. Exact, because the receipt columns have these widths and
+# a stored receipt is matched by its nonce and signature as text (hex
+# parsing alone would accept spaces and capitals).
+NONCE_HEX_CHARS = 32
+SIGNATURE_HEX_CHARS = 128
+NONCE_FORMAT = re.compile(f"[0-9a-f]{{{NONCE_HEX_CHARS}}}")
+SIGNATURE_FORMAT = re.compile(f"[0-9a-f]{{{SIGNATURE_HEX_CHARS}}}")
 
 
 class EnvelopeError(ValueError):
@@ -113,7 +122,7 @@ def envelope_sign(*, payload: dict, signer: str, key: Ed25519PrivateKey) -> dict
     body = {
         "payload": payload,
         "signer": signer,
-        "nonce": secrets.token_hex(16),
+        "nonce": secrets.token_hex(NONCE_HEX_CHARS // 2),
         "issued_at": now_iso(),
     }
     body["signature"] = key.sign(canonical(body)).hex()
@@ -134,6 +143,16 @@ def envelope_signer(envelope) -> str:
     for field in ("signer", "nonce", "issued_at", "signature"):
         if not isinstance(envelope[field], str) or not envelope[field]:
             raise EnvelopeError(f"malformed envelope: {field} must be a string")
+    if not NONCE_FORMAT.fullmatch(envelope["nonce"]):
+        raise EnvelopeError(
+            f"malformed envelope: nonce must be {NONCE_HEX_CHARS} lowercase hex "
+            "characters"
+        )
+    if not SIGNATURE_FORMAT.fullmatch(envelope["signature"]):
+        raise EnvelopeError(
+            f"malformed envelope: signature must be {SIGNATURE_HEX_CHARS} "
+            "lowercase hex characters"
+        )
     if not isinstance(envelope["payload"], dict):
         raise EnvelopeError("malformed envelope: payload must be an object")
     return envelope["signer"]
@@ -154,9 +173,9 @@ def envelope_verify(
     envelope_signer(envelope)
     try:
         key = public_key_load(public_key)
-        signature = bytes.fromhex(envelope["signature"])
     except ValueError:
-        raise EnvelopeError("malformed envelope: signature or key is not hex") from None
+        raise EnvelopeError("the signer's public key is not a valid key") from None
+    signature = bytes.fromhex(envelope["signature"])
     body = {k: v for k, v in envelope.items() if k != "signature"}
     try:
         key.verify(signature, canonical(body))

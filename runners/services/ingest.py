@@ -26,6 +26,7 @@ from runners.services.envelopes import (
     RESULT_MAX_AGE_S,
     envelope_runner,
     payload_verify,
+    shown,
 )
 from runners.services.errors import Conflict
 
@@ -76,8 +77,6 @@ def _json_safe(value):
 
 def _error_fields(raw) -> tuple[str, str]:
     error = raw.get("error") or {}
-    if not isinstance(error, dict):
-        return "", ""
     message = _text(error.get("message") or "", ERROR_MESSAGE_CAP)
     signature = _text(error.get("signature") or "", 64)
     if message and not signature:
@@ -96,17 +95,23 @@ JOB_ROW = (
     "toolchain_id",
 )
 STATUSES = frozenset(Status.values)
+# Parts of a harness result that are objects when present (error is null
+# when nothing failed).
+RESULT_OBJECTS = ("metrics", "timings", "fingerprint", "error")
 
 
 def _result_from(job: SimpleNamespace, attempt: int, raw: dict) -> Result:
     status = raw.get("status")
     if status not in STATUSES:
         raise ValidationError(f"unknown result status {status!r}")
-    metrics = raw.get("metrics") if isinstance(raw.get("metrics"), dict) else {}
-    timings = raw.get("timings") if isinstance(raw.get("timings"), dict) else {}
-    fingerprint = (
-        raw.get("fingerprint") if isinstance(raw.get("fingerprint"), dict) else {}
-    )
+    for part in RESULT_OBJECTS:
+        if raw.get(part) is not None and not isinstance(raw[part], dict):
+            raise ValidationError(
+                f"result.{part} must be an object or null, got {shown(raw[part])}"
+            )
+    metrics = raw.get("metrics") or {}
+    timings = raw.get("timings") or {}
+    fingerprint = raw.get("fingerprint") or {}
     signature, message = _error_fields(raw)
     details = {
         k: raw[k]
@@ -114,7 +119,7 @@ def _result_from(job: SimpleNamespace, attempt: int, raw: dict) -> Result:
         if k in raw
     }
     details["fingerprint_components"] = fingerprint.get("components") or {}
-    if isinstance(raw.get("error"), dict) and raw["error"].get("pass_name"):
+    if raw.get("error") and raw["error"].get("pass_name"):
         details["pass_name"] = _text(raw["error"]["pass_name"], 120)
     details = _json_safe(details)
     return Result(
@@ -209,22 +214,7 @@ def _check(envelope, runners: dict) -> tuple[Runner, dict, dict] | Outcome:
         return Outcome("refused", reason=str(exc), code=403)
     except ValidationError as exc:
         return Outcome("refused", reason="; ".join(exc.messages), code=400)
-    job_id, attempt, raw = (
-        payload.get("job"),
-        payload.get("attempt"),
-        payload.get("result"),
-    )
-    if (
-        not isinstance(job_id, int)
-        or not isinstance(attempt, int)
-        or not isinstance(raw, dict)
-    ):
-        return Outcome(
-            "refused",
-            reason="a result payload needs integer job and attempt and a result object",
-            code=400,
-        )
-    return runner, payload, raw
+    return runner, payload, payload["result"]
 
 
 def _checks(envelopes: list, runners: dict) -> list:
@@ -299,11 +289,17 @@ def results_ingest(*, envelopes: list) -> list[Outcome]:
     checked = {i: v for i, v in enumerate(outcomes) if not isinstance(v, Outcome)}
 
     with transaction.atomic():
-        used = set(
-            Receipt.objects.filter(
+        # nonce -> (signature, runner id, result) of each envelope stored.
+        spent = {
+            receipt.nonce: (receipt.signature, receipt.runner_id, receipt.result)
+            for receipt in Receipt.objects.filter(
                 nonce__any={envelopes[i]["nonce"] for i in checked}
-            ).values_list("nonce", flat=True)
-        )
+            )
+            .select_related("result")
+            .only(
+                "nonce", "signature", "runner_id", "result__job_id", "result__attempt"
+            )
+        }
         # Rows, not model instances: building thousands of instances cost
         # more than the query. Locked in id order, so two workers locking
         # overlapping batches queue behind each other instead of deadlocking.
@@ -324,12 +320,19 @@ def results_ingest(*, envelopes: list) -> list[Outcome]:
         for i, (runner, payload, raw) in checked.items():
             envelope, job = envelopes[i], jobs.get(payload["job"])
             key = (payload["job"], payload["attempt"])
-            if envelope["nonce"] in used:
-                outcomes[i] = Outcome(
-                    "refused",
-                    reason="replayed envelope: this nonce was already used",
-                    code=409,
-                )
+            if envelope["nonce"] in spent:
+                signature, signer_id, result = spent[envelope["nonce"]]
+                # The very envelope stored before (an upload retried after
+                # its reply was lost) is already stored; another envelope
+                # with a spent nonce is a replay.
+                if (signature, signer_id) == (envelope["signature"], runner.pk):
+                    outcomes[i] = Outcome("duplicate", result=result)
+                else:
+                    outcomes[i] = Outcome(
+                        "refused",
+                        reason="replayed envelope: this nonce was already used",
+                        code=409,
+                    )
             elif job is None:
                 outcomes[i] = Outcome(
                     "refused", reason=f"no job {payload['job']}", code=400
@@ -358,7 +361,7 @@ def results_ingest(*, envelopes: list) -> list[Outcome]:
                     )
                     continue
                 stored[key] = result
-                used.add(envelope["nonce"])
+                spent[envelope["nonce"]] = (envelope["signature"], runner.pk, result)
                 accepted.append((result, runner, envelope))
                 outcomes[i] = Outcome("stored", result=result)
         if accepted:

@@ -7,7 +7,6 @@ import hashlib
 from datetime import timedelta
 
 from django.conf import settings
-from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
@@ -38,9 +37,7 @@ def runner_heartbeat(*, envelope) -> Runner:
     payload = payload_verify(
         envelope, runner, kind="heartbeat", max_age_s=HEARTBEAT_MAX_AGE_S
     )
-    sequence = payload.get("sequence")
-    if isinstance(sequence, bool) or not isinstance(sequence, int):
-        raise ValidationError("heartbeat sequence must be an integer")
+    sequence = payload["sequence"]
     runner = Runner.objects.select_for_update().get(pk=runner.pk)
     if sequence <= runner.last_sequence:
         raise Conflict(
@@ -49,7 +46,7 @@ def runner_heartbeat(*, envelope) -> Runner:
     runner.last_sequence = sequence
     runner.last_heartbeat = timezone.now()
     runner.save(update_fields=["last_sequence", "last_heartbeat"])
-    if payload.get("state") == Runner.State.BUSY:
+    if payload["state"] == Runner.State.BUSY:
         runner.go_busy()
     else:
         runner.go_online()

@@ -174,6 +174,15 @@ def runner_register(*, token: str, name: str, public_key: str, inventory) -> Run
     clean = inventory_clean(inventory)
     if Runner.objects.filter(name=name).exists():
         raise Conflict(f"a runner named {name!r} is already registered")
+    # A key is one runner's identity: under two names its holder speaks for
+    # both, and revoking one would leave the key trusted through the other.
+    holder = Runner.objects.filter(public_key=public_key).first()
+    if holder is not None:
+        revoked = " (revoked)" if holder.revoked_at else ""
+        raise Conflict(
+            f"this public key is already runner {holder.name!r}'s{revoked}: "
+            "each runner makes a key pair of its own"
+        )
 
     device_types = []
     for spec in clean["devices"]:

@@ -51,6 +51,13 @@ def cpu_inventory(**toolchain) -> dict:
     }
 
 
+def resigned(envelope: dict, key, **changes) -> dict:
+    """``envelope`` with ``changes`` (a payload, a nonce...), signed again by
+    ``key``: what a runner's key holder could send."""
+    body = {k: v for k, v in envelope.items() if k != "signature"} | changes
+    return body | {"signature": key.sign(signing.canonical(body)).hex()}
+
+
 class RunnerHand:
     """A registered runner and its private key: signs what a runner sends."""
 

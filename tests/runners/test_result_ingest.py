@@ -21,7 +21,7 @@ from runners import services
 from runners.models import Receipt
 from runners.services import ingest
 
-from .conftest import RunnerHand
+from .conftest import RunnerHand, resigned
 
 
 def test_a_result_is_stored_with_its_receipt_and_the_cell_points_at_it(
@@ -50,12 +50,29 @@ def test_a_second_copy_of_the_same_attempt_stores_nothing_new(cpu_runner, runnin
     assert Cell.objects.get().status == Status.LOWERED
 
 
-def test_a_replayed_envelope_is_refused(cpu_runner, running_job):
+def test_the_same_envelope_sent_again_is_already_stored(cpu_runner, running_job):
+    """An upload retried after its reply was lost sends the very envelopes
+    stored the first time: that is no failure."""
+    envelope = cpu_runner.result(running_job)
+    first, _ = services.result_ingest(envelope=envelope)
+    again, created = services.result_ingest(envelope=envelope)
+    assert not created and again.pk == first.pk
+    assert Result.objects.count() == 1 and Receipt.objects.count() == 1
+
+
+def test_another_envelope_with_a_spent_nonce_is_refused_as_a_replay(
+    cpu_runner, running_job
+):
     envelope = cpu_runner.result(running_job)
     services.result_ingest(envelope=envelope)
+    other = resigned(
+        cpu_runner.result(running_job, status="pass"),
+        cpu_runner.key,
+        nonce=envelope["nonce"],
+    )
     with pytest.raises(services.Conflict, match="replayed envelope"):
-        services.result_ingest(envelope=envelope)
-    assert Result.objects.count() == 1
+        services.result_ingest(envelope=other)
+    assert Result.objects.get().status == Status.LOWERED
 
 
 def test_an_altered_result_is_refused(cpu_runner, running_job):
@@ -180,13 +197,17 @@ def test_a_mixed_batch_stores_exactly_the_good_envelopes(cpu_runner, register):
     altered["payload"]["result"]["status"] = "pass"
     forger = RunnerHand(cpu_runner.runner, Ed25519PrivateKey.generate())
     twice = cpu_runner.result(jobs[1], status="mismatch")
+    reused_nonce = resigned(
+        cpu_runner.result(jobs[1], status="pass"), cpu_runner.key, nonce=twice["nonce"]
+    )
     stale = cpu_runner.result(jobs[6])
     services.jobs_requeue(jobs=[jobs[6]], reason="test")
     assert services.job_claim(job_id=jobs[6].pk, attempt=2, runner=cpu_runner.runner)
     batch = [
-        earlier,  # replayed: stored before
+        earlier,  # the same envelope stored before: already stored
         twice,  # good
-        twice,  # the same envelope again in the batch: replayed
+        twice,  # the same envelope again in the batch: already stored
+        reused_nonce,  # another envelope with the nonce just spent: replayed
         cpu_runner.result(jobs[1]),  # another copy of a stored attempt
         altered,
         forger.result(jobs[4]),
@@ -197,8 +218,9 @@ def test_a_mixed_batch_stores_exactly_the_good_envelopes(cpu_runner, register):
     ]
     outcomes = services.results_ingest(envelopes=batch)
     assert [(o.status, o.code) for o in outcomes] == [
-        ("refused", 409),
+        ("duplicate", 200),
         ("stored", 200),
+        ("duplicate", 200),
         ("refused", 409),
         ("duplicate", 200),
         ("refused", 403),
@@ -208,12 +230,13 @@ def test_a_mixed_batch_stores_exactly_the_good_envelopes(cpu_runner, register):
         ("stored", 200),
         ("stored", 200),
     ]
-    assert "replayed" in outcomes[0].reason and "replayed" in outcomes[2].reason
-    assert "bad signature" in outcomes[4].reason
+    assert "replayed" in outcomes[3].reason
     assert "bad signature" in outcomes[5].reason
-    assert "not assigned" in outcomes[6].reason
-    assert "no longer running" in outcomes[7].reason
-    assert outcomes[3].result.pk == outcomes[1].result.pk
+    assert "bad signature" in outcomes[6].reason
+    assert "not assigned" in outcomes[7].reason
+    assert "no longer running" in outcomes[8].reason
+    assert outcomes[0].result.job_id == jobs[0].pk
+    assert outcomes[2].result.pk == outcomes[4].result.pk == outcomes[1].result.pk
     stored = {(r.job_id, r.status) for r in Result.objects.all()}
     assert stored == {
         (jobs[0].pk, Status.PASS),
@@ -223,7 +246,7 @@ def test_a_mixed_batch_stores_exactly_the_good_envelopes(cpu_runner, register):
     }
     receipts = dict(Receipt.objects.values_list("result__job_id", "signature"))
     assert receipts[jobs[1].pk] == twice["signature"]
-    assert receipts[jobs[2].pk] == batch[9]["signature"]
+    assert receipts[jobs[2].pk] == batch[10]["signature"]
     states = dict(ValidationJob.objects.values_list("pk", "state"))
     assert [states[j.pk] for j in jobs] == [
         JobState.DONE,

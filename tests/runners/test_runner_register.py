@@ -108,6 +108,27 @@ def test_a_duplicate_name_is_refused_and_the_token_stays_usable(token):
     assert register(second, name="cpu-2").name == "cpu-2"
 
 
+def test_a_key_already_registered_under_another_name_is_refused(token):
+    key = public_key()
+    register(token, key=key)
+    second = services.token_create(expires=timedelta(hours=1))
+    with pytest.raises(
+        services.Conflict, match="this public key is already runner 'cpu-1''s"
+    ):
+        register(second, name="cpu-2", key=key.upper())
+    assert list(Runner.objects.values_list("name", flat=True)) == ["cpu-1"]
+    assert register(second, name="cpu-2").name == "cpu-2"
+
+
+def test_the_key_of_a_revoked_runner_cannot_register_again(token):
+    key = public_key()
+    register(token, key=key)
+    services.runner_revoke(name="cpu-1")
+    second = services.token_create(expires=timedelta(hours=1))
+    with pytest.raises(services.Conflict, match="'cpu-1''s \\(revoked\\)"):
+        register(second, name="cpu-1-again", key=key)
+
+
 def test_an_oversized_inventory_is_refused_and_nothing_is_created(token):
     inventory = cpu_inventory()
     inventory["host"] = {"notes": "x" * 70_000}

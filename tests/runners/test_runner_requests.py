@@ -136,7 +136,7 @@ def test_an_old_request_is_refused_and_old_nonces_are_pruned(
     body = {
         "payload": {"kind": "queues", "runner": cpu_runner.name},
         "signer": cpu_runner.name,
-        "nonce": "n" * 32,
+        "nonce": "e" * 32,
         "issued_at": old,
     }
     body["signature"] = cpu_runner.key.sign(signing.canonical(body)).hex()
@@ -156,7 +156,7 @@ def test_a_request_stamped_without_a_time_zone_is_refused(client, cpu_runner):
     body = {
         "payload": {"kind": "queues", "runner": cpu_runner.name},
         "signer": cpu_runner.name,
-        "nonce": "n" * 32,
+        "nonce": "e" * 32,
         "issued_at": datetime.now(UTC).replace(tzinfo=None).isoformat(),
     }
     body["signature"] = cpu_runner.key.sign(signing.canonical(body)).hex()
@@ -178,15 +178,21 @@ def test_a_malformed_body_is_400_with_a_reason(client, cpu_runner, kind, body):
 @pytest.mark.parametrize(
     "kind, fields, reason",
     [
-        ("claim", {}, "expected"),
-        ("claim", {"jobs": []}, "expected"),
-        ("claim", {"jobs": "1"}, "expected"),
-        ("claim", {"jobs": [1]}, "jobs[0] needs"),
-        ("claim", {"jobs": [{"job": 1, "attempt": True}]}, "jobs[0] needs"),
-        ("claim", {"jobs": [{"job": -1, "attempt": 1}]}, "jobs[0] needs"),
-        ("claim", {"jobs": [{"job": 2**70, "attempt": 1}]}, "jobs[0] needs"),
+        ("claim", {}, "jobs must be a list"),
+        ("claim", {"jobs": []}, "jobs must be a list"),
+        ("claim", {"jobs": "1"}, "jobs must be a list"),
+        ("claim", {"jobs": [1]}, "jobs[0] must be an object"),
+        (
+            "claim",
+            {"jobs": [{"job": 1, "attempt": True}]},
+            "jobs[0].attempt must be a whole number from 1 to 32767, got true",
+        ),
+        ("claim", {"jobs": [{"job": -1, "attempt": 1}]}, "jobs[0].job must be"),
+        ("claim", {"jobs": [{"job": 2**70, "attempt": 1}]}, "jobs[0].job must be"),
+        ("claim", {"jobs": [{"job": 1}]}, "jobs[0].attempt must be"),
         ("claim", {"jobs": [{"job": 1, "attempt": 1}] * 501}, "at most 500"),
-        ("outbox", {"jobs": None}, "expected"),
+        ("outbox", {"jobs": None}, "jobs must be a list"),
+        ("outbox", {"jobs": [{"job": 1, "attempt": 2**15}]}, "jobs[0].attempt"),
         ("recover", {}, "restarted must be"),
         ("recover", {"restarted": "yes"}, "restarted must be"),
     ],

@@ -9,6 +9,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from runners import signing
 
+from .conftest import resigned
+
 
 @pytest.fixture
 def key():
@@ -47,35 +49,59 @@ def test_it_refuses_an_envelope_signed_by_another_key(key):
         signing.envelope_verify(forged, public_key=signing.public_key_hex(key))
 
 
+def well_formed(**changes) -> dict:
+    """An envelope whose fields have the right shapes (not a valid signature)."""
+    return {
+        "payload": {},
+        "signer": "a",
+        "nonce": "b" * 32,
+        "issued_at": "c",
+        "signature": "d" * 128,
+        **changes,
+    }
+
+
 @pytest.mark.parametrize(
     "envelope, reason",
     [
         ("text", "JSON object"),
         ({"payload": {}}, "missing"),
-        (
-            {
-                "payload": [],
-                "signer": "a",
-                "nonce": "b",
-                "issued_at": "c",
-                "signature": "d",
-            },
-            "payload must be an object",
-        ),
-        (
-            {
-                "payload": {},
-                "signer": "a",
-                "nonce": "b",
-                "issued_at": "c",
-                "signature": "zz",
-            },
-            "not hex",
-        ),
+        (well_formed(payload=[]), "payload must be an object"),
+        (well_formed(signature="zz"), "signature must be 128 lowercase hex"),
+        (well_formed(nonce=7), "nonce must be a string"),
     ],
 )
 def test_it_names_what_is_wrong_with_a_malformed_envelope(key, envelope, reason):
     with pytest.raises(signing.EnvelopeError, match=reason):
+        signing.envelope_verify(envelope, public_key=signing.public_key_hex(key))
+
+
+@pytest.mark.parametrize(
+    "nonce",
+    ["a" * 5000, "a" * 31, "A" * 32, "a" * 31 + "\n", "a" * 30 + " a"],
+    ids=["5000-chars", "31-chars", "capitals", "newline", "space"],
+)
+def test_it_refuses_a_correctly_signed_nonce_of_another_format(key, nonce):
+    envelope = resigned(
+        signing.envelope_sign(payload={}, signer="cpu-1", key=key), key, nonce=nonce
+    )
+    with pytest.raises(signing.EnvelopeError, match="nonce must be 32 lowercase hex"):
+        signing.envelope_verify(envelope, public_key=signing.public_key_hex(key))
+
+
+@pytest.mark.parametrize(
+    "spell",
+    [
+        str.upper,
+        lambda hex_text: " ".join(hex_text[i : i + 2] for i in range(0, 128, 2)),
+        lambda hex_text: hex_text + "\n",
+    ],
+    ids=["capitals", "spaces", "newline"],
+)
+def test_it_refuses_a_true_signature_spelt_another_way(key, spell):
+    envelope = signing.envelope_sign(payload={}, signer="cpu-1", key=key)
+    envelope["signature"] = spell(envelope["signature"])
+    with pytest.raises(signing.EnvelopeError, match="signature must be 128 lowercase"):
         signing.envelope_verify(envelope, public_key=signing.public_key_hex(key))
 
 

@@ -7,6 +7,8 @@ from matrix.models import Cell, JobState, Result, Status
 from runners import services, signing, tasks
 from runners.models import Runner
 
+from .conftest import resigned
+
 
 def planned_job(cpu_cells):
     sweep = services.sweep_plan(cells=cpu_cells()[:1])
@@ -69,10 +71,26 @@ def test_ingest_result_logs_a_refusal_instead_of_failing(
 ):
     envelope = cpu_runner.result(running_job)
     tasks.ingest_result(envelope)
+    replay = resigned(
+        cpu_runner.result(running_job, status="pass"),
+        cpu_runner.key,
+        nonce=envelope["nonce"],
+    )
     with caplog.at_level(logging.WARNING, logger="runners.tasks"):
-        tasks.ingest_result(envelope)
+        tasks.ingest_result(replay)
         tasks.ingest_result("garbage")
     assert "replayed envelope" in caplog.text
+    assert Result.objects.get().status == Status.LOWERED
+
+
+def test_ingest_result_delivered_twice_is_already_stored(
+    cpu_runner, running_job, caplog
+):
+    envelope = cpu_runner.result(running_job)
+    tasks.ingest_result(envelope)
+    with caplog.at_level(logging.INFO, logger="runners.tasks"):
+        tasks.ingest_result(envelope)
+    assert "already stored" in caplog.text and "refused" not in caplog.text
     assert Result.objects.count() == 1
 
 
