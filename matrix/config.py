@@ -77,7 +77,9 @@ def parse_database(raw: str | None, embedded_path: Path) -> dict:
 def parse_broker(raw: str | None, embedded_dir: Path) -> tuple[str, dict]:
     """Return (broker URL, transport options)."""
     if raw is None or raw == "":
-        raw = "filesystem://"
+        # Named host: without one kombu warns "No hostname was supplied" on
+        # every connection. The filesystem transport uses none of it.
+        raw = "filesystem://localhost/"
     scheme = url_scheme(
         "CELERY_BROKER_URL",
         raw,

@@ -4,6 +4,7 @@ ValidationError naming the problem, and nothing is half-written."""
 from __future__ import annotations
 
 import hashlib
+import math
 
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
@@ -16,6 +17,7 @@ from matrix.models import (
     Operator,
     Shape,
     Toolchain,
+    dims_key,
     fingerprint_of,
 )
 
@@ -51,6 +53,14 @@ CPU_SHAPES = {
     "rmsnorm": [{"M": 64, "N": 256}, {"M": 7, "N": 33}],
     "gemm": [{"M": 64, "N": 64, "K": 64}, {"M": 17, "N": 31, "K": 45}],
 }
+# Kernels index tensors with 32-bit integers.
+DIM_MAX = 2**31 - 1
+# Elements of all a call's tensors together: 2 TB at fp16, beyond any one
+# device's memory. A larger shape is a typo the harness would only report as
+# the kernel's failure.
+ELEMENTS_MAX = 2**40
+# Calls per forward step (or share of time): a bound that keeps sums finite.
+WEIGHT_MAX = 1e12
 
 
 @transaction.atomic
@@ -88,12 +98,41 @@ def operator_sync_library() -> list[Operator]:
 
 
 def shape_clean(*, operator: Operator, dims, dtype: str) -> dict:
+    from runners import kernels
+
     dims = operator.clean_dims(dims)
+    for name, value in dims.items():
+        if value > DIM_MAX:
+            raise ValidationError({"dims": f"{name} must be at most {DIM_MAX}"})
     if dtype not in Dtype.values:
         raise ValidationError(
             {"dtype": f"unknown dtype {dtype!r}; expected one of {Dtype.values}"}
         )
+    # An operator outside the library declares no tensors here; its dims are
+    # bounded all the same.
+    spec = kernels.OPERATORS.get(operator.name)
+    if spec is not None:
+        tensors = spec.inputs(dims, dtype) + spec.outputs(dims, dtype)
+        elements = sum(math.prod(t.shape) for t in tensors)
+        if elements > ELEMENTS_MAX:
+            raise ValidationError(
+                {
+                    "dims": f"{dims_key(dims)} makes tensors of {elements:.3g} "
+                    f"elements in all; at most {ELEMENTS_MAX:.3g}"
+                }
+            )
     return dims
+
+
+def weight_clean(weight) -> float:
+    if (
+        isinstance(weight, bool)
+        or not isinstance(weight, int | float)
+        # Compared before any float(): an int past a float's range overflows.
+        or not 0 <= weight <= WEIGHT_MAX
+    ):
+        raise ValidationError(f"weight must be a number from 0 to {WEIGHT_MAX:.0e}")
+    return float(weight)
 
 
 @transaction.atomic
@@ -103,19 +142,16 @@ def shape_import(*, rows, source_profile: str, served: bool = True) -> int:
     operators = {op.name: op for op in Operator.objects.all()}
     clean = []
     for i, (name, dims, dtype, weight) in enumerate(rows, start=1):
-        if name not in operators:
+        if not isinstance(name, str) or name not in operators:
             raise ValidationError(f"row {i}: unknown operator {name!r}")
         try:
             dims = shape_clean(operator=operators[name], dims=dims, dtype=dtype)
+            weight = weight_clean(weight)
         except ValidationError as exc:
             raise ValidationError(
                 f"row {i} ({name}): {'; '.join(exc.messages)}"
             ) from None
-        if not isinstance(weight, int | float) or weight < 0:
-            raise ValidationError(
-                f"row {i} ({name}): weight must be a non-negative number"
-            )
-        clean.append((operators[name], dims, dtype, float(weight)))
+        clean.append((operators[name], dims, dtype, weight))
     for op, dims, dtype, weight in clean:
         shape, created = Shape.objects.get_or_create(
             operator=op,

@@ -8,11 +8,15 @@ from __future__ import annotations
 
 import json
 import urllib.error
+import urllib.parse
 import urllib.request
 
 API = "/api/v1"
 # Statuses that say "not now" rather than "no": the request may be sent again.
 TRANSIENT = {408, 425, 429}
+# The server refuses bodies over Django's DATA_UPLOAD_MAX_MEMORY_SIZE (2.5 MB
+# by default): result uploads go in batches well under it.
+UPLOAD_BATCH_BYTES = 1_000_000
 
 
 class ServerUnavailable(ConnectionError):
@@ -26,6 +30,38 @@ class ServerRefused(RuntimeError):
     def __init__(self, status: int, detail: str):
         super().__init__(f"refused ({status}): {detail}")
         self.status, self.detail = status, detail
+
+
+def server_url(text: str) -> str:
+    """A server's base URL, without its trailing slash. ValueError unless it
+    is http(s) with a host: urllib would also try ftp: (and wait a minute
+    for an answer that never comes) or read a file: URL from the disk."""
+    try:
+        parts = urllib.parse.urlsplit(text.strip())
+    except ValueError:  # an unclosed "[" of an IPv6 address
+        parts = None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(
+            f"--server takes an http(s) URL like https://tilematrix.example; "
+            f"got {text!r}"
+        )
+    return text.strip().rstrip("/")
+
+
+def upload_batches(envelopes: list, limit: int = UPLOAD_BATCH_BYTES) -> list[range]:
+    """Consecutive index ranges of ``envelopes`` whose upload bodies stay
+    under ``limit`` bytes, sized by the JSON each envelope sends. An
+    envelope larger than that goes alone, for the server to judge."""
+    batches, start, size = [], 0, 0
+    for i, envelope in enumerate(envelopes):
+        length = len(json.dumps(envelope).encode()) + 2  # with its ", "
+        if i > start and size + length > limit:
+            batches.append(range(start, i))
+            start, size = i, 0
+        size += length
+    if envelopes:
+        batches.append(range(start, len(envelopes)))
+    return batches
 
 
 def post_json(url: str, body: dict, timeout: float = 60) -> tuple[int, dict]:

@@ -7,8 +7,9 @@ the runner signed. Importing it registers the runner with its own public
 key, recreates its jobs under their ids, assigned to it, and hands the
 signed results to the normal ingest: signature, runner identity,
 assignment, replay and idempotency checks all apply, so a result altered
-after the lab signed it is refused. A job id already used by another job
-stops the import before anything is written.
+after the lab signed it is refused. A malformed job (named by its index in
+the file, ``jobs[N]``), a job listed twice, or a job id already used by
+another job stops the import before anything is written.
 """
 
 from __future__ import annotations
@@ -24,21 +25,39 @@ from django.utils import timezone
 from matrix.models import (
     AuditEvent,
     DeviceType,
+    JobStage,
     JobState,
     KernelRevision,
+    Operator,
     Shape,
     Sweep,
     Toolchain,
     ValidationJob,
     dims_key,
 )
-from matrix.services import shape_import
+from matrix.services import shape_clean, shape_import, weight_clean
 from runners import services
 from runners.models import Runner
 
 FORMAT = "tilematrix-evidence/1"
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
-JOB_FIELDS = ("job", "attempt", "operator", "dims", "dtype", "device", "stage")
+JOB_FIELDS = (
+    "job",
+    "attempt",
+    "operator",
+    "dims",
+    "dtype",
+    "device",
+    "stage",
+    "toolchain",
+    "revision",
+)
+# The ranges of the columns a job's numbers are stored in (PostgreSQL's
+# bigint, smallint and integer; SQLite would take more and PostgreSQL fail).
+JOB_ID_MAX = 2**63 - 1
+ATTEMPT_MAX = 2**15 - 1
+SEED_MAX = 2**31 - 1
+PROFILE_MAX = Shape._meta.get_field("source_profile").max_length
 
 
 def evidence_export(*, sweeps: list[Sweep], results: list, measured: dict) -> dict:
@@ -100,11 +119,17 @@ def evidence_import(data: object, *, current_if_none: bool = False) -> dict:
     runner_spec, jobs, results = (data.get(k) for k in ("runner", "jobs", "results"))
     if not isinstance(runner_spec, dict) or not isinstance(jobs, list):
         raise ValidationError("an evidence file needs a runner and a list of jobs")
+    if not all(isinstance(runner_spec.get(k), str) for k in ("name", "public_key")):
+        raise ValidationError("the evidence's runner needs a name and a public key")
     if not isinstance(results, list):
         raise ValidationError("an evidence file needs a list of signed results")
+    measured = data.get("measured") or {}
+    if not isinstance(measured, dict):
+        raise ValidationError("measured must be an object of figures")
+    _jobs_check(jobs)
     with transaction.atomic():
         runner = _runner(runner_spec)
-        waiting = _jobs_recreate(jobs, runner, data.get("measured") or {})
+        waiting = _jobs_recreate(jobs, runner, measured)
         if current_if_none:
             _toolchain_current_if_none(jobs)
     counts = {"stored": 0, "duplicate": 0, "refused": []}
@@ -119,6 +144,72 @@ def evidence_import(data: object, *, current_if_none: bool = False) -> dict:
         else:
             counts[outcome.status] += 1
     return counts
+
+
+def _whole(value, low: int, high: int) -> bool:
+    return (
+        isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+    )
+
+
+def _jobs_check(jobs: list) -> None:
+    """Refuse a file whose jobs could not all be stored, before anything is
+    written, naming the job by its index in the file."""
+    operators = {op.name: op for op in Operator.objects.all()}
+    listed: dict[int, int] = {}
+    for i, job in enumerate(jobs):
+        where = f"jobs[{i}]"
+        if not isinstance(job, dict):
+            raise ValidationError(f"{where} is not an object")
+        missing = [k for k in JOB_FIELDS if k not in job]
+        if missing:
+            raise ValidationError(f"{where} lacks {', '.join(missing)}")
+        if not _whole(job["job"], 1, JOB_ID_MAX):
+            raise ValidationError(f"{where}: job must be an id from 1 to {JOB_ID_MAX}")
+        if job["job"] in listed:
+            raise ValidationError(
+                f"{where}: job {job['job']} is listed twice (also jobs[{listed[job['job']]}])"
+            )
+        listed[job["job"]] = i
+        if not _whole(job["attempt"], 1, ATTEMPT_MAX):
+            raise ValidationError(
+                f"{where}: attempt must be an integer from 1 to {ATTEMPT_MAX}"
+            )
+        if job.get("seed") is not None and not _whole(job["seed"], 0, SEED_MAX):
+            raise ValidationError(
+                f"{where}: seed must be an integer from 0 to {SEED_MAX}"
+            )
+        if job["stage"] not in JobStage.values:
+            raise ValidationError(
+                f"{where}: stage must be one of {', '.join(JobStage.values)}"
+            )
+        operator = (
+            operators.get(job["operator"]) if isinstance(job["operator"], str) else None
+        )
+        if operator is None:
+            raise ValidationError(f"{where}: unknown operator {job['operator']!r}")
+        try:
+            shape_clean(operator=operator, dims=job["dims"], dtype=job["dtype"])
+            weight_clean(job.get("weight", 0.0))
+        except ValidationError as exc:
+            raise ValidationError(
+                f"{where} ({operator.name}): {'; '.join(exc.messages)}"
+            ) from None
+        profile = job.get("profile")
+        if profile is not None and not (
+            isinstance(profile, str)
+            and len(profile) <= PROFILE_MAX
+            and "\x00" not in profile
+        ):
+            raise ValidationError(
+                f"{where}: profile must be a name of at most {PROFILE_MAX} characters"
+            )
+        if not isinstance(job["device"], dict):
+            raise ValidationError(f"{where}: device must be an object")
+        if not isinstance(job["toolchain"], str):
+            raise ValidationError(f"{where}: toolchain must be a fingerprint")
+        if not isinstance(job["revision"], str) or not SHA256.match(job["revision"]):
+            raise ValidationError(f"{where}: revision must be a sha256")
 
 
 def _runner(spec: dict) -> Runner:
@@ -180,15 +271,7 @@ def _shapes_add(jobs: list) -> dict:
 def _jobs_recreate(jobs: list, runner: Runner, measured: dict) -> int:
     """Create the evidence's jobs this server lacks; returns how many of its
     jobs wait for a result."""
-    wanted = {}
-    for number, job in enumerate(jobs):
-        if not isinstance(job, dict) or not all(k in job for k in JOB_FIELDS):
-            raise ValidationError(f"job {number} lacks one of {', '.join(JOB_FIELDS)}")
-        if not isinstance(job["job"], int) or job["job"] < 1:
-            raise ValidationError(f"job {number} needs a positive integer id")
-        if not isinstance(job["dims"], dict):
-            raise ValidationError(f"job {number} needs dims as an object")
-        wanted[job["job"]] = job
+    wanted = {job["job"]: job for job in jobs}
     taken = ValidationJob.objects.filter(pk__in=wanted).select_related("shape")
     for job in taken:
         spec = wanted.pop(job.pk)
@@ -201,7 +284,8 @@ def _jobs_recreate(jobs: list, runner: Runner, measured: dict) -> int:
         return ValidationJob.objects.filter(
             pk__in=[job["job"] for job in jobs], state=JobState.RUNNING
         ).count()
-    cells = _Cells(_shapes_add(list(wanted.values())))
+    positions = {job["job"]: i for i, job in enumerate(jobs)}
+    cells = _Cells(_shapes_add(list(wanted.values())), positions)
     sweep = Sweep.objects.create(
         filters={"evidence_of": runner.name, **measured}, total=len(wanted)
     )
@@ -235,14 +319,17 @@ class _Cells:
     server knows them, read once for the whole file; a cell it does not know
     is the file's error."""
 
-    def __init__(self, shapes: dict):
-        self.shapes = shapes
+    def __init__(self, shapes: dict, positions: dict[int, int]):
+        self.shapes, self.positions = shapes, positions
         self.device_types = list(DeviceType.objects.all())
         self.toolchains = {t.fingerprint: t for t in Toolchain.objects.all()}
         self.revisions: dict[tuple, KernelRevision] = {}
 
     def of(self, spec: dict) -> dict:
-        where = f"job {spec['job']} ({spec['operator']} {spec['dims']} {spec['dtype']})"
+        where = (
+            f"jobs[{self.positions[spec['job']]}] (job {spec['job']}, "
+            f"{spec['operator']} {spec['dims']} {spec['dtype']})"
+        )
         shape = self.shapes[spec["operator"], dims_key(spec["dims"]), spec["dtype"]]
         device = spec["device"] if isinstance(spec["device"], dict) else {}
         matches = [
@@ -251,12 +338,12 @@ class _Cells:
             if device and all(getattr(d, k, None) == v for k, v in device.items())
         ]
         device_type = matches[0] if matches else None
-        toolchain = self.toolchains.get(spec.get("toolchain"))
+        toolchain = self.toolchains.get(spec["toolchain"])
         if device_type is None or toolchain is None:
             raise ValidationError(f"{where}: its device type or toolchain is unknown")
-        key = (shape.operator_id, spec.get("revision"))
+        key = (shape.operator_id, spec["revision"])
         if key not in self.revisions:
-            self.revisions[key] = _revision(*key, where)
+            self.revisions[key] = _revision(*key)
         return {
             "revision": self.revisions[key],
             "shape": shape,
@@ -265,12 +352,10 @@ class _Cells:
         }
 
 
-def _revision(operator_id: int, sha256: object, where: str) -> KernelRevision:
+def _revision(operator_id: int, sha256: str) -> KernelRevision:
     """The library revision the lab ran. One this server no longer has (the
     library changed since) is kept, not current and without its text, so its
     cells show as stale rather than vanish."""
-    if not isinstance(sha256, str) or not SHA256.match(sha256):
-        raise ValidationError(f"{where}: its revision must be a sha256")
     revision, _ = KernelRevision.objects.get_or_create(
         operator_id=operator_id,
         source_sha256=sha256,

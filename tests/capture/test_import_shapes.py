@@ -183,6 +183,53 @@ GOOD_CALL = {
             "unknown dtype 'float64'",
         ),
         (json.dumps({"calls": [GOOD_CALL]}), "pass --name"),
+        (
+            json.dumps({"model": "m", "calls": [GOOD_CALL], "unmapped": 5}),
+            "'unmapped' must be a list",
+        ),
+        (
+            json.dumps(
+                {
+                    "model": "m",
+                    "calls": [GOOD_CALL],
+                    "unmapped": [{"op": "aten.conv2d", "reason": "no", "count": "3"}],
+                }
+            ),
+            "unmapped 1: count must be an integer from 1 to 2147483647",
+        ),
+        (
+            json.dumps({"model": "m", "calls": [{**GOOD_CALL, "count": 10**400}]}),
+            "call 1: count must be an integer from 1 to 2147483647",
+        ),
+        (
+            json.dumps(
+                {
+                    "model": "m",
+                    "calls": [
+                        GOOD_CALL,
+                        {**GOOD_CALL, "dims": {"M": 10**30, "N": 2, "K": 3}},
+                    ],
+                }
+            ),
+            "row 2 (gemm): M must be at most 2147483647",
+        ),
+        (
+            json.dumps(
+                {
+                    "model": "m",
+                    "calls": [
+                        {**GOOD_CALL, "dims": {"M": 2**20, "N": 2**20, "K": 2**20}}
+                    ],
+                }
+            ),
+            "row 1 (gemm): M=1048576,N=1048576,K=1048576 makes tensors of 3.3e+12 "
+            "elements in all; at most 1.1e+12",
+        ),
+        (
+            json.dumps({"model": "lab\u0000", "calls": [GOOD_CALL]}),
+            "without NUL characters",
+        ),
+        ("[" * 100_000 + "]" * 100_000, "nests its JSON too deeply"),
     ],
 )
 def test_a_malformed_trace_is_refused_and_nothing_is_written(
@@ -202,6 +249,14 @@ def test_a_malformed_trace_is_refused_and_nothing_is_written(
     [
         (["--profile", "llama-3-8b", "--tokens", "1,x"], "--tokens"),
         (["--profile", "llama-3-8b", "--tokens", "16,16"], "positive and distinct"),
+        (
+            ["--profile", "llama-3-8b", "--tokens", "99999999999999999999999"],
+            "--tokens: .* at most 2147483647",
+        ),
+        (
+            ["--profile", "llama-3-8b", "--tokens", "2147483647"],
+            "llama-3-8b: row .* elements in all",
+        ),
         (["--profile", "llama-3-8b", "--dtypes", "float64"], "unknown \\['float64'\\]"),
         (["--profile", "llama-3-8b", "--name", "x"], "--name applies to --trace"),
         (["--trace", "t.json", "--tokens", "1"], "apply to --profile"),
@@ -213,3 +268,18 @@ def test_it_refuses_options_that_do_not_fit(operators, args, message):
         import_shapes(*args)
 
     assert Shape.objects.count() == 0
+
+
+def test_unmapped_calls_are_reported_summed_over_token_counts(operators, tmp_path):
+    path = tmp_path / "trace.json"
+    conv = {"op": "aten.convolution", "reason": "no TileLang operator"}
+    unmapped = [{**conv, "count": 2, "tokens": 1}, {**conv, "count": 3, "tokens": 5}]
+    path.write_text(
+        json.dumps({"model": "m", "calls": [GOOD_CALL], "unmapped": unmapped})
+    )
+
+    output = import_shapes("--trace", str(path))
+
+    assert (
+        "  not imported: 5 call(s) of aten.convolution: no TileLang operator" in output
+    )

@@ -55,8 +55,19 @@ def test_a_malformed_database_url_names_the_variable(raw, tmp_path):
 
 def test_unset_broker_means_the_filesystem_broker_under_var(tmp_path):
     url, options = config.parse_broker(None, tmp_path / "broker")
-    assert url == "filesystem://"
+    assert url == "filesystem://localhost/"
     assert Path(options["data_folder_in"]).is_dir()
+
+
+def test_the_embedded_broker_connects_without_kombu_warning(tmp_path, caplog):
+    """A URL without a host had kombu log "No hostname was supplied" on every
+    connection: a stray line in the output of `manage.py sweep`."""
+    from kombu import Connection
+
+    url, _ = config.parse_broker(None, tmp_path / "broker")
+    with caplog.at_level("WARNING", logger="kombu"):
+        Connection(url).as_uri()
+    assert caplog.records == []
 
 
 @pytest.mark.parametrize(

@@ -7,9 +7,10 @@ from io import StringIO
 import pytest
 from django.core.management import CommandError, call_command
 
-from matrix.models import Cell, JobState, Result, Status, ValidationJob
-from runners import services
+from matrix.models import Cell, JobState, Result, Status, Sweep, ValidationJob
+from runners import client, host, services
 from runners.models import RegistrationToken, Runner, token_digest
+from tests.runners.conftest import cpu_inventory
 
 
 def run(*args) -> str:
@@ -29,6 +30,53 @@ def test_token_create_prints_the_token_alone_on_its_last_line(catalog):
 def test_token_create_refuses_a_malformed_lifetime(catalog):
     with pytest.raises(CommandError, match="like 1h"):
         run("token", "create", "--expires", "soon")
+
+
+@pytest.mark.parametrize("lifetime", ["0s", "31d", "99999999999d"])
+def test_token_create_refuses_a_lifetime_out_of_range(catalog, lifetime):
+    with pytest.raises(CommandError, match="more than 0s and at most 30d"):
+        run("token", "create", "--expires", lifetime)
+    assert not RegistrationToken.objects.exists()
+
+
+@pytest.mark.parametrize("server", ["nonsense", "ftp://127.0.0.1/", "file:///etc"])
+def test_register_refuses_a_server_that_is_not_an_http_url(catalog, tmp_path, server):
+    with pytest.raises(CommandError, match="--server takes an http"):
+        run(
+            "register", "--server", server, "--token", "t", "--name", "x",
+            "--key-dir", str(tmp_path / "host"), "--inventory", "unread.json",
+        )  # fmt: skip
+    assert not (tmp_path / "host").exists()
+
+
+def test_upload_refuses_a_server_that_is_not_an_http_url(catalog, tmp_path):
+    results = tmp_path / "results.json"
+    results.write_text(json.dumps({"results": [{}]}))
+    with pytest.raises(CommandError, match="--server takes an http"):
+        run("upload", str(results), "--server", "nonsense")
+
+
+def test_a_refused_registration_leaves_no_key_behind(catalog, tmp_path, server_http):
+    inventory = tmp_path / "inventory.json"
+    inventory.write_text(json.dumps(cpu_inventory()))
+    with pytest.raises(CommandError, match="unknown registration token"):
+        run(
+            "register", "--server", "http://testserver", "--token", "0" * 64,
+            "--name", "lab", "--key-dir", str(tmp_path / "host"),
+            "--inventory", str(inventory),
+        )  # fmt: skip
+    assert not (tmp_path / "host").exists()
+
+
+def test_register_refuses_a_key_directory_it_cannot_write(catalog, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    with pytest.raises(CommandError, match="not a directory this user can write"):
+        run(
+            "register", "--server", "http://127.0.0.1:9", "--token", "t",
+            "--name", "x", "--key-dir", str(blocker / "host"),
+            "--inventory", "unread.json",
+        )  # fmt: skip
 
 
 @pytest.mark.django_db(transaction=True)
@@ -72,6 +120,8 @@ def test_register_over_http_then_a_reused_token_exits_with_the_reason(
             str(tmp_path / "other"),
         )
     assert Runner.objects.count() == 1
+    # Refused: no key that no server knows, no directory for it.
+    assert not (tmp_path / "other").exists()
 
 
 def test_register_against_an_unreachable_server_says_so(catalog, tmp_path, monkeypatch):
@@ -176,8 +226,9 @@ def test_an_offline_bundle_runs_without_a_broker_and_comes_home(
     )
     assert reply.startswith(f"{planned.count()} stored, 0 already stored, 0 refused")
     assert set(Cell.objects.values_list("status", flat=True)) == {Status.PASS}
-    with pytest.raises(CommandError, match=r"refused \(409\): replayed envelope"):
-        run("upload", str(results), "--server", live_server.url)
+    # Sent again (its reply was lost, say): already stored, not a failure.
+    again = run("upload", str(results), "--server", live_server.url)
+    assert again.startswith(f"0 stored, {planned.count()} already stored, 0 refused")
 
 
 @pytest.mark.django_db(transaction=True)
@@ -216,7 +267,7 @@ def test_an_air_gapped_host_registers_from_its_probed_inventory(live_server, tmp
 
 
 def test_register_with_an_unreadable_inventory_says_so(catalog, tmp_path):
-    with pytest.raises(CommandError, match="cannot read the inventory"):
+    with pytest.raises(CommandError, match=r"cannot read .*missing\.json"):
         run(
             "register", "--server", "http://127.0.0.1:9", "--token", "t",
             "--name", "x", "--key-dir", str(tmp_path / "h"),
@@ -253,3 +304,138 @@ def test_a_gpu_host_without_a_database_driver_loads_the_runner_command(tmp_path)
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "probe" in done.stdout
+
+
+def bundle(name, out, *filters) -> str:
+    return run("bundle", name, "--out", str(out), "--device-type", "c", *filters)
+
+
+def test_a_bundle_to_a_missing_directory_plans_nothing(cpu_runner, tmp_path):
+    with pytest.raises(CommandError, match="there is no directory /nonexistent"):
+        bundle(cpu_runner.name, "/nonexistent/b.json")
+    assert not ValidationJob.objects.exists() and not Sweep.objects.exists()
+    # The cells are still free: a bundle to a good path plans them.
+    assert "signed jobs for cpu-1" in bundle(cpu_runner.name, tmp_path / "b.json")
+    assert ValidationJob.objects.exists()
+
+
+def test_a_bundle_whose_write_fails_rolls_its_plan_back(
+    cpu_runner, tmp_path, monkeypatch
+):
+    from matrix.management.commands import _files
+
+    def disk_full(source, target):
+        raise OSError(28, "No space left on device")
+
+    (tmp_path / "lab").mkdir()
+    out = tmp_path / "lab" / "b.json"
+    monkeypatch.setattr(_files.os, "replace", disk_full)
+    with pytest.raises(CommandError, match="cannot write .*No space left"):
+        bundle(cpu_runner.name, out)
+    assert not ValidationJob.objects.exists() and not Sweep.objects.exists()
+    assert list(out.parent.iterdir()) == []  # no half-written file either
+    monkeypatch.undo()
+    bundle(cpu_runner.name, out)
+    planned = ValidationJob.objects.filter(state=JobState.RUNNING)
+    messages = json.loads(out.read_text())["jobs"]
+    assert planned.count() == sum(len(m["payload"]["jobs"]) for m in messages) > 0
+
+
+def test_a_bundle_with_an_unknown_filter_value_names_the_allowed_ones(cpu_runner):
+    with pytest.raises(CommandError, match="--operator must be one of .*gemm"):
+        run("bundle", cpu_runner.name, "--out", "b.json", "--operator", "nope")
+    assert not Sweep.objects.exists()
+
+
+def test_a_bundle_with_nothing_to_plan_writes_nothing(cpu_runner, tmp_path):
+    bundle(cpu_runner.name, tmp_path / "first.json")
+    out = bundle(cpu_runner.name, tmp_path / "second.json")
+    assert out.startswith("nothing to plan for cpu-1: ")
+    assert "open job" in out
+    assert Sweep.objects.count() == 1
+    assert not (tmp_path / "second.json").exists()
+
+
+def test_execute_bundle_refuses_a_directory_out_before_running_a_job(
+    host_dir, tmp_path, monkeypatch
+):
+    jobs = tmp_path / "jobs.json"
+    jobs.write_text(json.dumps({"jobs": []}))
+    monkeypatch.setattr(host, "bundle_execute", pytest.fail)
+    with pytest.raises(CommandError, match="is a directory; name a file"):
+        run("execute-bundle", str(jobs), "--out", str(tmp_path))
+
+
+def test_probe_refuses_an_out_it_cannot_write_before_probing(monkeypatch):
+    monkeypatch.setattr(host, "inventory_probe", pytest.fail)
+    with pytest.raises(CommandError, match="there is no directory /nonexistent"):
+        run("probe", "--out", "/nonexistent/x.json")
+
+
+def padded_results(hand, jobs, size: int) -> list[dict]:
+    """A signed result per job, each about ``size`` bytes of JSON: a lab's
+    results carry long sanitized error messages and timings."""
+    return [hand.result(job, status="compile_error", notes="x" * size) for job in jobs]
+
+
+def test_upload_sends_a_large_bundle_in_batches_under_the_body_limit(
+    cpu_runner, cpu_cells, tmp_path, server_http
+):
+    from django.conf import settings
+
+    services.bundle_plan(runner_name=cpu_runner.name, cells=cpu_cells())
+    jobs = list(ValidationJob.objects.order_by("pk"))
+    results = tmp_path / "results.json"
+    # Together well over the server's limit, as ~500 ordinary results are.
+    envelopes = padded_results(cpu_runner, jobs, 400_000)
+    results.write_text(json.dumps({"results": envelopes}))
+    assert results.stat().st_size > settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+
+    out = run("upload", str(results), "--server", "http://testserver")
+
+    assert out.startswith(f"{len(jobs)} stored, 0 already stored, 0 refused")
+    sizes = [len(json.dumps(body)) for _, body in server_http]
+    assert len(sizes) > 1
+    assert max(sizes) < settings.DATA_UPLOAD_MAX_MEMORY_SIZE / 2
+    assert Result.objects.count() == len(jobs)
+
+
+def test_upload_numbers_refusals_by_their_place_in_the_file(
+    cpu_runner, cpu_cells, tmp_path, server_http
+):
+    services.bundle_plan(runner_name=cpu_runner.name, cells=cpu_cells())
+    jobs = list(ValidationJob.objects.order_by("pk"))
+    envelopes = padded_results(cpu_runner, jobs, 400_000)
+    envelopes[-1]["payload"]["result"]["status"] = "pass"  # no longer as signed
+    results = tmp_path / "results.json"
+    results.write_text(json.dumps({"results": envelopes}))
+    err = StringIO()
+    with pytest.raises(SystemExit):
+        call_command(
+            "runner", "upload", str(results), "--server", "http://testserver",
+            stdout=StringIO(), stderr=err,
+        )  # fmt: skip
+    assert err.getvalue().startswith(f"  result {len(envelopes) - 1}: ")
+
+
+def test_upload_says_which_batch_failed_and_what_went_before(tmp_path, monkeypatch):
+    envelopes = [{"nonce": str(i), "padding": "x" * 400_000} for i in range(6)]
+    results = tmp_path / "results.json"
+    results.write_text(json.dumps({"results": envelopes}))
+    answers = iter(
+        [
+            (200, {"stored": 2, "duplicate": 0, "refused": []}),
+            (
+                413,
+                {"detail": "the body is 3.1 MB; the most this server takes is 2.5 MB"},
+            ),
+        ]
+    )
+    monkeypatch.setattr(client, "post_json", lambda url, body, timeout: next(answers))
+    with pytest.raises(CommandError) as refused:
+        run("upload", str(results), "--server", "http://tilematrix.example")
+    assert str(refused.value) == (
+        "batch 2 of 3 (results 2-3) refused (413): the body is 3.1 MB; the most "
+        "this server takes is 2.5 MB; the batches before it: 2 stored, 0 already "
+        "stored, 0 refused"
+    )

@@ -5,7 +5,8 @@ from io import StringIO
 import pytest
 from django.core.management import CommandError, call_command
 
-from matrix.models import JobStage, ValidationJob
+from matrix.models import JobStage, Sweep, ValidationJob
+from runners import services
 
 
 def sweep(*args, stderr=None) -> str:
@@ -23,13 +24,15 @@ def test_sweep_plans_the_chosen_cells_and_returns_at_once(cpu_runner):
     assert set(jobs.values_list("stage", flat=True)) == {JobStage.VALIDATE}
 
 
-def test_a_second_sweep_skips_cells_with_open_jobs(cpu_runner):
+def test_a_second_sweep_skips_cells_with_open_jobs_and_stores_no_sweep(cpu_runner):
     sweep("--operator", "gemm", "--device-type", "cuda", "--no-wait")
     out = sweep("--operator", "gemm", "--device-type", "cuda", "--no-wait")
-    assert "0 jobs planned" in out
+    assert out.startswith("nothing to plan: each of the ")
+    assert "open job already" in out
     assert set(ValidationJob.objects.values_list("stage", flat=True)) == {
         JobStage.LOWER
     }
+    assert Sweep.objects.count() == 1
 
 
 def test_sweep_shows_progress_and_gives_up_after_its_timeout(cpu_runner):
@@ -47,9 +50,40 @@ def test_sweep_shows_progress_and_gives_up_after_its_timeout(cpu_runner):
     assert "0% 0 done, 0 failed, 0 running" in out.getvalue()
 
 
-def test_sweep_with_nothing_to_do_says_so(cpu_runner):
-    out = sweep("--operator", "no-such-operator")
-    assert "0 jobs planned" in out
+def test_sweep_with_every_missing_cell_done_says_so(cpu_runner):
+    sweep("--operator", "softmax", "--device-type", "c", "--no-wait")
+    for job in ValidationJob.objects.all():
+        services.job_claim(job_id=job.pk, attempt=job.attempt, runner=cpu_runner.runner)
+        services.result_ingest(envelope=cpu_runner.result(job))
+    out = sweep("--operator", "softmax", "--device-type", "c", "--missing-only")
+    assert out == (
+        "nothing to plan: every cell these filters choose has a result "
+        "(--missing-only)\n"
+    )
+    assert Sweep.objects.count() == 1
+
+
+@pytest.mark.parametrize(
+    ("option", "allowed"),
+    [
+        ("--operator", r"--operator must be one of .*gemm.*softmax"),
+        ("--device-type", r"--device-type takes .*\(NVIDIA H200 · sm_90a · cuda\)"),
+        ("--toolchain", r"--toolchain must be one of tilelang-0\.1\.15-cpu"),
+    ],
+)
+def test_an_unknown_filter_value_is_refused_naming_the_allowed_ones(
+    cpu_runner, option, allowed
+):
+    with pytest.raises(CommandError, match=allowed):
+        sweep(option, "nope", "--no-wait")
+    assert not Sweep.objects.exists()
+
+
+@pytest.mark.parametrize("timeout", ["-1", "nan"])
+def test_a_timeout_below_zero_is_refused_before_planning(cpu_runner, timeout):
+    with pytest.raises(CommandError, match="--timeout takes seconds, 0 or more"):
+        sweep("--operator", "softmax", "--timeout", timeout)
+    assert not ValidationJob.objects.exists() and not Sweep.objects.exists()
 
 
 def test_sweep_says_when_its_jobs_wait_for_a_runner(cpu_runner):

@@ -111,3 +111,56 @@ def test_the_demo_opens_on_the_lab_toolchain_unless_one_is_current(fresh):
     )
     evidence_import(copy.deepcopy(fresh), current_if_none=True)
     assert list(Toolchain.objects.filter(is_current=True)) == [other]
+
+
+def job_set(index: int, **fields):
+    def change(evidence: dict) -> None:
+        evidence["jobs"][index].update(fields)
+
+    return change
+
+
+def listed_twice(evidence: dict) -> None:
+    evidence["jobs"][150]["job"] = evidence["jobs"][3]["job"]
+
+
+def measured_as_a_list(evidence: dict) -> None:
+    evidence["measured"] = [1, 2]
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (job_set(150, operator=["gemm"]), "jobs[150]: unknown operator ['gemm']"),
+        (job_set(150, job=2**70), "jobs[150]: job must be an id from 1 to"),
+        (job_set(150, attempt="x"), "jobs[150]: attempt must be an integer"),
+        (job_set(150, seed="abc"), "jobs[150]: seed must be an integer"),
+        (job_set(150, stage="bogus"), "jobs[150]: stage must be one of lower"),
+        (
+            job_set(150, dims={"M": 10**30, "N": 4096}, operator="rmsnorm"),
+            "jobs[150] (rmsnorm): M must be at most 2147483647",
+        ),
+        (job_set(150, weight=10**400), "jobs[150] (rmsnorm): weight must"),
+        (job_set(150, profile="x" * 81), "jobs[150]: profile must be a name"),
+        (job_set(150, revision=None), "jobs[150]: revision must be a sha256"),
+        (listed_twice, "jobs[150]: job 4 is listed twice (also jobs[3])"),
+        (measured_as_a_list, "measured must be an object"),
+    ],
+)
+def test_a_malformed_file_is_refused_naming_the_job_and_nothing_is_written(
+    fresh, change, message
+):
+    change(fresh)
+    with pytest.raises(ValidationError) as refused:
+        evidence_import(fresh)
+    assert message in "; ".join(refused.value.messages)
+    assert not Runner.objects.filter(name="h200-lab").exists()
+    assert not ValidationJob.objects.exists()
+
+
+def test_the_command_refuses_a_malformed_job_in_one_line(fresh, tmp_path):
+    fresh["jobs"][150]["operator"] = ["gemm"]
+    path = tmp_path / "lab.evidence.json"
+    path.write_text(json.dumps(fresh))
+    with pytest.raises(CommandError, match=r"jobs\[150\]: unknown operator"):
+        call_command("evidence", "import", str(path))

@@ -13,6 +13,7 @@ localhost.
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import subprocess
 
@@ -27,10 +28,28 @@ def sh(*argv: str) -> None:
     subprocess.run(argv, check=True, capture_output=True)
 
 
+def remove_leftover_namespaces() -> None:
+    """A run killed before its ``finally`` (SIGKILL, a timeout) leaves its
+    namespaces and links behind, still holding SUBNET: remove the ones no
+    process is using."""
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True)
+    for line in listed.stdout.splitlines():
+        name = line.split(" ", 1)[0]
+        if not re.fullmatch(r"tm[ab]\d{1,5}", name):
+            continue
+        users = subprocess.run(
+            ["ip", "netns", "pids", name], capture_output=True, text=True
+        )
+        if not users.stdout.strip():
+            subprocess.run(["ip", "link", "del", f"{name}h"], capture_output=True)
+            subprocess.run(["ip", "netns", "del", name], capture_output=True)
+
+
 @pytest.fixture
 def network():
     """Namespaces hostA and hostB, at SUBNET.1.2 and SUBNET.2.2; this host
     is SUBNET.1.1 and SUBNET.2.1 to them."""
+    remove_leftover_namespaces()
     tag = str(os.getpid())[-5:]
     hosts = {}
     try:

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
 
 from matrix.api_manifest import toolchain_lookup
 from matrix.gate.manifest import manifest_for
+from matrix.management.commands._files import OutputFile
+from matrix.models import Toolchain
 
 
 class Command(BaseCommand):
@@ -24,13 +25,17 @@ class Command(BaseCommand):
         parser.add_argument("--out", help="file to write instead of standard output")
 
     def handle(self, *args, toolchain=None, out=None, **options):
+        output = OutputFile(out) if out else None
+        if not toolchain and not Toolchain.objects.filter(is_current=True).exists():
+            # Said here: the API's own message names its query parameter.
+            raise CommandError("no toolchain is current; name one with --toolchain")
         try:
             manifest = manifest_for(toolchain=toolchain_lookup(toolchain))
         except LookupError as exc:
             raise CommandError(str(exc)) from None
         text = json.dumps(manifest, indent=2, sort_keys=True) + "\n"
-        if out:
-            Path(out).write_text(text)
+        if output:
+            output.write(text)
             self.stderr.write(
                 f"wrote {len(manifest['entries'])} entries for "
                 f"{manifest['toolchain']['name']} to {out}"

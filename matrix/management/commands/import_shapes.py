@@ -4,16 +4,31 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from pathlib import Path
 
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 
 from matrix import profiles
+from matrix.management.commands._files import read_json
 from matrix.models import Dtype, Operator, Shape, dims_key
-from matrix.services import shape_import
+from matrix.services import DIM_MAX, shape_import
 
 SOURCE_PROFILE_MAX = Shape._meta.get_field("source_profile").max_length
+# Calls of one shape in one forward step; far past any model's.
+COUNT_MAX = 2**31 - 1
+
+
+def is_name(value) -> bool:
+    """A non-empty string PostgreSQL can store (it refuses NUL characters)."""
+    return isinstance(value, str) and value != "" and "\x00" not in value
+
+
+def is_count(value) -> bool:
+    return (
+        isinstance(value, int)
+        and not isinstance(value, bool)
+        and 1 <= value <= COUNT_MAX
+    )
 
 
 def comma_list(text: str, option: str, convert=str) -> list:
@@ -44,17 +59,41 @@ def trace_rows(trace, path: str) -> list[tuple]:
         missing = [f for f in ("operator", "dims", "dtype", "count") if f not in call]
         if missing:
             raise CommandError(f"{path}: call {i} lacks {', '.join(missing)}")
-        count = call["count"]
-        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-            raise CommandError(f"{path}: call {i}: count must be a positive integer")
-        if not isinstance(call["operator"], str):
+        if not is_count(call["count"]):
+            raise CommandError(
+                f"{path}: call {i}: count must be an integer from 1 to {COUNT_MAX}"
+            )
+        if not is_name(call["operator"]):
             raise CommandError(f"{path}: call {i}: operator must be a name")
         key = json.dumps(
             [call["operator"], call["dims"], call["dtype"]], sort_keys=True
         )
         keys.append((key, call))
-        totals[key] += count
+        totals[key] += call["count"]
     return [(c["operator"], c["dims"], c["dtype"], totals[key]) for key, c in keys]
+
+
+def trace_unmapped(trace: dict, path: str) -> Counter:
+    """Calls per (aten op, reason) the trace could not map to an operator,
+    summed over its token counts. Checked with the calls, before anything is
+    written: a count that cannot be read would hide calls from the report."""
+    entries = trace.get("unmapped")
+    if entries is None:
+        return Counter()
+    if not isinstance(entries, list):
+        raise CommandError(f"{path}: 'unmapped' must be a list")
+    unmapped = Counter()
+    for i, entry in enumerate(entries, start=1):
+        if not isinstance(entry, dict):
+            raise CommandError(f"{path}: unmapped {i} is not an object")
+        if not is_name(entry.get("op")) or not is_name(entry.get("reason")):
+            raise CommandError(f"{path}: unmapped {i}: op and reason must be names")
+        if not is_count(entry.get("count")):
+            raise CommandError(
+                f"{path}: unmapped {i}: count must be an integer from 1 to {COUNT_MAX}"
+            )
+        unmapped[entry["op"], entry["reason"]] += entry["count"]
+    return unmapped
 
 
 def shape_states(operator_names) -> dict[tuple, tuple]:
@@ -115,7 +154,7 @@ class Command(BaseCommand):
                 raise CommandError(
                     "--tokens and --dtypes apply to --profile; a trace has its own"
                 )
-            rows, source, data = self.read_trace(trace, name)
+            rows, source, unmapped = self.read_trace(trace, name)
         names = {row[0] for row in rows}
         before = shape_states(names)
         try:
@@ -127,7 +166,8 @@ class Command(BaseCommand):
             ) from None
         self.summarize(source, rows, before, shape_states(names))
         if trace:
-            self.report_unmapped(data)
+            for (op, reason), count in sorted(unmapped.items()):
+                self.stdout.write(f"  not imported: {count} call(s) of {op}: {reason}")
 
     def profile_rows(
         self, profile: str, tokens: str | None, dtypes: str | None
@@ -137,9 +177,15 @@ class Command(BaseCommand):
             if tokens
             else list(profiles.TOKEN_COUNTS)
         )
-        if min(token_counts) < 1 or len(set(token_counts)) != len(token_counts):
+        if (
+            not 1 <= min(token_counts) <= max(token_counts) <= DIM_MAX
             # A repeated count would double its shapes' weights.
-            raise CommandError("--tokens: token counts must be positive and distinct")
+            or len(set(token_counts)) != len(token_counts)
+        ):
+            raise CommandError(
+                f"--tokens: token counts must be positive and distinct, at most "
+                f"{DIM_MAX}"
+            )
         dtype_names = (
             comma_list(dtypes, "--dtypes") if dtypes else list(profiles.SERVED_DTYPES)
         )
@@ -153,22 +199,23 @@ class Command(BaseCommand):
         )
 
     def read_trace(self, path: str, name: str | None):
-        try:
-            data = json.loads(Path(path).read_text())
-        except OSError as exc:
-            raise CommandError(f"{path}: cannot read: {exc.strerror}") from None
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise CommandError(f"{path}: not JSON: {exc}") from None
+        data = read_json(path)
         rows = trace_rows(data, path)
+        unmapped = trace_unmapped(data, path)
         source = name or data.get("model")
-        if not isinstance(source, str) or not source:
+        if not source:
             raise CommandError(f"{path}: the trace names no model; pass --name")
+        if not is_name(source):
+            raise CommandError(
+                f"{path}: the source name must be text without NUL characters; "
+                "pass another --name"
+            )
         if len(source) > SOURCE_PROFILE_MAX:
             raise CommandError(
                 f"source name {source[:40]!r}... is over {SOURCE_PROFILE_MAX} characters; "
                 "pass a shorter --name"
             )
-        return rows, source, data
+        return rows, source, unmapped
 
     def summarize(self, source: str, rows: list, before: dict, after: dict) -> None:
         names = {row[0] for row in rows}
@@ -202,12 +249,3 @@ class Command(BaseCommand):
             self.stdout.write(
                 f"  {op_name:<20} {c['created']:>8} {c['updated']:>8} {c['unchanged']:>10}"
             )
-
-    def report_unmapped(self, trace: dict) -> None:
-        unmapped = Counter()
-        for entry in trace.get("unmapped") or []:
-            count = entry.get("count") if isinstance(entry, dict) else None
-            if isinstance(count, int):
-                unmapped[(str(entry.get("op")), str(entry.get("reason")))] += count
-        for (op, reason), count in sorted(unmapped.items()):
-            self.stdout.write(f"  not imported: {count} call(s) of {op}: {reason}")

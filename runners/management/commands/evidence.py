@@ -1,11 +1,11 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 
+from matrix.management.commands._files import OutputFile, read_json
 from matrix.models import Sweep
 from runners.evidence import evidence_export, evidence_import
 
@@ -41,6 +41,7 @@ class Command(BaseCommand):
         getattr(self, f"do_{action}")(**options)
 
     def do_export(self, *, sweep, results, measured, out, **_):
+        output = OutputFile(out)
         found = list(Sweep.objects.filter(pk__in=sweep))
         if len(found) != len(set(sweep)):
             raise CommandError(f"not every sweep of {sweep} exists here")
@@ -54,7 +55,7 @@ class Command(BaseCommand):
             raise CommandError(f"{results} is not a results bundle") from None
         except ValidationError as exc:
             raise CommandError("; ".join(exc.messages)) from None
-        Path(out).write_text(json.dumps(data, indent=1) + "\n")
+        output.write(json.dumps(data, indent=1) + "\n")
         self.stdout.write(
             f"{len(data['jobs'])} jobs, {len(data['results'])} results in {out}"
         )
@@ -77,10 +78,3 @@ class Command(BaseCommand):
             failed |= bool(counts["refused"])
         if failed:
             raise CommandError("some results were refused (reasons above)")
-
-
-def read_json(path: str):
-    try:
-        return json.loads(Path(path).read_text())
-    except (OSError, ValueError) as exc:
-        raise CommandError(f"cannot read {path}: {exc}") from None

@@ -10,14 +10,21 @@ import sys
 from datetime import timedelta
 from pathlib import Path
 
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.core.management.base import BaseCommand, CommandError
+from django.db import transaction
 
+from matrix.management.commands._files import OutputFile, read_json
 from runners import client, host, services, signing
 from runners.client import problem
+from runners.management.commands.sweep import FILTERS, cells_chosen, nothing_chosen
 
 DURATION = re.compile(r"^(\d+)([smhd])$")
-UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
+SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+# A registration token is for a host about to be set up; one that lives
+# longer is a standing credential.
+TOKEN_LIFETIME_MAX = timedelta(days=30)
 
 
 def duration(text: str) -> timedelta:
@@ -26,7 +33,32 @@ def duration(text: str) -> timedelta:
         raise CommandError(
             f"--expires takes a number and s/m/h/d, like 1h; got {text!r}"
         )
-    return timedelta(**{UNITS[match[2]]: int(match[1])})
+    # Whole seconds, compared before a timedelta is made: one past
+    # 999999999 days overflows.
+    seconds = int(match[1]) * SECONDS[match[2]]
+    if not 0 < seconds <= TOKEN_LIFETIME_MAX.total_seconds():
+        raise CommandError(
+            f"--expires must be more than 0s and at most "
+            f"{TOKEN_LIFETIME_MAX.days}d; got {text!r}"
+        )
+    return timedelta(seconds=seconds)
+
+
+def server_url(text: str) -> str:
+    try:
+        return client.server_url(text)
+    except ValueError as exc:
+        raise CommandError(str(exc)) from None
+
+
+def key_dir_check(directory: Path) -> None:
+    """Refuse, before registering, a key directory that cannot be written:
+    a runner the server accepted but whose key was never kept is lost."""
+    existing = next(d for d in (directory, *directory.parents) if d.exists())
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        raise CommandError(
+            f"--key-dir {directory}: {existing} is not a directory this user can write"
+        )
 
 
 def post_json(url: str, body: dict, timeout: float = 60) -> tuple[int, dict]:
@@ -124,27 +156,35 @@ class Command(BaseCommand):
         self.stdout.write(token)
 
     def do_probe(self, *, out, interpreters, **_):
+        output = OutputFile(out)
         try:
             inventory = host.inventory_probe(
                 interpreters or host.default_interpreters()
             )
         except host.HostError as exc:
             raise CommandError(str(exc)) from None
-        Path(out).write_text(json.dumps(inventory, indent=1) + "\n")
+        output.write(json.dumps(inventory, indent=1) + "\n")
         devices = ", ".join(f"{d['vendor']} {d['model']}" for d in inventory["devices"])
         self.stdout.write(f"inventory of {devices} in {out}")
 
     def do_register(
         self, *, server, token, name, key_dir, interpreters, inventory, **_
     ):
+        server = server_url(server)
         directory = host.runner_dir(key_dir)
-        directory.mkdir(parents=True, exist_ok=True)
-        key = signing.key_load_or_create(directory / "runner.key")
-        if inventory:
+        key_path = directory / "runner.key"
+        key_dir_check(directory)
+        if key_path.exists():
             try:
-                inventory = json.loads(Path(inventory).read_text())
+                key = signing.key_read(key_path)
             except (OSError, ValueError) as exc:
-                raise CommandError(f"cannot read the inventory: {exc}") from None
+                raise CommandError(f"cannot read {key_path}: {exc}") from None
+        else:
+            # Kept only once the server accepts it: a refused registration
+            # leaves nothing behind.
+            key = Ed25519PrivateKey.generate()
+        if inventory:
+            inventory = read_json(inventory)
         else:
             try:
                 inventory = host.inventory_probe(
@@ -153,7 +193,7 @@ class Command(BaseCommand):
             except host.HostError as exc:
                 raise CommandError(str(exc)) from None
         status, reply = post_json(
-            server.rstrip("/") + "/api/v1/runners/register",
+            server + "/api/v1/runners/register",
             {
                 "token": token,
                 "name": name,
@@ -163,10 +203,12 @@ class Command(BaseCommand):
         )
         if status != 201:
             raise CommandError(f"registration refused ({status}): {problem(reply)}")
+        if not key_path.exists():
+            signing.key_write(key_path, key)
         config = host.HostConfig(
             directory=directory,
             name=reply["name"],
-            server=server.rstrip("/"),
+            server=server,
             server_public_key=reply["server_public_key"],
             queues=reply["queues"],
             toolchains={
@@ -231,11 +273,9 @@ class Command(BaseCommand):
         )
 
     def do_execute_bundle(self, *, jobs, out, key_dir, **_):
+        output = OutputFile(out)
         config = self._config(key_dir)
-        try:
-            bundle = json.loads(Path(jobs).read_text())
-        except (OSError, ValueError) as exc:
-            raise CommandError(f"cannot read {jobs}: {exc}") from None
+        bundle = read_json(jobs)
         envelopes = bundle.get("jobs") if isinstance(bundle, dict) else None
         if not isinstance(envelopes, list):
             raise CommandError(f'{jobs} is not a jobs bundle ({{"jobs": [...]}})')
@@ -247,7 +287,7 @@ class Command(BaseCommand):
             self.stdout.write(
                 f"[{i}/{len(results)}] job {signed['payload']['job']}: {status}"
             )
-        Path(out).write_text(json.dumps({"results": results}) + "\n")
+        output.write(json.dumps({"results": results}) + "\n")
         self.stdout.write(
             f"{len(results)} signed results in {out}; {len(skipped)} messages skipped"
         )
@@ -255,52 +295,87 @@ class Command(BaseCommand):
             sys.exit(1)
 
     def do_upload(self, *, results, server, key_dir, **_):
-        if server is None:
-            server = self._config(key_dir).server
-        try:
-            bundle = json.loads(Path(results).read_text())
-        except (OSError, ValueError) as exc:
-            raise CommandError(f"cannot read {results}: {exc}") from None
-        status, reply = post_json(
-            server.rstrip("/") + "/api/v1/results", bundle, timeout=600
-        )
-        if status != 200:
-            raise CommandError(f"upload refused ({status}): {problem(reply)}")
+        server = server_url(server or self._config(key_dir).server)
+        bundle = read_json(results)
+        envelopes = bundle.get("results") if isinstance(bundle, dict) else None
+        if not isinstance(envelopes, list) or not envelopes:
+            raise CommandError(
+                f'{results} is not a results bundle ({{"results": [...]}})'
+            )
+        batches = client.upload_batches(envelopes)
+        stored = duplicate = 0
+        refused = []
+
+        def batch_failed(number: int, batch: range, why: str) -> CommandError:
+            # What the batches before it stored stays stored: sending the
+            # file again counts those as already stored.
+            before = (
+                f"; the batches before it: {stored} stored, {duplicate} already "
+                f"stored, {len(refused)} refused"
+                if number > 1
+                else ""
+            )
+            return CommandError(
+                f"batch {number} of {len(batches)} (results {batch.start}-"
+                f"{batch.stop - 1}){why}{before}"
+            )
+
+        for number, batch in enumerate(batches, start=1):
+            try:
+                status, reply = client.post_json(
+                    server + "/api/v1/results",
+                    {"results": envelopes[batch.start : batch.stop]},
+                    timeout=600,
+                )
+            except client.ServerUnavailable as exc:
+                raise batch_failed(number, batch, f": {exc}") from None
+            if status != 200:
+                raise batch_failed(
+                    number, batch, f" refused ({status}): {problem(reply)}"
+                )
+            stored += reply["stored"]
+            duplicate += reply["duplicate"]
+            # The server counts within the batch; the file's index is wanted.
+            refused += [
+                (batch.start + r["index"], r["reason"]) for r in reply["refused"]
+            ]
         self.stdout.write(
-            f"{reply['stored']} stored, {reply['duplicate']} already stored, "
-            f"{len(reply['refused'])} refused"
+            f"{stored} stored, {duplicate} already stored, {len(refused)} refused"
         )
-        for refusal in reply["refused"]:
-            self.stderr.write(f"  result {refusal['index']}: {refusal['reason']}")
-        if reply["refused"]:
+        for index, reason in refused:
+            self.stderr.write(f"  result {index}: {reason}")
+        if refused:
             sys.exit(1)
 
-    def do_bundle(
-        self,
-        *,
-        name,
-        out,
-        operator,
-        device_type,
-        toolchain,
-        served_only,
-        missing_only,
-        **_,
-    ):
-        cells = services.cells_select(
-            operator=operator,
-            device_type=device_type,
-            toolchain=toolchain,
-            served_only=served_only,
-            missing_only=missing_only,
-        )
+    def do_bundle(self, *, name, out, **options):
+        output = OutputFile(out)
+        filters = {k: options[k] for k in FILTERS if options[k]}
+        cells = cells_chosen(**filters)
         try:
-            sweep, envelopes = services.bundle_plan(runner_name=name, cells=cells)
+            # One transaction with the write: jobs are assigned to the runner
+            # as they are planned, and a bundle that never reached the disk
+            # would leave them running for nobody.
+            with transaction.atomic():
+                sweep, envelopes = services.bundle_plan(runner_name=name, cells=cells)
+                if sweep.total:
+                    output.write(
+                        json.dumps({"sweep": sweep.pk, "jobs": envelopes}) + "\n"
+                    )
+                else:
+                    transaction.set_rollback(True)
         except (PermissionDenied, ValidationError) as exc:
             raise CommandError(
                 "; ".join(getattr(exc, "messages", [str(exc)]))
             ) from None
-        Path(out).write_text(json.dumps({"sweep": sweep.pk, "jobs": envelopes}) + "\n")
+        if not sweep.total:
+            why = (
+                f"of the {len(cells)} cells chosen, none is on a toolchain it "
+                "hosts without an open job and with an approved current revision"
+                if cells
+                else nothing_chosen(filters)
+            )
+            self.stdout.write(f"nothing to plan for {name}: {why}; {out} not written")
+            return
         self.stdout.write(
             f"sweep {sweep.pk}: {sweep.total} signed jobs for {name} in {out}"
         )

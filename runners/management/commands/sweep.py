@@ -6,11 +6,14 @@ from __future__ import annotations
 import time
 
 from django.core.management.base import BaseCommand, CommandError
+from django.db import transaction
 
+from matrix.models import Backend, DeviceType, Operator, Toolchain
 from runners import services
 from runners.models import Runner
 
 BAR_WIDTH = 30
+FILTERS = ("operator", "device_type", "toolchain", "served_only", "missing_only")
 
 
 def bar(progress: dict) -> str:
@@ -21,6 +24,54 @@ def bar(progress: dict) -> str:
         f"{progress['done']} done, {progress['failed']} failed, "
         f"{progress['running']} running, {progress['queued']} queued"
         + (f", about {eta:.0f} s left" if eta is not None else "")
+    )
+
+
+def filters_check(*, operator=None, device_type=None, toolchain=None, **_) -> None:
+    """Refuse a filter value that names nothing here: it would select no
+    cell and look like a sweep with nothing left to do."""
+    if operator and not Operator.objects.filter(name=operator).exists():
+        names = Operator.objects.order_by("name").values_list("name", flat=True)
+        raise CommandError(
+            f"--operator must be one of {', '.join(names)}; got {operator!r}"
+        )
+    if device_type:
+        if device_type.isdigit():
+            known = DeviceType.objects.filter(pk=int(device_type)).exists()
+        else:
+            known = device_type in Backend.values or (
+                DeviceType.objects.filter(model__icontains=device_type).exists()
+            )
+        if not known:
+            types = DeviceType.objects.order_by("pk")
+            raise CommandError(
+                "--device-type takes an id, a backend or part of a model name: "
+                + ", ".join(f"{t.pk} ({t})" for t in types)
+                + f"; backends {', '.join(Backend.values)}; got {device_type!r}"
+            )
+    if toolchain and not Toolchain.objects.filter(name=toolchain).exists():
+        names = Toolchain.objects.order_by("name").values_list("name", flat=True)
+        raise CommandError(
+            f"--toolchain must be one of {', '.join(names)}; got {toolchain!r}"
+        )
+
+
+def cells_chosen(**filters) -> list:
+    """The cells the filters choose (see services.cells_select), or a
+    CommandError for a filter value that names nothing."""
+    filters_check(**filters)
+    return services.cells_select(**filters)
+
+
+def nothing_chosen(filters: dict) -> str:
+    """Why filters of known values chose no cell."""
+    if filters.get("missing_only") and services.cells_select(
+        **{**filters, "missing_only": False}
+    ):
+        return "every cell these filters choose has a result (--missing-only)"
+    return (
+        "these filters choose no cell (no shape, no device type of that "
+        "backend, or no toolchain current or hosted by a runner)"
     )
 
 
@@ -51,19 +102,27 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args, **options):
-        filters = {
-            k: options[k]
-            for k in (
-                "operator",
-                "device_type",
-                "toolchain",
-                "served_only",
-                "missing_only",
+        # Written so that NaN is refused too: it compares false to anything.
+        if not options["timeout"] >= 0:
+            raise CommandError(
+                f"--timeout takes seconds, 0 or more; got {options['timeout']}"
             )
-            if options[k]
-        }
-        cells = services.cells_select(**filters)
-        sweep = services.sweep_plan(cells=cells, filters=filters)
+        filters = {k: options[k] for k in FILTERS if options[k]}
+        cells = cells_chosen(**filters)
+        if not cells:
+            self.stdout.write(f"nothing to plan: {nothing_chosen(filters)}")
+            return
+        with transaction.atomic():
+            sweep = services.sweep_plan(cells=cells, filters=filters)
+            if not sweep.total:
+                # An empty sweep would only clutter the sweeps list.
+                transaction.set_rollback(True)
+        if not sweep.total:
+            self.stdout.write(
+                f"nothing to plan: each of the {len(cells)} cells chosen has an "
+                "open job already, or no approved current revision"
+            )
+            return
         self.stdout.write(
             f"sweep {sweep.pk}: {sweep.total} jobs planned "
             f"({len(cells) - sweep.total} cells skipped: a job is already open, "
@@ -76,7 +135,7 @@ class Command(BaseCommand):
                 "runner with their device type or toolchain is online); they run "
                 "when one connects"
             )
-        if options["no_wait"] or not sweep.total:
+        if options["no_wait"]:
             return
         deadline = time.monotonic() + options["timeout"]
         progress = sweep.progress()
