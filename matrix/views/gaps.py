@@ -168,8 +168,9 @@ def _get_sweep_for_user(request, pk: int) -> Sweep:
 def _progress_context(sweep: Sweep) -> dict:
     # The filters the sweep was planned under carry over to its links back
     # to the matrix and the gaps; other keys (an offline bundle's runner)
-    # are not filters.
-    links = {k: v for k, v in sweep.filters.items() if k in queries.FILTER_PARAMS}
+    # are not filters. In the pages' own order: PostgreSQL's jsonb returns
+    # keys sorted, SQLite as written.
+    links = [(k, sweep.filters[k]) for k in queries.FILTER_PARAMS if k in sweep.filters]
     return {"sweep": sweep, "p": sweep.progress(), "links_query": urlencode(links)}
 
 
