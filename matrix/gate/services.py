@@ -333,7 +333,7 @@ def proposal_jobs_in_flight(*, proposal: UpgradeProposal) -> JobsInFlight:
     total = jobs.count()
     if not total:
         return JobsInFlight(open=0, stalled=[])
-    read = {queue for runner in Runner.objects.online() for queue in runner.queues()}
+    read = Runner.objects.online().queues_read()
     hosted = {toolchain.pk for toolchain in toolchains_online()}
     groups = (
         jobs.filter(state=ValidationJob.State.QUEUED)

@@ -17,7 +17,7 @@ from django.views.decorators.vary import vary_on_headers
 
 from matrix.models import JobState, ValidationJob
 from runners import services
-from runners.models import Runner, compile_queue, validate_queue
+from runners.models import Runner
 
 TOKEN_LIFETIME = timedelta(hours=1)
 
@@ -29,22 +29,6 @@ def can_manage_runners(user) -> bool:
 
 def can_register_runners(user) -> bool:
     return user.is_authenticated and user.has_perm("runners.add_registrationtoken")
-
-
-def _queue_names(runner: Runner) -> list[str]:
-    # Runner.queues() issues two queries; the prefetched relations give the
-    # same names without them.
-    toolchains = sorted(t.pk for t in runner.toolchains.all())
-    names = [runner.queue]
-    names += [
-        validate_queue(device_type_id=d.pk, toolchain_id=t)
-        for d in runner.device_types.all()
-        for t in toolchains
-    ]
-    names += [compile_queue(toolchain_id=t) for t in toolchains]
-    if runner.has_nvcc:
-        names += [compile_queue(toolchain_id=t, nvcc=True) for t in toolchains]
-    return names
 
 
 def runner_rows(runners: list[Runner]) -> list[dict]:
@@ -65,7 +49,7 @@ def runner_rows(runners: list[Runner]) -> list[dict]:
     return [
         {
             "runner": r,
-            "queued": sum(queued.get(q, 0) for q in _queue_names(r)),
+            "queued": sum(queued.get(q, 0) for q in r.queues()),
             "running": running.get(r.pk, 0),
         }
         for r in runners

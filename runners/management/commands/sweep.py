@@ -77,8 +77,7 @@ def nothing_chosen(filters: dict) -> str:
 
 def jobs_waiting_for_a_runner(sweep) -> int:
     """The sweep's jobs on queues that no online runner consumes."""
-    read = {q for runner in Runner.objects.online() for q in runner.queues()}
-    return sweep.jobs.exclude(queue__in=read).count()
+    return sweep.jobs.exclude(queue__in=Runner.objects.online().queues_read()).count()
 
 
 class Command(BaseCommand):
