@@ -7,6 +7,7 @@ import math
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
 from django.db import DataError, connection
+from django.http import Http404
 from ninja import NinjaAPI, Schema, Status
 
 api = NinjaAPI(
@@ -31,6 +32,13 @@ def text_with_nul(request, exc):
     return api.create_response(
         request, {"detail": "text may not contain NUL characters"}, status=400
     )
+
+
+@api.exception_handler(Http404)
+def not_found(request, exc):
+    """The endpoint's own words ("no such submission"), where ninja would
+    answer a bare "Not Found"."""
+    return api.create_response(request, {"detail": str(exc) or "Not Found"}, status=404)
 
 
 def _megabytes(size: int, *, round_up: bool) -> str:

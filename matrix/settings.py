@@ -52,6 +52,7 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "matrix.security.SecurityHeadersMiddleware",
+    "matrix.api_errors.ApiJsonErrorsMiddleware",
     # Outside the role and login checks, so their redirects reach it.
     "django_htmx.middleware.HtmxMiddleware",
     "matrix.htmx_login.HtmxLoginRedirectMiddleware",
