@@ -44,7 +44,10 @@ class Runner(models.Model):
     Health = RunnerHealth
 
     name = models.SlugField(max_length=60, unique=True)
-    public_key = models.CharField(max_length=64, help_text="Ed25519 public key, hex")
+    # Unique: a key is one runner's identity (see runner_register).
+    public_key = models.CharField(
+        max_length=64, unique=True, help_text="Ed25519 public key, hex"
+    )
     state = models.CharField(max_length=8, choices=State.choices, default=State.OFFLINE)
     health = models.CharField(
         max_length=12, choices=Health.choices, default=Health.ACTIVE

@@ -7,7 +7,7 @@ import secrets
 from datetime import timedelta
 
 from django.core.exceptions import PermissionDenied, ValidationError
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from matrix.models import AuditEvent, Backend, DeviceType, Toolchain, fingerprint_of
@@ -145,6 +145,20 @@ def _public_key_clean(public_key) -> str:
     return public_key.lower()
 
 
+def _refuse_taken(name: str, public_key: str) -> None:
+    if Runner.objects.filter(name=name).exists():
+        raise Conflict(f"a runner named {name!r} is already registered")
+    # A key is one runner's identity: under two names its holder speaks for
+    # both, and revoking one would leave the key trusted through the other.
+    holder = Runner.objects.filter(public_key=public_key).first()
+    if holder is not None:
+        revoked = " (revoked)" if holder.revoked_at else ""
+        raise Conflict(
+            f"this public key is already runner {holder.name!r}'s{revoked}: "
+            "each runner makes a key pair of its own"
+        )
+
+
 @transaction.atomic
 def runner_register(*, token: str, name: str, public_key: str, inventory) -> Runner:
     """Exchange a registration token for a Runner holding the runner's public
@@ -172,17 +186,7 @@ def runner_register(*, token: str, name: str, public_key: str, inventory) -> Run
         ) from None
     public_key = _public_key_clean(public_key)
     clean = inventory_clean(inventory)
-    if Runner.objects.filter(name=name).exists():
-        raise Conflict(f"a runner named {name!r} is already registered")
-    # A key is one runner's identity: under two names its holder speaks for
-    # both, and revoking one would leave the key trusted through the other.
-    holder = Runner.objects.filter(public_key=public_key).first()
-    if holder is not None:
-        revoked = " (revoked)" if holder.revoked_at else ""
-        raise Conflict(
-            f"this public key is already runner {holder.name!r}'s{revoked}: "
-            "each runner makes a key pair of its own"
-        )
+    _refuse_taken(name, public_key)
 
     device_types = []
     for spec in clean["devices"]:
@@ -203,12 +207,19 @@ def runner_register(*, token: str, name: str, public_key: str, inventory) -> Run
         )
         hosted.append((toolchain, spec))
 
-    runner = Runner.objects.create(
-        name=name,
-        public_key=public_key,
-        inventory=clean,
-        state=Runner.State.OFFLINE,
-    )
+    try:
+        with transaction.atomic():
+            runner = Runner.objects.create(
+                name=name,
+                public_key=public_key,
+                inventory=clean,
+                state=Runner.State.OFFLINE,
+            )
+    except IntegrityError:
+        # Another registration took the name or the key since the check
+        # above; the unique columns refused this one. Say which.
+        _refuse_taken(name, public_key)
+        raise
     runner.device_types.set(device_types)
     RunnerToolchain.objects.bulk_create(
         RunnerToolchain(

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import threading
+import time
 from datetime import timedelta
 
 import pytest
@@ -184,3 +186,42 @@ def test_revoking_a_runner_records_it_and_takes_it_offline(cpu_runner):
     assert runner.revoked_at is not None
     assert runner.state == Runner.State.OFFLINE
     assert not Runner.objects.routable().exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_key_registered_concurrently_is_a_conflict_not_a_second_runner():
+    """The check for a taken key cannot see a registration still in flight:
+    the unique column refuses the second insert, and the caller hears who
+    holds the key. PostgreSQL only: SQLite has one writer at a time, so a
+    second registration cannot be in flight there."""
+    from django.db import connection, transaction
+
+    if connection.vendor != "postgresql":
+        pytest.skip("needs concurrent writers (PostgreSQL)")
+    from matrix.services import catalog_seed
+
+    catalog_seed()
+    key = public_key()
+    token = services.token_create(expires=timedelta(hours=1))
+    inserted = threading.Event()
+
+    def first_registration_still_in_flight():
+        with transaction.atomic():
+            Runner.objects.create(name="cpu-a", public_key=key)
+            inserted.set()
+            time.sleep(1.0)  # the second registration's insert waits on this row
+        connection.close()
+
+    other = threading.Thread(target=first_registration_still_in_flight)
+    other.start()
+    assert inserted.wait(10)
+    try:
+        with pytest.raises(
+            services.Conflict, match="this public key is already runner 'cpu-a''s"
+        ):
+            register(token, name="cpu-b", key=key)
+    finally:
+        other.join()
+    assert list(Runner.objects.values_list("name", flat=True)) == ["cpu-a"]
+    # The refused registration used nothing: its token still works.
+    assert register(token, name="cpu-b").name == "cpu-b"
