@@ -129,8 +129,18 @@ class MatrixFilters:
     @property
     def unknown_notes(self) -> list[str]:
         """What the page shows in place of each value it does not know."""
+        return self._notes(FILTER_PARAMS)
+
+    @property
+    def toolchain_notes(self) -> list[str]:
+        """For the pages that read only the toolchain (a cell, the errors)."""
+        return self._notes(("toolchain",))
+
+    def _notes(self, names) -> list[str]:
         notes = []
         for name, value in self.unknown.items():
+            if name not in names:
+                continue
             if name != "toolchain":
                 shown = f"showing every {name} instead"
             elif self.toolchain is not None:

@@ -46,6 +46,17 @@ def test_an_older_toolchain_reads_as_stale(client, results, device_types):
     assert response.context["stale"] is True
 
 
+def test_an_unknown_toolchain_is_named_and_the_current_one_shown(
+    client, results, device_types
+):
+    response = client.get(
+        cell_url(results["top"], "c", device_types), {"toolchain": "tl-9"}
+    )
+    body = response.content.decode()
+    assert "Unknown toolchain “tl-9”: showing tl-0.1.15 instead." in body
+    assert "Latest result on tl-0.1.15" in body
+
+
 def test_the_job_download_reproduces_the_cell(client, results, device_types):
     top = results["top"]
     response = client.get(cell_url(top, "c", device_types, "cell-job"))

@@ -41,3 +41,14 @@ def test_an_outsider_can_read_error_groups(client, outsider, results):
 def test_it_refuses_post(client, owner):
     client.force_login(owner)
     assert client.post(reverse("errors")).status_code == 405
+
+
+def test_an_unknown_toolchain_is_named_and_the_current_ones_errors_shown(
+    client, results
+):
+    response = client.get(reverse("errors"), {"toolchain": "tl-9", "dtype": "fp4"})
+    body = response.content.decode()
+    assert "Unknown toolchain “tl-9”: showing tl-0.1.15 instead." in body
+    # The page filters nothing by dtype, so it says nothing about one.
+    assert "fp4" not in body
+    assert response.context["groups"][0].signature == SIGNATURE
