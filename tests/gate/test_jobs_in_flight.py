@@ -3,6 +3,8 @@ named by the runner they lack, on the page and in a refused approval."""
 
 from __future__ import annotations
 
+import hashlib
+
 import pytest
 from django.core.exceptions import ValidationError
 from django.urls import reverse
@@ -20,7 +22,7 @@ from runners.models import Runner, RunnerToolchain, compile_queue, validate_queu
 def online_runner(name, *, device_types, toolchains, nvcc=False):
     runner = Runner.objects.create(
         name=name,
-        public_key="ab" * 32,
+        public_key=hashlib.sha256(name.encode()).hexdigest(),  # one key a runner
         state=Runner.State.ONLINE,
         last_heartbeat=timezone.now(),
         inventory={"nvcc": nvcc},
