@@ -3,7 +3,6 @@ ValidationError naming the problem, and nothing is half-written."""
 
 from __future__ import annotations
 
-import hashlib
 import math
 
 from django.core.exceptions import ValidationError
@@ -68,7 +67,7 @@ def operator_sync_library() -> list[Operator]:
     """Mirror the kernel library into the catalogue: one Operator per module
     and its current library revision, pinned by the module source's sha256."""
     from runners import kernels
-    from runners.kernels.revision import library_source
+    from runners.kernels.revision import library_sha256, library_source
 
     synced = []
     for name, spec in kernels.OPERATORS.items():
@@ -79,7 +78,7 @@ def operator_sync_library() -> list[Operator]:
         # The operator's module and the library modules it imports, as a runner
         # hashes its copy before it runs a library job.
         source = library_source(name)
-        digest = hashlib.sha256(source.encode()).hexdigest()
+        digest = library_sha256(name)
         revision = op.revisions.filter(source_sha256=digest).first()
         if revision is None or not revision.is_current:
             op.revisions.filter(is_current=True).update(is_current=False)

@@ -3,21 +3,27 @@
 Production code imports this module without Django: it reads the JSON that
 ``GET /api/v1/manifest`` or ``manage.py export_manifest`` wrote. The TileLang
 kernel runs only where the manifest says that exact operator, dtype, device
-type, toolchain fingerprint and shape were validated and approved; every
-other call takes the reference and logs why, with shapes and never values.
+type, toolchain fingerprint and shape were validated and approved, and, given
+the kernel revisions this host runs, that revision; every other call takes
+the reference and logs why once per (operator, dtype, dims), with shapes and
+never values.
 
     device = device_type_label(vendor="x86-64", model="CPU", backend="c")
     dispatcher = Dispatcher.from_file("manifest.json", device_type=device,
-                                      toolchain_fingerprint=fingerprint)
+                                      toolchain_fingerprint=fingerprint,
+                                      kernel_revisions=library_revisions("softmax"))
     out = dispatcher.call("softmax", {"M": 64, "N": 256}, "float32",
                           tilelang=kernel, reference=torch_softmax, args=(x,))
+
+Without ``kernel_revisions`` the revision is not checked: evidence for one
+revision then vouches for whatever kernel the caller passes.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,37 +51,98 @@ def device_type_label(*, vendor: str, model: str, arch: str = "", backend: str) 
     return " · ".join(p for p in (f"{vendor} {model}", arch, backend) if p)
 
 
+def library_revisions(*operators: str) -> dict[str, str]:
+    """The revisions of this host's copy of library operators, as the
+    manifest names them (read from the modules, never imported)."""
+    from runners.kernels.revision import library_sha256
+
+    revisions = {}
+    for name in operators:
+        digest = library_sha256(name)
+        if digest is None:
+            raise ValueError(f"no library operator named {name!r}")
+        revisions[name] = digest
+    return revisions
+
+
 def _dims_key(dims: dict) -> tuple:
     return tuple(sorted((str(k), int(v)) for k, v in dims.items()))
+
+
+ENTRY_FIELDS = ("operator", "dtype", "device_type", "shape_rule", "choice")
+
+
+def _entry_key(index: int, entry) -> tuple:
+    where = f"manifest entry {index}"
+    if not isinstance(entry, dict):
+        raise ValueError(f"{where} is not an object")
+    missing = [f for f in ENTRY_FIELDS if f not in entry]
+    if missing:
+        raise ValueError(f"{where} lacks {', '.join(missing)}")
+    dims = (
+        entry["shape_rule"].get("dims")
+        if isinstance(entry["shape_rule"], dict)
+        else None
+    )
+    try:
+        dims_key = _dims_key(dims)
+    except (AttributeError, TypeError, ValueError):
+        raise ValueError(f"{where}: shape_rule.dims must map dims to ints") from None
+    return (entry["operator"], entry["dtype"], entry["device_type"], dims_key)
 
 
 class Dispatcher:
     """The manifest of one toolchain, seen from one device type."""
 
-    def __init__(self, manifest: dict, *, device_type: str, toolchain_fingerprint: str):
-        if manifest.get("format") != FORMAT:
-            raise ValueError(f"not a {FORMAT} manifest: {manifest.get('format')!r}")
+    def __init__(
+        self,
+        manifest: dict,
+        *,
+        device_type: str,
+        toolchain_fingerprint: str,
+        kernel_revisions: Mapping[str, str] | None = None,
+    ):
+        if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+            found = manifest.get("format") if isinstance(manifest, dict) else manifest
+            raise ValueError(f"not a {FORMAT} manifest: {found!r}")
+        toolchain = manifest.get("toolchain")
+        if not isinstance(toolchain, dict) or not toolchain.get("fingerprint"):
+            raise ValueError("the manifest names no toolchain fingerprint")
+        entries = manifest.get("entries", [])
+        if not isinstance(entries, list):
+            raise ValueError("the manifest's entries must be a list")
         self.device_type = device_type
         self.toolchain_fingerprint = toolchain_fingerprint
-        self.manifest_fingerprint = manifest["toolchain"]["fingerprint"]
-        self.manifest_toolchain = manifest["toolchain"].get("name", "")
+        self.kernel_revisions = (
+            dict(kernel_revisions) if kernel_revisions is not None else None
+        )
+        self.manifest_fingerprint = toolchain["fingerprint"]
+        self.manifest_toolchain = toolchain.get("name", "")
         self._entries: dict[tuple, dict] = {}
         self._devices: set[str] = set()
-        for entry in manifest.get("entries", []):
+        for index, entry in enumerate(entries):
+            key = _entry_key(index, entry)
             self._devices.add(entry["device_type"])
-            key = (
-                entry["operator"],
-                entry["dtype"],
-                entry["device_type"],
-                _dims_key(entry["shape_rule"]["dims"]),
-            )
             self._entries[key] = entry
+        # One decision per (operator, dtype, dims), and one log line for it:
+        # a served model calls the same shapes thousands of times a second.
+        self._decided: dict[tuple, Decision] = {}
 
     @classmethod
     def from_file(cls, path: str | Path, **kwargs) -> Dispatcher:
         return cls(json.loads(Path(path).read_text()), **kwargs)
 
     def decide(self, operator: str, dims: dict, dtype: str) -> Decision:
+        try:
+            key = (operator, dtype, _dims_key(dims))
+        except (AttributeError, TypeError, ValueError):
+            return Decision(REFERENCE, f"shape {dims!r} is not a dict of int dims")
+        decision = self._decided.get(key)
+        if decision is None:
+            decision = self._decided[key] = self._decide(operator, dims, dtype, key)
+        return decision
+
+    def _decide(self, operator: str, dims: dict, dtype: str, key: tuple) -> Decision:
         if self.toolchain_fingerprint != self.manifest_fingerprint:
             return Decision(
                 REFERENCE,
@@ -87,11 +154,7 @@ class Dispatcher:
             return Decision(
                 REFERENCE, f"device type {self.device_type!r} was never validated"
             )
-        try:
-            key = (operator, dtype, self.device_type, _dims_key(dims))
-        except (TypeError, ValueError):
-            return Decision(REFERENCE, f"shape {dims!r} is not a dict of int dims")
-        entry = self._entries.get(key)
+        entry = self._entries.get((operator, dtype, self.device_type, key[2]))
         if entry is None:
             return Decision(
                 REFERENCE,
@@ -100,9 +163,20 @@ class Dispatcher:
             )
         if entry["choice"] != TILELANG:
             return Decision(REFERENCE, entry.get("reason") or "approved as reference")
-        return Decision(
-            TILELANG, entry.get("reason", ""), entry.get("kernel_sha256", "")
-        )
+        validated = entry.get("kernel_sha256", "")
+        if self.kernel_revisions is not None:
+            here = self.kernel_revisions.get(operator)
+            if here is None:
+                return Decision(
+                    REFERENCE, f"no kernel revision of {operator} is given here"
+                )
+            if here != validated:
+                return Decision(
+                    REFERENCE,
+                    f"{operator}'s kernel here ({here[:12]}) is not the revision "
+                    f"validated ({validated[:12]})",
+                )
+        return Decision(TILELANG, entry.get("reason", ""), validated)
 
     def call(
         self,
@@ -115,17 +189,20 @@ class Dispatcher:
         args: Sequence = (),
     ):
         """Run the chosen implementation on ``args``. A fallback is logged
-        with the operator, dtype, dims and argument shapes only."""
+        the first time its (operator, dtype, dims) is called, with the
+        argument shapes only."""
+        first = len(self._decided)
         decision = self.decide(operator, dims, dtype)
         if decision.uses_tilelang:
             return tilelang(*args)
-        logger.info(
-            "reference fallback for %s %s dims=%s arg_shapes=%s on %s: %s",
-            operator,
-            dtype,
-            dict(dims),
-            [tuple(getattr(a, "shape", ())) for a in args],
-            self.device_type,
-            decision.reason,
-        )
+        if len(self._decided) > first:  # decided just now: say why, once
+            logger.info(
+                "reference fallback for %s %s dims=%s arg_shapes=%s on %s: %s",
+                operator,
+                dtype,
+                dict(dims),
+                [tuple(getattr(a, "shape", ())) for a in args],
+                self.device_type,
+                decision.reason,
+            )
         return reference(*args)

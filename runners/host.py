@@ -26,7 +26,7 @@ from matrix.models import fingerprint_of
 from runners import client, signing
 from runners.harness.fingerprint import TOOLCHAIN_KEYS
 from runners.harness.sandbox import compile_workers
-from runners.kernels.revision import library_source
+from runners.kernels.revision import library_sha256
 
 log = logging.getLogger(__name__)
 
@@ -245,16 +245,6 @@ def inventory_probe(interpreters: list[str]) -> dict:
 # Executing a job --------------------------------------------------------
 
 
-def library_source_sha256(operator: str) -> str | None:
-    """The sha256 naming this host's copy of a library operator (its module
-    and the library modules it imports), read without importing them:
-    importing would run kernel code unsandboxed."""
-    source = library_source(operator)
-    if source is None:
-        return None
-    return hashlib.sha256(source.encode()).hexdigest()
-
-
 def library_mismatch(job: dict, digests: dict[str, str | None]) -> str | None:
     """Why this host must not run a library job: its copy of the kernel is
     not the revision the server planned. Submitted kernels carry their text.
@@ -264,7 +254,7 @@ def library_mismatch(job: dict, digests: dict[str, str | None]) -> str | None:
         return None
     operator = str(job.get("operator"))
     if operator not in digests:
-        digests[operator] = library_source_sha256(operator)
+        digests[operator] = library_sha256(operator)
     local = digests[operator]
     if local == job.get("source_sha256"):
         return None

@@ -13,6 +13,7 @@ imported: a runner checks its copy before any kernel code runs.
 from __future__ import annotations
 
 import ast
+import hashlib
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent
@@ -42,6 +43,15 @@ def library_source(name: str, package: Path = PACKAGE) -> str | None:
         f"{HEADER}{stem}.py\n{(package / f'{stem}.py').read_text()}"
         for stem in [name, *sorted(found[1:])]
     )
+
+
+def library_sha256(name: str, package: Path = PACKAGE) -> str | None:
+    """The sha256 naming this copy's revision of a library operator; None
+    for no such operator."""
+    source = library_source(name, package)
+    if source is None:
+        return None
+    return hashlib.sha256(source.encode()).hexdigest()
 
 
 def operator_module(source: str) -> str:

@@ -3,6 +3,7 @@ command, read by runners.dispatch without Django."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import subprocess
@@ -14,7 +15,7 @@ from django.core.management import call_command
 
 from matrix.gate.services import proposal_approve, proposal_open, proposal_rollout
 from matrix.models import Status
-from runners.dispatch import Dispatcher, device_type_label
+from runners.dispatch import FORMAT, Dispatcher, device_type_label, library_revisions
 
 CPU = "x86-64 CPU · c"
 
@@ -156,6 +157,110 @@ def test_dispatch_imports_without_django(world, approved, tmp_path):
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "tilelang"
+
+
+def exported(tmp_path) -> dict:
+    out = tmp_path / "manifest.json"
+    call_command("export_manifest", "--toolchain", "tilelang-0.1.15", "--out", str(out))
+    return json.loads(out.read_text())
+
+
+def test_dispatch_runs_tilelang_only_for_the_kernel_revision_validated(
+    world, approved, tmp_path
+):
+    manifest = exported(tmp_path)
+    validated = hashlib.sha256(b"softmax").hexdigest()  # the world's revision
+    dims = {"M": 64, "N": 256}
+
+    def decide(revisions):
+        return Dispatcher(
+            manifest,
+            device_type=CPU,
+            toolchain_fingerprint=world.new.fingerprint,
+            kernel_revisions=revisions,
+        ).decide("softmax", dims, "float32")
+
+    assert decide({"softmax": validated}).choice == "tilelang"
+    edited = decide({"softmax": "e" * 64})
+    assert (edited.choice, edited.reason) == (
+        "reference",
+        f"softmax's kernel here (eeeeeeeeeeee) is not the revision validated "
+        f"({validated[:12]})",
+    )
+    assert decide({"gemm": validated}).reason == (
+        "no kernel revision of softmax is given here"
+    )
+
+
+def test_library_revisions_are_named_as_the_catalogue_names_them(db):
+    from matrix.services import operator_sync_library
+
+    for op in operator_sync_library():
+        assert library_revisions(op.name) == {
+            op.name: op.current_revision.source_sha256
+        }
+    with pytest.raises(ValueError, match="no library operator named 'conv'"):
+        library_revisions("conv")
+
+
+def test_a_fallback_is_logged_once_per_operator_dtype_and_dims(
+    world, approved, tmp_path, caplog
+):
+    dispatcher = Dispatcher(
+        exported(tmp_path), device_type=CPU, toolchain_fingerprint=world.new.fingerprint
+    )
+    caplog.set_level(logging.INFO, logger="tilematrix.dispatch")
+    outputs = [
+        dispatcher.call(
+            "softmax", dims, "float32", tilelang=lambda: "tl", reference=lambda: "ref"
+        )
+        for dims in [{"M": 128, "N": 256}] * 3 + [{"M": 256, "N": 256}]
+    ]
+    assert outputs == ["ref"] * 4
+    first, second = (r.getMessage() for r in caplog.records)
+    assert "dims={'M': 128, 'N': 256}" in first
+    assert "dims={'M': 256, 'N': 256}" in second
+
+
+@pytest.mark.parametrize(
+    ("manifest", "refusal"),
+    [
+        ({"format": "csv"}, "not a tilematrix-manifest/1 manifest: 'csv'"),
+        ({"format": FORMAT}, "the manifest names no toolchain fingerprint"),
+        (
+            {"format": FORMAT, "toolchain": {"fingerprint": "f"}, "entries": {}},
+            "the manifest's entries must be a list",
+        ),
+        (
+            {
+                "format": FORMAT,
+                "toolchain": {"fingerprint": "f"},
+                "entries": [{"operator": "gemm", "dtype": "float16"}],
+            },
+            "manifest entry 0 lacks device_type, shape_rule, choice",
+        ),
+        (
+            {
+                "format": FORMAT,
+                "toolchain": {"fingerprint": "f"},
+                "entries": [
+                    {
+                        "operator": "gemm",
+                        "dtype": "float16",
+                        "device_type": CPU,
+                        "shape_rule": {"dims": {"M": "many"}},
+                        "choice": "tilelang",
+                    }
+                ],
+            },
+            "manifest entry 0: shape_rule.dims must map dims to ints",
+        ),
+    ],
+)
+def test_a_malformed_manifest_is_refused_in_words(manifest, refusal):
+    with pytest.raises(ValueError) as refused:
+        Dispatcher(manifest, device_type=CPU, toolchain_fingerprint="f")
+    assert str(refused.value) == refusal
 
 
 def test_export_defaults_to_the_current_toolchain_after_rollout(

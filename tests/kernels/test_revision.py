@@ -6,8 +6,12 @@ from __future__ import annotations
 import hashlib
 import shutil
 
-from runners.host import library_source_sha256
-from runners.kernels.revision import PACKAGE, library_source, operator_module
+from runners.kernels.revision import (
+    PACKAGE,
+    library_sha256,
+    library_source,
+    operator_module,
+)
 
 
 def digest(name, package):
@@ -34,14 +38,14 @@ def test_the_runner_and_the_catalogue_name_the_same_revision(catalog):
     from matrix.models import Operator
 
     for op in Operator.objects.all():
-        assert library_source_sha256(op.name) == op.current_revision.source_sha256
+        assert library_sha256(op.name) == op.current_revision.source_sha256
         assert op.current_revision.source == library_source(op.name)
 
 
 def test_no_path_outside_the_library_names_a_revision():
     assert library_source("../../etc/passwd") is None
     assert library_source("no_such_operator") is None
-    assert library_source_sha256("../base") is None
+    assert library_sha256("../base") is None
 
 
 def test_a_library_revision_yields_its_operator_module_for_a_diff():
