@@ -10,13 +10,12 @@ latest result per cell so that no page ever scans all results.
 
 from __future__ import annotations
 
-import hashlib
-import json
-
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import models
 from django.db.models import Q
+
+from runners.harness.fingerprint import canonical_sha256
 
 
 class Backend(models.TextChoices):
@@ -248,8 +247,7 @@ class Shape(models.Model):
 
 
 def fingerprint_of(components: dict) -> str:
-    canonical = json.dumps(components, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(canonical.encode()).hexdigest()
+    return canonical_sha256(components)
 
 
 class Toolchain(models.Model):

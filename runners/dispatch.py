@@ -10,7 +10,7 @@ never values.
 
     device = device_type_label(vendor="x86-64", model="CPU", backend="c")
     dispatcher = Dispatcher.from_file("manifest.json", device_type=device,
-                                      toolchain_fingerprint=fingerprint,
+                                      toolchain_fingerprint=host_toolchain_fingerprint(),
                                       kernel_revisions=library_revisions("softmax"))
     out = dispatcher.call("softmax", {"M": 64, "N": 256}, "float32",
                           tilelang=kernel, reference=torch_softmax, args=(x,))
@@ -49,6 +49,16 @@ def device_type_label(*, vendor: str, model: str, arch: str = "", backend: str) 
     """The device type name the manifest uses (matrix.models.DeviceType's
     str), built from what a production host knows about itself."""
     return " · ".join(p for p in (f"{vendor} {model}", arch, backend) if p)
+
+
+def host_toolchain_fingerprint(cache_dir: str | None = None) -> str:
+    """This process's toolchain (TileLang, TVM-FFI, torch and its CUDA/HIP,
+    nvcc/hipcc, driver, Python, platform) as the matrix fingerprints a
+    runner's, so the manifest of the toolchain validated here matches it.
+    Probes the device compilers once per ``cache_dir``."""
+    from runners.harness.fingerprint import fingerprint, matrix_fingerprint
+
+    return matrix_fingerprint(fingerprint(cache_dir)["components"])
 
 
 def library_revisions(*operators: str) -> dict[str, str]:

@@ -22,9 +22,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from matrix.models import fingerprint_of
 from runners import client, signing
-from runners.harness.fingerprint import TOOLCHAIN_KEYS
+from runners.harness.fingerprint import matrix_fingerprint
 from runners.harness.sandbox import compile_workers
 from runners.kernels.revision import library_sha256
 
@@ -218,7 +217,7 @@ def toolchain_probe(interpreter: str) -> dict:
     except (ValueError, IndexError):
         raise HostError(f"cannot fingerprint the toolchain of {interpreter}") from None
     components = found["components"]
-    server_fp = fingerprint_of({k: components.get(k) for k in TOOLCHAIN_KEYS})
+    server_fp = matrix_fingerprint(components)
     return {
         "name": f"tilelang-{components.get('tilelang')}-{server_fp[:8]}",
         "interpreter": interpreter,

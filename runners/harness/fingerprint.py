@@ -46,6 +46,20 @@ def fingerprint(cache_dir: str | None = None) -> dict:
     return {"hash": toolchain_hash(components), "components": components}
 
 
+def canonical_sha256(value) -> str:
+    """sha256 of ``value`` as canonical JSON: how the matrix names a
+    toolchain by its components (``matrix.models.fingerprint_of``)."""
+    canonical = json.dumps(value, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def matrix_fingerprint(components: dict) -> str:
+    """The fingerprint the matrix gives the toolchain with these components
+    when a runner registers it (registration keeps the TOOLCHAIN_KEYS only),
+    and so the one its manifests name."""
+    return canonical_sha256({k: components.get(k) for k in TOOLCHAIN_KEYS})
+
+
 def toolchain_hash(components: dict) -> str:
     toolchain = {k: components.get(k) for k in TOOLCHAIN_KEYS}
     return hashlib.sha256(json.dumps(toolchain, sort_keys=True).encode()).hexdigest()

@@ -8,6 +8,7 @@ import json
 import logging
 import subprocess
 import sys
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,13 @@ from django.core.management import call_command
 
 from matrix.gate.services import proposal_approve, proposal_open, proposal_rollout
 from matrix.models import Status
-from runners.dispatch import FORMAT, Dispatcher, device_type_label, library_revisions
+from runners.dispatch import (
+    FORMAT,
+    Dispatcher,
+    device_type_label,
+    host_toolchain_fingerprint,
+    library_revisions,
+)
 
 CPU = "x86-64 CPU · c"
 
@@ -273,6 +280,25 @@ def test_export_defaults_to_the_current_toolchain_after_rollout(
     manifest = json.loads(capsys.readouterr().out)
     assert manifest["toolchain"]["name"] == "tilelang-0.1.15"
     assert len(manifest["entries"]) == 3
+
+
+def test_a_host_fingerprints_its_toolchain_as_registering_it_would(catalog, tmp_path):
+    """A production host running the interpreter a runner validated with
+    reads that toolchain's manifest: the fingerprints are the same."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from runners import services, signing
+    from runners.host import inventory_probe
+
+    runner = services.runner_register(
+        token=services.token_create(expires=timedelta(minutes=5)),
+        name="validated-here",
+        public_key=signing.public_key_hex(Ed25519PrivateKey.generate()),
+        inventory=inventory_probe([sys.executable]),
+    )
+    registered = runner.toolchains.get()
+    assert host_toolchain_fingerprint(str(tmp_path)) == registered.fingerprint
+    assert registered.tilelang_version == "0.1.15"
 
 
 def test_a_host_names_its_device_type_as_the_manifest_does(world):
