@@ -143,14 +143,20 @@ class Dispatcher:
         return cls(json.loads(Path(path).read_text()), **kwargs)
 
     def decide(self, operator: str, dims: dict, dtype: str) -> Decision:
+        return self._lookup(operator, dims, dtype)[0]
+
+    def _lookup(self, operator: str, dims: dict, dtype: str) -> tuple[Decision, bool]:
+        """The decision, and whether it was made just now (not kept)."""
         try:
             key = (operator, dtype, _dims_key(dims))
         except (AttributeError, TypeError, ValueError):
-            return Decision(REFERENCE, f"shape {dims!r} is not a dict of int dims")
+            reason = f"shape {dims!r} is not a dict of int dims"
+            return Decision(REFERENCE, reason), True
         decision = self._decided.get(key)
-        if decision is None:
-            decision = self._decided[key] = self._decide(operator, dims, dtype, key)
-        return decision
+        if decision is not None:
+            return decision, False
+        decision = self._decided[key] = self._decide(operator, dims, dtype, key)
+        return decision, True
 
     def _decide(self, operator: str, dims: dict, dtype: str, key: tuple) -> Decision:
         if self.toolchain_fingerprint != self.manifest_fingerprint:
@@ -201,11 +207,10 @@ class Dispatcher:
         """Run the chosen implementation on ``args``. A fallback is logged
         the first time its (operator, dtype, dims) is called, with the
         argument shapes only."""
-        first = len(self._decided)
-        decision = self.decide(operator, dims, dtype)
+        decision, new = self._lookup(operator, dims, dtype)
         if decision.uses_tilelang:
             return tilelang(*args)
-        if len(self._decided) > first:  # decided just now: say why, once
+        if new:
             logger.info(
                 "reference fallback for %s %s dims=%s arg_shapes=%s on %s: %s",
                 operator,
