@@ -204,6 +204,7 @@ def test_softmax_gates_the_upgrade_both_ways(runner, people, admin_user):
         for e in manifest["entries"]
         if e["operator"] == "softmax"
     } == {("softmax", "tilelang", softmax_sha)}
+    production_dispatch_on_this_host(manifest, cpu)
 
     # The reverse needs no new jobs: both toolchains' results are fresh.
     reverse = proposal_open(baseline=new, candidate=old, device_types=[cpu], by=owner)
@@ -222,6 +223,66 @@ def test_softmax_gates_the_upgrade_both_ways(runner, people, admin_user):
     ]
     with pytest.raises(ValidationError, match="cannot approve while blocked"):
         proposal_approve(proposal=reverse, by=first, comment="roll back")
+
+
+def production_dispatch_on_this_host(manifest, cpu):
+    """What production on this host does with the approved manifest: its own
+    toolchain's fingerprint and the library's softmax revision select the
+    TileLang kernel for the validated shape, and its output is softmax; a
+    shape nobody validated takes the reference."""
+    import tilelang
+    import torch
+
+    from runners.dispatch import (
+        Dispatcher,
+        host_toolchain_fingerprint,
+        library_revisions,
+    )
+    from runners.kernels import OPERATORS
+
+    dispatcher = Dispatcher(
+        manifest,
+        device_type=str(cpu),
+        toolchain_fingerprint=host_toolchain_fingerprint(),
+        kernel_revisions=library_revisions("softmax"),
+    )
+    validated = {"M": 64, "N": 256}
+    target = {"kind": "c"}
+    kernel = tilelang.compile(
+        OPERATORS["softmax"].program(validated, "float32", target), target=target
+    )
+    ran = []
+
+    def with_tilelang(x):
+        ran.append("tilelang")
+        out = torch.full_like(x, float("nan"))
+        kernel(x, out)
+        return out
+
+    def with_reference(x):
+        ran.append("reference")
+        return torch.softmax(x, dim=-1)
+
+    x = torch.randn(64, 256, generator=torch.Generator().manual_seed(7))
+    out = dispatcher.call(
+        "softmax",
+        validated,
+        "float32",
+        tilelang=with_tilelang,
+        reference=with_reference,
+        args=(x,),
+    )
+    torch.testing.assert_close(out, torch.softmax(x, dim=-1))
+    unvalidated = torch.randn(32, 256)
+    dispatcher.call(
+        "softmax",
+        {"M": 32, "N": 256},
+        "float32",
+        tilelang=with_tilelang,
+        reference=with_reference,
+        args=(unvalidated,),
+    )
+    assert ran == ["tilelang", "reference"]
 
 
 def waive_cpu_timings(proposal, *, granted_by, signed_by):
