@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from django.contrib import admin
 
-from runners import models
+from runners import models, services
 
 
 @admin.register(models.Runner)
@@ -16,6 +16,16 @@ class RunnerAdmin(admin.ModelAdmin):
         "last_sequence",
         "revoked_at",
     ]
+
+    def save_model(self, request, obj, form, change):
+        # A change of health is the runners page's transition: audited, and
+        # ending maintenance sends the runner's queued jobs again.
+        health = obj.health
+        if change and "health" in form.changed_data:
+            obj.health = form.initial["health"]
+        super().save_model(request, obj, form, change)
+        if obj.health != health:
+            services.runner_health_set(runner=obj, health=health, by=request.user)
 
 
 @admin.register(models.RegistrationToken)

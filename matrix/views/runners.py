@@ -124,7 +124,7 @@ def runner_health(request, pk: int):
         return HttpResponseBadRequest("health must be active or maintenance")
     if runner.revoked_at is not None:
         return HttpResponseBadRequest("a revoked runner stays revoked")
-    runner.set_health(health, by=request.user)
+    services.runner_health_set(runner=runner, health=health, by=request.user)
     return _after_change(request, runner)
 
 

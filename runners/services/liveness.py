@@ -169,6 +169,20 @@ def runner_recover(*, runner: Runner) -> dict:
     return {**counts, "republished": republished}
 
 
+@transaction.atomic
+def runner_health_set(*, runner: Runner, health: str, by=None) -> int:
+    """Put a runner in maintenance or take it out of it; returns how many
+    queued jobs were sent again. A worker left running in maintenance still
+    receives the messages of the queues it reads and claims nothing from
+    them, so those jobs would stay queued with no message left to run them:
+    ending maintenance sends its queued jobs again."""
+    was = runner.health
+    runner.set_health(health, by=by)
+    if was != Runner.Health.ACTIVE and health == Runner.Health.ACTIVE:
+        return queued_republish(runner=runner)
+    return 0
+
+
 def queued_republish(*, runner: Runner, exclude: set[int] = frozenset()) -> int:
     """Send again the queued jobs on a runner's queues (after its worker
     restarts or reconnects, when a broker may have lost them)."""

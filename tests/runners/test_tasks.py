@@ -1,9 +1,12 @@
 from __future__ import annotations
 
 import copy
+import json
 import logging
 
-from matrix.models import Cell, JobState, Result, Status
+from django.urls import reverse
+
+from matrix.models import AuditEvent, Cell, JobState, Result, Status
 from runners import services, signing, tasks
 from runners.models import Runner
 
@@ -142,3 +145,54 @@ def test_a_message_of_several_jobs_runs_them_all(host_dir, cpu_cells, eager_cele
     )
     tasks.execute_job(services.jobs_envelope(jobs))
     assert sweep.progress()["done"] == len(jobs) == Result.objects.count()
+
+
+def test_jobs_a_runner_dropped_in_maintenance_run_when_it_ends(
+    host_dir,
+    cpu_cells,
+    eager_celery,
+    client,
+    admin_user,
+    django_capture_on_commit_callbacks,
+):
+    job, envelope = planned_job(cpu_cells)
+    runner = Runner.objects.get(name=host_dir.name)
+    runner.set_health(Runner.Health.MAINTENANCE, by=admin_user)
+    # Its worker, still running, receives the job's message and claims nothing.
+    tasks.execute_job(envelope)
+    job.refresh_from_db()
+    assert job.state == JobState.QUEUED
+    client.force_login(admin_user)
+    with django_capture_on_commit_callbacks(execute=True):
+        client.post(reverse("runner-health", args=[runner.pk]), {"health": "active"})
+    job.refresh_from_db()
+    assert job.state == JobState.DONE
+    assert Result.objects.get(job=job).status == Status.PASS
+
+
+def test_ending_maintenance_in_the_admin_runs_the_jobs_it_dropped(
+    host_dir,
+    cpu_cells,
+    eager_celery,
+    client,
+    admin_user,
+    django_capture_on_commit_callbacks,
+):
+    job, envelope = planned_job(cpu_cells)
+    runner = Runner.objects.get(name=host_dir.name)
+    runner.set_health(Runner.Health.MAINTENANCE, by=admin_user)
+    tasks.execute_job(envelope)
+    client.force_login(admin_user)
+    url = reverse("admin:runners_runner_change", args=[runner.pk])
+    form = {
+        "name": runner.name,
+        "health": "active",
+        "inventory": json.dumps(runner.inventory),
+        "device_types": [d.pk for d in runner.device_types.all()],
+    }
+    with django_capture_on_commit_callbacks(execute=True):
+        response = client.post(url, form)
+    assert response.status_code == 302
+    job.refresh_from_db()
+    assert job.state == JobState.DONE
+    assert AuditEvent.objects.filter(verb="runner.active", actor=admin_user).exists()
