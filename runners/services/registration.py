@@ -146,8 +146,13 @@ def _public_key_clean(public_key) -> str:
 
 
 def _refuse_taken(name: str, public_key: str) -> None:
-    if Runner.objects.filter(name=name).exists():
-        raise Conflict(f"a runner named {name!r} is already registered")
+    named = Runner.objects.filter(name=name).first()
+    if named is not None:
+        # A revoked runner keeps its name: its results and audit trail say it.
+        revoked = (
+            " and revoked; register under another name" if named.revoked_at else ""
+        )
+        raise Conflict(f"a runner named {name!r} is already registered{revoked}")
     # A key is one runner's identity: under two names its holder speaks for
     # both, and revoking one would leave the key trusted through the other.
     holder = Runner.objects.filter(public_key=public_key).first()

@@ -439,3 +439,29 @@ def test_upload_says_which_batch_failed_and_what_went_before(tmp_path, monkeypat
         "this server takes is 2.5 MB; the batches before it: 2 stored, 0 already "
         "stored, 0 refused"
     )
+
+
+def test_registering_again_after_revocation_says_what_to_change(
+    catalog, tmp_path, server_http
+):
+    inventory = tmp_path / "inventory.json"
+    inventory.write_text(json.dumps(cpu_inventory()))
+    key_dir = tmp_path / "host"
+
+    def register(name):
+        token = run("token", "create").strip().splitlines()[-1]
+        return run(
+            "register", "--server", "http://testserver", "--token", token,
+            "--name", name, "--key-dir", str(key_dir), "--inventory", str(inventory),
+        )  # fmt: skip
+
+    register("lab-cpu")
+    run("revoke", "lab-cpu")
+    with pytest.raises(CommandError, match="revoked; register under another name"):
+        register("lab-cpu")
+    with pytest.raises(
+        CommandError, match=f"{key_dir / 'runner.key'} holds that key: move it away"
+    ):
+        register("lab-cpu-2")
+    (key_dir / "runner.key").rename(tmp_path / "revoked.key")
+    assert "registered runner lab-cpu-2" in register("lab-cpu-2")

@@ -174,7 +174,8 @@ class Command(BaseCommand):
         directory = host.runner_dir(key_dir)
         key_path = directory / "runner.key"
         key_dir_check(directory)
-        if key_path.exists():
+        kept_key = key_path.exists()
+        if kept_key:
             try:
                 key = signing.key_read(key_path)
             except (OSError, ValueError) as exc:
@@ -202,8 +203,14 @@ class Command(BaseCommand):
             },
         )
         if status != 201:
-            raise CommandError(f"registration refused ({status}): {problem(reply)}")
-        if not key_path.exists():
+            why = problem(reply)
+            if kept_key and status == 409 and "public key" in why:
+                why += (
+                    f"; {key_path} holds that key: move it away, or give another "
+                    "--key-dir, to register with a new one"
+                )
+            raise CommandError(f"registration refused ({status}): {why}")
+        if not kept_key:
             signing.key_write(key_path, key)
         config = host.HostConfig(
             directory=directory,
