@@ -86,14 +86,24 @@ def _infra_result(job: ValidationJob, message: str) -> Result:
     )
 
 
+def jobs_lose(*, jobs: list[ValidationJob], reason: str) -> int:
+    """End running jobs `lost`, each with an infra_error result."""
+    now = timezone.now()
+    for job in jobs:
+        job.state, job.finished_at = JobState.LOST, now
+    ValidationJob.objects.bulk_update(jobs, ["state", "finished_at"])
+    Result.objects.bulk_create(
+        [_infra_result(job, reason) for job in jobs], ignore_conflicts=True
+    )
+    return len(jobs)
+
+
 def jobs_requeue(*, jobs: list[ValidationJob], reason: str) -> dict:
     """Give running jobs another attempt, or end them `lost` with an
     infra_error result once they have had MAX_ATTEMPTS."""
-    now = timezone.now()
     retry, lost = [], []
     for job in jobs:
         if job.attempt >= MAX_ATTEMPTS:
-            job.state, job.finished_at = JobState.LOST, now
             lost.append(job)
         else:
             job.attempt += 1
@@ -102,14 +112,7 @@ def jobs_requeue(*, jobs: list[ValidationJob], reason: str) -> dict:
     ValidationJob.objects.bulk_update(
         retry, ["attempt", "state", "runner", "started_at"]
     )
-    ValidationJob.objects.bulk_update(lost, ["state", "finished_at"])
-    Result.objects.bulk_create(
-        [
-            _infra_result(job, f"lost after {MAX_ATTEMPTS} attempts: {reason}")
-            for job in lost
-        ],
-        ignore_conflicts=True,
-    )
+    jobs_lose(jobs=lost, reason=f"lost after {MAX_ATTEMPTS} attempts: {reason}")
     if retry:
         jobs_publish(
             list(

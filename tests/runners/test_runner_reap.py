@@ -86,3 +86,18 @@ def test_a_runner_in_maintenance_claims_nothing(cpu_runner, cpu_cells, admin_use
     job = services.sweep_plan(cells=cpu_cells()[:1]).jobs.get()
     cpu_runner.runner.set_health(Runner.Health.MAINTENANCE, by=admin_user)
     assert not services.job_claim(job_id=job.pk, attempt=1, runner=cpu_runner.runner)
+
+
+def test_revoking_a_runner_frees_the_cells_of_its_bundle_for_another_sweep(
+    cpu_runner, register, cpu_cells
+):
+    bundle, _ = services.bundle_plan(runner_name=cpu_runner.name, cells=cpu_cells())
+    register(name="cpu-2")
+    assert services.sweep_plan(cells=cpu_cells()).total == 0
+    services.runner_revoke(name=cpu_runner.name)
+    services.runner_reap()
+    assert bundle.progress()["finished"]
+    result = Result.objects.filter(job__sweep=bundle).first()
+    assert result.status == Status.INFRA_ERROR
+    assert "revoked before its bundle came home" in result.error_message
+    assert services.sweep_plan(cells=cpu_cells()).total == bundle.total
