@@ -13,10 +13,12 @@ from __future__ import annotations
 import logging
 
 from celery import shared_task
+from celery.exceptions import Reject
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import DatabaseError
 
 from runners import client, host, services, signing
+from runners.worker import host_worker_stop
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +66,19 @@ def execute_job(self, envelope):
         log.warning("dropped job message: %s", exc)
         return
     except client.ServerRefused as exc:
+        if exc.status == 403:
+            # The server no longer takes this runner (revoked, or a key it
+            # does not know): the job is not this runner's to drop. Its
+            # message goes back to the queue for the other runners, and the
+            # worker stops rather than take it again.
+            log.error(
+                "runner %s is refused (%s): its job message goes back to the "
+                "queue and this worker stops",
+                config.name,
+                exc.detail,
+            )
+            host_worker_stop()
+            raise Reject(str(exc), requeue=True) from None
         log.warning("dropped job message: claim %s", exc)
         return
     except client.ServerUnavailable as exc:

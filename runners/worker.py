@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import time
 
+from billiard.process import current_process
 from celery import bootsteps
+from celery.exceptions import WorkerShutdown
 from celery.worker import state as worker_state
 
 from runners import client, host, services
@@ -62,6 +65,17 @@ class RunnerHost(bootsteps.StartStopStep):
                     counts["results resent"] = host.outbox_flush(config=config)
                 return counts
             except (client.ServerUnavailable, client.ServerRefused) as exc:
+                if isinstance(exc, client.ServerRefused) and exc.status == 403:
+                    # Revoked, or a key the server does not know: asking
+                    # again changes nothing.
+                    log.error(
+                        "runner %s is refused by %s (%s): this worker stops; "
+                        "a revoked host registers again under a new name",
+                        config.name,
+                        config.server,
+                        exc.detail,
+                    )
+                    raise WorkerShutdown(1) from None
                 log.warning(
                     "runner %s cannot recover through %s (trying again in %.0f s): %s",
                     config.name,
@@ -98,3 +112,10 @@ class RunnerHost(bootsteps.StartStopStep):
             heartbeat.apply_async(args=[envelope], queue="control", retry=False)
         except Exception as exc:  # the broker is away: the next beat tries again
             log.warning("heartbeat not sent: %s", exc)
+
+
+def host_worker_stop() -> None:
+    """Ask this worker for a warm shutdown from inside a task: the signal
+    goes to the worker's main process, the parent of a prefork child."""
+    main = os.getpid() if current_process().name == "MainProcess" else os.getppid()
+    os.kill(main, signal.SIGTERM)

@@ -152,7 +152,9 @@ def test_a_malformed_message_is_dropped_and_the_worker_carries_on(cluster, cpu_b
     assert cluster.procs["runner:cpu-b"].poll() is None
 
 
-def test_a_revoked_runner_stays_offline_and_its_heartbeats_are_refused(cluster, cpu_b):
+def test_a_revoked_runner_stops_and_leaves_its_work_to_the_others(
+    cluster, cpu_b, stop_runners
+):
     cluster.manage("runner", "revoke", "cpu-b")
     cluster.wait(
         lambda: "refused heartbeat from 'cpu-b'" in cluster.log("control"),
@@ -162,3 +164,31 @@ def test_a_revoked_runner_stays_offline_and_its_heartbeats_are_refused(cluster, 
     assert cluster.runner_state("cpu-b") == "offline"
     rows = cluster.sql("SELECT revoked_at FROM runners_runner WHERE name = 'cpu-b'")
     assert rows[0][0] is not None
+
+    # Its worker still reads the queues it shares with other runners: the
+    # first job message it takes is refused, goes back, and the worker stops.
+    sweep = cluster.plan(smoke_cells("backend='c'", limit=1))
+    cluster.wait(
+        lambda: cluster.procs["runner:cpu-b"].poll() is not None,
+        timeout=120,
+        what="the revoked runner's worker to stop",
+    )
+    assert "runner cpu-b is refused" in cluster.log("runner:cpu-b")
+    assert not cluster.finished(sweep)
+    # Another runner on the same queue runs that very job.
+    cluster.register("cpu-c")
+    cluster.start_runner("cpu-c", TILEMATRIX_EDGE_HARNESS_DELAY_S="0.05")
+    cluster.wait_finished(sweep, timeout=180)
+    assert {state for _, state, _, _ in cluster.jobs(sweep)} == {"done"}
+    # Started again, the revoked runner says why it cannot work, at once.
+    again = cluster.manage(
+        "runner",
+        "work",
+        "--key-dir",
+        str(cluster.key_dir("cpu-b")),
+        env=RUNNER_ENV,
+        check=False,
+        timeout=60,
+    )
+    assert again.returncode != 0
+    assert "revoked" in again.stderr
