@@ -9,6 +9,7 @@ from django.core.exceptions import RequestDataTooBig
 from django.db import DataError, connection
 from django.http import Http404
 from ninja import NinjaAPI, Schema, Status
+from ninja.errors import ValidationError as InputError
 
 api = NinjaAPI(
     title="TileMatrix API",
@@ -31,6 +32,27 @@ def text_with_nul(request, exc):
         raise exc
     return api.create_response(
         request, {"detail": "text may not contain NUL characters"}, status=400
+    )
+
+
+def _where(loc) -> str:
+    # ninja names a body field ("body", "body", "token"): once is enough.
+    parts = [str(p) for i, p in enumerate(loc) if i == 0 or p != loc[i - 1]]
+    if len(parts) < 2:
+        return parts[0] if parts else "input"
+    return f"{'.'.join(parts[1:])} ({parts[0]})"
+
+
+@api.exception_handler(InputError)
+def invalid_input(request, exc):
+    """Input of the wrong type or out of range: 422, as ninja answers it,
+    but ``detail`` is a sentence naming each field, as in every other
+    refusal of this API; ninja's list stays in ``errors``."""
+    detail = "; ".join(
+        f"{_where(e.get('loc', ()))}: {e.get('msg')}" for e in exc.errors
+    )
+    return api.create_response(
+        request, {"detail": detail, "errors": exc.errors}, status=422
     )
 
 

@@ -12,7 +12,7 @@ pytestmark = pytest.mark.django_db
 
 def assert_json_detail(response, status: int) -> str:
     assert response.status_code == status
-    assert response["Content-Type"] == "application/json"
+    assert response["Content-Type"].startswith("application/json")
     return response.json()["detail"]
 
 
@@ -54,3 +54,22 @@ def test_pages_outside_the_api_keep_the_html_404(client):
     assert response.status_code == 404
     assert response["Content-Type"].startswith("text/html")
     assert b"Not found" in response.content
+
+
+def test_input_of_the_wrong_type_is_a_422_whose_detail_names_each_field(client):
+    response = client.get("/api/v1/matrix", {"limit": 0, "served": "maybe"})
+    detail = assert_json_detail(response, 422)
+    assert detail == (
+        "served (query): Input should be a valid boolean, unable to interpret "
+        "input; limit (query): Input should be greater than or equal to 1"
+    )
+    assert [e["loc"] for e in response.json()["errors"]] == [
+        ["query", "served"],
+        ["query", "limit"],
+    ]
+    body = client.post(
+        "/api/v1/runners/register", {"token": 5}, content_type="application/json"
+    )
+    assert assert_json_detail(body, 422).startswith(
+        "token (body): Input should be a valid string; name (body): Field required"
+    )
