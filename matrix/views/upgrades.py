@@ -6,6 +6,8 @@ from __future__ import annotations
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied, ValidationError
+from django.db.models import CharField, Q
+from django.db.models.functions import Cast
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
@@ -15,7 +17,7 @@ from django_htmx.http import HttpResponseClientRedirect
 from matrix.gate import services
 from matrix.gate.diff import Change
 from matrix.gate.forms import DecisionForm, ExceptionForm, PolicyForm, ProposalForm
-from matrix.gate.models import BackendException, Policy, UpgradeProposal
+from matrix.gate.models import Approval, BackendException, Policy, UpgradeProposal
 from matrix.models import AuditEvent
 from matrix.queries import toolchains_online
 
@@ -116,10 +118,7 @@ def _detail_context(
         "stale": proposal.diff_digest != diff.digest,
         "approvals": proposal.approvals.select_related("reviewer"),
         "exceptions": proposal.exceptions.select_related("granted_by", "signed_off_by"),
-        "events": AuditEvent.objects.filter(
-            object_type=UpgradeProposal._meta.label_lower,
-            object_id=str(proposal.pk),
-        ),
+        "events": _proposal_events(proposal),
         "policy": policy,
         "jobs": jobs,
         "hosted": toolchains_online() if jobs and jobs.stalled else [],
@@ -140,6 +139,26 @@ def _detail_context(
             if request.user.get_username() in owners
         ],
     }
+
+
+def _proposal_events(proposal: UpgradeProposal):
+    """The proposal's trail, with the events recorded on its decisions
+    (voided) and exceptions (granted, signed off) rather than on it."""
+
+    def ids(related):
+        return related.annotate(key=Cast("pk", CharField())).values("key")
+
+    return AuditEvent.objects.filter(
+        Q(object_type=UpgradeProposal._meta.label_lower, object_id=str(proposal.pk))
+        | Q(
+            object_type=Approval._meta.label_lower,
+            object_id__in=ids(proposal.approvals),
+        )
+        | Q(
+            object_type=BackendException._meta.label_lower,
+            object_id__in=ids(proposal.exceptions),
+        )
+    )
 
 
 def _exception_form(proposal: UpgradeProposal, data=None) -> ExceptionForm:

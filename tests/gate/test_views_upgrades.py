@@ -275,6 +275,31 @@ def test_a_backend_owner_signs_off_from_the_page(client, admin_user, world, exce
     assert exception.signed_off_by == world.reviewers[2]
 
 
+def test_the_audit_trail_lists_exceptions_and_voided_decisions(
+    client, admin_user, world, green
+):
+    policy_save(by=admin_user, backend_owners={"c": ["reviewer3"]})
+    client.force_login(world.reviewers[0])
+    client.post(url("upgrade-exception", green), {"backend": "c", "reason": "noisy"})
+    client.post(url("upgrade-decide", green), {"decision": "reject", "comment": "no"})
+    client.post(url("upgrade-decide", green), {"decision": "approve", "comment": "ok"})
+    client.force_login(world.reviewers[2])
+    exception = BackendException.objects.get()
+    client.post(url("upgrade-exception-sign-off", None, exception))
+    # Someone else's proposal: its events stay out of this trail.
+    other = proposal_open(
+        baseline=world.old, candidate=world.new, device_types=[world.cpu], by=admin_user
+    )
+    proposal_reject(proposal=other, by=world.reviewers[1], comment="not now")
+    proposal_approve(proposal=other, by=world.reviewers[1], comment="now")
+
+    body = client.get(url("upgrade", green)).content.decode()
+    trail = body[body.index('id="audit-heading"') :]
+    assert "<td>reviewer</td><td>exception.grant</td>" in trail
+    assert "<td>reviewer3</td><td>exception.sign_off</td>" in trail
+    assert trail.count("<td>approval.void</td>") == 1
+
+
 def test_the_list_page_runs_a_fixed_number_of_queries(
     client, world, green, django_assert_max_num_queries
 ):
