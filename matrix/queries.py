@@ -776,7 +776,9 @@ def error_groups(
     return sorted(groups.values(), key=lambda g: (-g.count, g.signature))
 
 
-def signature_count(signature: str) -> int:
+def signature_count(signature: str, toolchain: Toolchain) -> int:
+    """Cells on ``toolchain`` with this signature, as the error groups of
+    that toolchain count them."""
     if not signature:
         return 0
-    return Cell.objects.filter(error_signature=signature).count()
+    return Cell.objects.filter(error_signature=signature, toolchain=toolchain).count()

@@ -64,7 +64,7 @@ def cell_page(request, shape_id: int, device_type_id: int):
         filters.toolchain_stale or cell.revision_id != revisions.get(shape.operator_id)
     )
     shared = (
-        queries.signature_count(cell.error_signature) - 1
+        queries.signature_count(cell.error_signature, cell.toolchain) - 1
         if cell and cell.error_signature
         else 0
     )

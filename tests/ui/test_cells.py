@@ -5,6 +5,9 @@ import json
 import pytest
 from django.urls import reverse
 
+from matrix.models import Status
+from tests.ui.conftest import SIGNATURE, record
+
 pytestmark = pytest.mark.django_db
 
 
@@ -37,6 +40,24 @@ def test_an_error_names_how_many_other_cells_share_its_signature(
     assert response.context["shared"] == 1
     assert "shared by" in body and "1 other cell" in body
     assert "tile shape does not divide M" in body
+
+
+def test_the_shared_count_agrees_with_the_error_group_it_links(
+    client, results, toolchains, device_types
+):
+    old, _ = toolchains
+    record(
+        results["fourth"],
+        device_types["cuda"],
+        old,
+        Status.COMPILE_ERROR,
+        error_signature=SIGNATURE,
+        error_message="error: tile shape does not divide M",
+    )
+    cell = client.get(cell_url(results["second"], "cuda", device_types))
+    assert "1 other cell</a>" in cell.content.decode()
+    errors = client.get(reverse("errors"), {"toolchain": "tl-0.1.15"})
+    assert f"<code>{SIGNATURE}</code> · 2 cells" in errors.content.decode()
 
 
 def test_an_older_toolchain_reads_as_stale(client, results, device_types):
