@@ -55,3 +55,15 @@ def test_register_a_runner_and_see_it_online(tab, admin_user):
     row.locator("text=Maintenance").click()
     page.wait_for_selector("#runner-list tr:has-text('cpu-ui') .badge.maintenance")
     assert tab.errors == []
+
+
+def test_maintenance_changes_the_row_in_place(tab, admin_user, cpu_runner):
+    """The row is swapped by the action's answer, not left empty until the
+    list's next refresh, 10 s later."""
+    page = tab.page
+    tab.login("root", "root-pass-123")
+    tab.open("/runners/")
+    row = page.locator(f"#runner-{cpu_runner.pk}")
+    row.locator("button", has_text="Maintenance").click()
+    row.locator(".badge.maintenance").wait_for(timeout=3_000)
+    assert "End maintenance" in row.inner_text()
