@@ -67,3 +67,19 @@ def test_maintenance_changes_the_row_in_place(tab, admin_user, cpu_runner):
     row.locator("button", has_text="Maintenance").click()
     row.locator(".badge.maintenance").wait_for(timeout=3_000)
     assert "End maintenance" in row.inner_text()
+
+
+def test_the_keyboard_stays_on_the_maintenance_button_it_pressed(
+    tab, admin_user, cpu_runner
+):
+    page = tab.page
+    tab.login("root", "root-pass-123")
+    tab.open("/runners/")
+    row = f"#runner-{cpu_runner.pk}"
+    page.focus(f"{row} button:has-text('Maintenance')")
+    page.keyboard.press("Enter")
+    page.wait_for_selector(f"{row} .badge.maintenance", timeout=3_000)
+    assert page.evaluate("document.activeElement.textContent") == "End maintenance"
+    page.keyboard.press("Enter")
+    page.wait_for_selector(f"{row} .badge.active", timeout=3_000)
+    assert page.evaluate("document.activeElement.textContent") == "Maintenance"
