@@ -89,6 +89,12 @@ def gaps_page(request):
     template = "matrix/gaps.html"
     if request.htmx and request.htmx.target == "gap-list":
         template += "#gap-list"
+    else:
+        # Coming back to gaps already queued shows the sweep running them,
+        # not only a Run missing button that would plan nothing new.
+        sweep = _open_sweep_for(context["runnable"], context["filters"].toolchain)
+        if sweep is not None:
+            context.update(_progress_context(sweep))
     return render(request, template, context)
 
 

@@ -40,11 +40,13 @@ def test_gaps_name_each_reason(client, results, cpu_runner):
     assert (results["top"].pk, "c") not in by_cell
 
 
-def test_gaps_page_stays_within_ten_queries(
+def test_gaps_page_stays_within_eleven_queries(
     client, results, cpu_runner, django_assert_max_num_queries, sweeper
 ):
     client.force_login(sweeper)
-    with django_assert_max_num_queries(10):
+    # Five read the gaps, one looks for a sweep already running them, the
+    # rest are the session, the user and their permissions.
+    with django_assert_max_num_queries(11):
         client.get(reverse("gaps"))
 
 
@@ -288,3 +290,18 @@ def test_an_unknown_filter_value_is_named_with_what_is_shown_instead(client, res
     body = response.content.decode()
     assert "Unknown dtype “fp8”: showing every dtype instead." in body
     assert response.context["filters"].backend == "c"
+
+
+def test_gaps_already_queued_show_the_sweep_running_them(
+    client, results, cpu_runner, sweeper
+):
+    client.force_login(sweeper)
+    fresh = client.get(reverse("gaps"), {"backend": "c"}).content.decode()
+    assert "Already queued" not in fresh
+    client.post(reverse("gaps-run"), {"backend": "c"}, HTTP_HX_REQUEST="true")
+    sweep = Sweep.objects.get()
+    body = client.get(reverse("gaps"), {"backend": "c"}).content.decode()
+    slot = body[body.index('id="sweep-slot"') : body.index('id="gap-list"')]
+    assert "Already queued" in slot
+    assert f'id="sweep-{sweep.pk}"' in slot and 'hx-trigger="every 2s"' in slot
+    assert f"{sweep.total} queued" in slot
