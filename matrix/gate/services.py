@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Group
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import transaction
 from django.db.models import Count, Q
@@ -105,6 +106,7 @@ def _policy_check(changes: dict) -> None:
         "perf_budgets": _perf_budgets_errors,
         "required_approvals": _required_approvals_errors,
         "backend_owners": _backend_owners_errors,
+        "reviewer_group": _reviewer_group_errors,
     }
     errors = {}
     for name, check in checks.items():
@@ -175,6 +177,14 @@ def _backend_owners_errors(owners) -> list[str]:
     if missing:
         errors.append(f"no user named {', '.join(missing)}")
     return errors
+
+
+def _reviewer_group_errors(name) -> list[str]:
+    # A group no one can be in leaves every proposal without a reviewer.
+    if Group.objects.filter(name=name).exists():
+        return []
+    names = ", ".join(Group.objects.order_by("name").values_list("name", flat=True))
+    return [f"no group named {name}; create it in the admin first (groups: {names})"]
 
 
 # -- evaluation ---------------------------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from django.contrib.auth.models import Group
 from django.core.exceptions import ValidationError
 
 from matrix.gate.models import Policy, UpgradeProposal
@@ -200,6 +201,7 @@ def test_an_approval_from_outside_the_reviewer_group_does_not_count(world, admin
     proposal = green_proposal(world)
     proposal_approve(proposal=proposal, by=world.reviewers[0], comment="fine")
     proposal_approve(proposal=proposal, by=world.reviewers[1], comment="fine")
+    Group.objects.create(name="release-reviewers")
     policy_save(by=admin_user, reviewer_group="release-reviewers")
     proposal.refresh_from_db()
     assert proposal.state == UpgradeProposal.State.READY

@@ -498,6 +498,7 @@ POLICY_POST = {
             "unknown operator nope; the operators are gemm, softmax",
         ),
         ("perf_budgets", '{"gemm": -0.1}', "the budget for gemm must be a number"),
+        ("reviewer_group", "reviewers", "no group named reviewers; create it"),
     ],
 )
 def test_the_policy_form_says_what_is_wrong_with_a_field(
