@@ -67,6 +67,13 @@ def test_an_older_toolchain_reads_as_stale(client, results, device_types):
     assert response.context["stale"] is True
 
 
+def test_the_way_back_to_the_matrix_keeps_the_toolchain(client, results, device_types):
+    top = results["top"]
+    response = client.get(cell_url(top, "c", device_types), {"toolchain": "tl-0.1.13"})
+    back = f'href="/?toolchain=tl-0.1.13&amp;open={top.operator.name}">Matrix</a>'
+    assert back in response.content.decode()
+
+
 def test_an_unknown_toolchain_is_named_and_the_current_one_shown(
     client, results, device_types
 ):
