@@ -18,7 +18,7 @@ from matrix.gate import services
 from matrix.gate.diff import Change
 from matrix.gate.forms import DecisionForm, ExceptionForm, PolicyForm, ProposalForm
 from matrix.gate.models import Approval, BackendException, Policy, UpgradeProposal
-from matrix.models import AuditEvent
+from matrix.models import AuditEvent, Backend
 from matrix.queries import toolchains_online
 
 # htmx stops polling on this status.
@@ -133,6 +133,10 @@ def _detail_context(
         "can_reevaluate": reviewer
         or is_proposer
         or services.can_edit_policy(request.user),
+        "can_edit_policy": services.can_edit_policy(request.user),
+        "ownerless_backends": [
+            backend for backend in Backend.values if not policy.owners_of(backend)
+        ],
         "owned_backends": [
             backend
             for backend, owners in policy.backend_owners.items()

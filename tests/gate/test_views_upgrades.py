@@ -300,6 +300,20 @@ def test_the_audit_trail_lists_exceptions_and_voided_decisions(
     assert trail.count("<td>approval.void</td>") == 1
 
 
+def test_an_exception_no_one_may_sign_off_says_so(client, admin_user, world, exception):
+    client.force_login(world.reviewers[0])
+    body = client.get(url("upgrade", exception.proposal)).content.decode()
+    assert "the policy names no owner of c" in body
+    assert "an admin sets one in the policy" in body
+    client.force_login(admin_user)
+    body = client.get(url("upgrade", exception.proposal)).content.decode()
+    assert f'<a href="{reverse("upgrade-policy")}">set the backend owners</a>' in body
+    policy_save(by=admin_user, backend_owners={"c": ["reviewer3"]})
+    body = client.get(url("upgrade", exception.proposal)).content.decode()
+    assert "awaits sign-off by its owner" in body
+    assert "names no owner" not in body
+
+
 def test_the_list_page_runs_a_fixed_number_of_queries(
     client, world, green, django_assert_max_num_queries
 ):
