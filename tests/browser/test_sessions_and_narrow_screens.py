@@ -110,3 +110,17 @@ def test_every_page_fits_a_phone_screen(
     context.close()
     assert page_width <= PHONE["width"], f"{path} is {page_width}px wide"
     assert max(link_edges) <= PHONE["width"]
+
+
+def test_a_cell_and_its_chart_fit_a_phone_screen(
+    chromium, live_server, results, device_types
+):
+    context = chromium.new_context(viewport=PHONE)
+    page = context.new_page()
+    top = results["top"]
+    page.goto(f"{live_server.url}/cells/{top.pk}/{device_types['c'].pk}/")
+    chart = page.eval_on_selector("svg.chart", "e => e.getBoundingClientRect().right")
+    page_width = page.evaluate("document.documentElement.scrollWidth")
+    context.close()
+    assert chart <= PHONE["width"]
+    assert page_width <= PHONE["width"], f"the cell page is {page_width}px wide"

@@ -100,3 +100,23 @@ def test_a_long_unbroken_note_wraps_inside_the_page(
     width = page.evaluate("document.documentElement.scrollWidth")
     page.context.close()
     assert width <= 1280
+
+
+def test_a_proposal_fits_a_phone_screen(transactional_db, live_server, browser, world):
+    """Its wide tables scroll inside themselves, the page does not."""
+    world.green(world.old)
+    world.green(world.new)
+    world.owner.set_password("browser-pass-123")
+    world.owner.save()
+    proposal = proposal_open(
+        baseline=world.old,
+        candidate=world.new,
+        device_types=[world.cpu],
+        by=world.owner,
+    )
+    page = log_in(browser, live_server, world.owner.username, "browser-pass-123")
+    page.set_viewport_size({"width": 390, "height": 844})
+    page.goto(f"{live_server.url}/upgrades/{proposal.pk}/")
+    width = page.evaluate("document.documentElement.scrollWidth")
+    page.context.close()
+    assert width <= 390
