@@ -736,11 +736,9 @@ class ErrorGroup:
     count: int
     message: str
     statuses: list[str]
-    cells: list[Cell]
-
-    @property
-    def operators(self) -> list[str]:
-        return sorted({c.shape.operator.name for c in self.cells})
+    cells: list[Cell]  # the first ``per_group``
+    # Of every cell scanned, not only those listed.
+    operators: list[str] = field(default_factory=list)
 
 
 def error_groups(
@@ -771,8 +769,12 @@ def error_groups(
             )
         if cell.status not in group.statuses:
             group.statuses.append(cell.status)
+        if cell.shape.operator.name not in group.operators:
+            group.operators.append(cell.shape.operator.name)
         if len(group.cells) < per_group:
             group.cells.append(cell)
+    for group in groups.values():
+        group.operators.sort()
     return sorted(groups.values(), key=lambda g: (-g.count, g.signature))
 
 

@@ -3,7 +3,9 @@ from __future__ import annotations
 import pytest
 from django.urls import reverse
 
-from tests.ui.conftest import SIGNATURE
+from matrix import queries
+from matrix.models import Shape, Status
+from tests.ui.conftest import SIGNATURE, record
 
 pytestmark = pytest.mark.django_db
 
@@ -52,3 +54,21 @@ def test_an_unknown_toolchain_is_named_and_the_current_ones_errors_shown(
     # The page filters nothing by dtype, so it says nothing about one.
     assert "fp4" not in body
     assert response.context["groups"][0].signature == SIGNATURE
+
+
+def test_a_group_names_every_operator_it_touches_not_only_those_listed(
+    results, toolchains, device_types
+):
+    _, current = toolchains
+    rmsnorm = Shape.objects.filter(operator__name="rmsnorm", served=True).first()
+    record(
+        rmsnorm,
+        device_types["cuda"],
+        current,
+        Status.COMPILE_ERROR,
+        error_signature=SIGNATURE,
+        error_message="error: tile shape does not divide M",
+    )
+    (group,) = queries.error_groups(current, per_group=2)
+    assert (group.count, len(group.cells)) == (3, 2)
+    assert group.operators == ["gemm", "rmsnorm"]
