@@ -46,11 +46,16 @@ def runner_rows(runners: list[Runner]) -> list[dict]:
             queued[queue] += n
         elif runner_id is not None:
             running[runner_id] += n
+    cutoff = services.silent_cutoff()
     return [
         {
             "runner": r,
             "queued": sum(queued.get(q, 0) for q in r.queues()),
             "running": running.get(r.pk, 0),
+            # Still marked online, but its heartbeats stopped: the reaper
+            # (on the control worker) has not run since, or that is down too.
+            "silent": r.state != Runner.State.OFFLINE
+            and (r.last_heartbeat is None or r.last_heartbeat < cutoff),
         }
         for r in runners
     ]

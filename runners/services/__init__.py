@@ -27,6 +27,7 @@ from runners.services.liveness import (
     runner_heartbeat,
     runner_reap,
     runner_recover,
+    silent_cutoff,
 )
 from runners.services.planning import (
     bundle_plan,
@@ -74,6 +75,7 @@ __all__ = [
     "runner_heartbeat",
     "runner_queues",
     "runner_reap",
+    "silent_cutoff",
     "runner_reconnect",
     "runner_recover",
     "runner_register",

@@ -29,6 +29,13 @@ def heartbeat_interval_s() -> float:
     return float(getattr(settings, "TILEMATRIX_HEARTBEAT_S", 30))
 
 
+def silent_cutoff(now=None):
+    """A runner whose last heartbeat is older than this has missed
+    MISSED_HEARTBEATS of them: the reaper marks it offline."""
+    now = now or timezone.now()
+    return now - timedelta(seconds=MISSED_HEARTBEATS * heartbeat_interval_s())
+
+
 @transaction.atomic
 def runner_heartbeat(*, envelope) -> Runner:
     """Record a signed heartbeat; its sequence must grow, so an old one
@@ -131,7 +138,7 @@ def runner_reap(*, now=None) -> dict:
     """Mark runners silent for MISSED_HEARTBEATS intervals offline and give
     their running jobs to someone else."""
     now = now or timezone.now()
-    cutoff = now - timedelta(seconds=MISSED_HEARTBEATS * heartbeat_interval_s())
+    cutoff = silent_cutoff(now)
     silent = list(
         Runner.objects.select_for_update()
         .exclude(state=Runner.State.OFFLINE)

@@ -1,10 +1,12 @@
 from __future__ import annotations
 
 import re
+from datetime import timedelta
 
 import pytest
 from django.contrib.auth.models import Group
 from django.urls import reverse
+from django.utils import timezone
 
 from matrix.models import AuditEvent, Shape, ValidationJob
 from runners.models import RegistrationToken, Runner, token_digest, validate_queue
@@ -38,6 +40,22 @@ def test_it_lists_runners_with_devices_toolchains_and_queue_depth(
     body = response.content.decode()
     assert "cpu-host" in body and "online" in body and "tl-0.1.15" in body
     assert "x86-64 CPU" in body
+
+
+def test_a_runner_still_marked_online_without_heartbeats_reads_as_silent(
+    client, cpu_runner
+):
+    body = client.get(reverse("runners")).content.decode()
+    assert "silent" not in body
+    # Its worker and the control worker that would reap it are both gone.
+    Runner.objects.filter(pk=cpu_runner.pk).update(
+        last_heartbeat=timezone.now() - timedelta(minutes=5)
+    )
+    body = client.get(reverse("runners")).content.decode()
+    assert (
+        '<span class="badge online">online</span> <span class="badge silent">' in body
+    )
+    assert "missed its heartbeats; offline once the control worker reaps" in body
 
 
 def test_runners_page_stays_within_ten_queries(
