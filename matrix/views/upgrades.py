@@ -166,9 +166,12 @@ def _proposal_events(proposal: UpgradeProposal):
 
 
 def _exception_form(proposal: UpgradeProposal, data=None) -> ExceptionForm:
-    return ExceptionForm(
-        data, backends={dt.backend for dt in proposal.device_types.all()}
-    )
+    backends = {dt.backend for dt in proposal.device_types.all()}
+    if data is None:
+        # Offer only what can still be granted; a posted backend is checked
+        # by the service, which says why a second exception is refused.
+        backends -= set(proposal.exceptions.values_list("backend", flat=True))
+    return ExceptionForm(data, backends=backends)
 
 
 def _back_to_proposal(request, proposal: UpgradeProposal):

@@ -460,6 +460,16 @@ def test_a_reviewer_grants_an_exception_from_the_page(client, world, green):
     assert BackendException.objects.get().granted_by == world.reviewers[0]
 
 
+def test_a_backend_with_an_exception_is_not_offered_again(client, world, green):
+    client.force_login(world.reviewers[0])
+    assert 'id="exception-form"' in client.get(url("upgrade", green)).content.decode()
+    client.post(url("upgrade-exception", green), {"backend": "c", "reason": "noise"})
+    page = client.get(url("upgrade", green)).content.decode()
+    # The proposal covers the c column only: nothing is left to grant.
+    assert 'id="exception-form"' not in page
+    assert "Every backend of this proposal has an exception." in page
+
+
 def test_the_proposer_cannot_grant_an_exception_from_the_page(client, world, green):
     client.force_login(world.owner)
     page = client.get(url("upgrade", green)).content.decode()
