@@ -10,9 +10,15 @@ from matrix.gate.models import Decision, Policy
 from matrix.models import Backend, DeviceType, Toolchain
 
 
+class ToolchainChoiceField(forms.ModelChoiceField):
+    def label_from_instance(self, toolchain):
+        # The matrix marks the current toolchain so: the usual baseline.
+        return f"{toolchain.name} (current)" if toolchain.is_current else toolchain.name
+
+
 class ProposalForm(forms.Form):
-    baseline = forms.ModelChoiceField(queryset=Toolchain.objects.all())
-    candidate = forms.ModelChoiceField(queryset=Toolchain.objects.all())
+    baseline = ToolchainChoiceField(queryset=Toolchain.objects.all())
+    candidate = ToolchainChoiceField(queryset=Toolchain.objects.all())
     device_types = forms.ModelMultipleChoiceField(
         queryset=DeviceType.objects.all(), widget=forms.CheckboxSelectMultiple
     )

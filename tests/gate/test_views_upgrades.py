@@ -194,7 +194,10 @@ def test_the_diff_page_shows_counts_groups_and_the_blocking_cell(
 
 def test_the_proposer_opens_a_proposal_from_the_form(client, world):
     client.force_login(world.owner)
-    assert client.get(reverse("upgrade-new")).status_code == 200
+    form = client.get(reverse("upgrade-new")).content.decode()
+    # The current toolchain is marked, as on the matrix: the usual baseline.
+    assert f'<option value="{world.old.pk}">tilelang-0.1.13 (current)</option>' in form
+    assert f'<option value="{world.new.pk}">tilelang-0.1.15</option>' in form
     response = client.post(
         reverse("upgrade-new"),
         {
