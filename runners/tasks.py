@@ -77,7 +77,8 @@ def execute_job(self, envelope):
                 config.name,
                 exc.detail,
             )
-            host_worker_stop()
+            if not (self.request.called_directly or self.request.is_eager):
+                host_worker_stop()
             raise Reject(str(exc), requeue=True) from None
         log.warning("dropped job message: claim %s", exc)
         return

@@ -10,6 +10,7 @@ import logging
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from celery.exceptions import Reject, WorkerShutdown
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from matrix.models import JobState, Result, ValidationJob
@@ -335,14 +336,21 @@ def test_a_claim_whose_answer_was_lost_runs_the_job_on_the_retry(
     assert Result.objects.filter(job=job).count() == 1
 
 
-def test_a_claim_the_server_refuses_drops_the_message(
+def test_a_claim_refused_to_a_revoked_runner_sends_the_message_back(
     host_dir, cpu_cells, eager_celery, caplog
 ):
+    """The job is not the revoked runner's to drop: its message goes back to
+    the queue (the worker, when there is one, stops: see test_worker_e2e)."""
     jobs, envelope = planned(cpu_cells)
     services.runner_revoke(name=host_dir.name)
     with caplog.at_level(logging.WARNING, logger="runners.tasks"):
-        tasks.execute_job(envelope)
-    assert "dropped job message: claim refused (403)" in caplog.text
+        with pytest.raises(Reject) as rejected:
+            tasks.execute_job(envelope)
+    assert rejected.value.requeue is True
+    assert (
+        f"runner {host_dir.name} is refused (runner '{host_dir.name}' is revoked)"
+        in (caplog.text)
+    )
     assert ValidationJob.objects.get().state == JobState.QUEUED
 
 
@@ -359,3 +367,16 @@ def test_the_worker_recovers_through_the_server(host_dir, running_job, server_ht
         "republished": 1,
         "results resent": 0,
     }
+
+
+def test_a_revoked_runner_stops_its_worker_instead_of_recovering_for_ever(
+    host_dir, running_job, server_http, caplog
+):
+    services.runner_revoke(name=host_dir.name)
+    step = object.__new__(RunnerHost)
+    with caplog.at_level(logging.ERROR, logger="runners.worker"):
+        with pytest.raises(WorkerShutdown) as stopped:
+            step.recover(host_dir, restarted=False)
+    assert stopped.value.code == 1
+    assert f"runner {host_dir.name} is refused by" in caplog.text
+    assert "a revoked host registers again under a new name" in caplog.text
