@@ -6,173 +6,70 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
+
     initial = True
 
     dependencies = [
-        ("matrix", "0001_initial"),
+        ('matrix', '0001_initial'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.CreateModel(
-            name="Runner",
+            name='Runner',
             fields=[
-                (
-                    "id",
-                    models.BigAutoField(
-                        auto_created=True,
-                        primary_key=True,
-                        serialize=False,
-                        verbose_name="ID",
-                    ),
-                ),
-                ("name", models.SlugField(max_length=60, unique=True)),
-                (
-                    "public_key",
-                    models.CharField(
-                        help_text="Ed25519 public key, hex", max_length=64
-                    ),
-                ),
-                (
-                    "state",
-                    models.CharField(
-                        choices=[
-                            ("online", "Online"),
-                            ("offline", "Offline"),
-                            ("busy", "Busy"),
-                        ],
-                        default="offline",
-                        max_length=8,
-                    ),
-                ),
-                (
-                    "health",
-                    models.CharField(
-                        choices=[
-                            ("active", "Active"),
-                            ("maintenance", "Maintenance"),
-                            ("retired", "Retired"),
-                        ],
-                        default="active",
-                        max_length=12,
-                    ),
-                ),
-                ("inventory", models.JSONField(blank=True, default=dict)),
-                ("last_heartbeat", models.DateTimeField(blank=True, null=True)),
-                (
-                    "last_sequence",
-                    models.BigIntegerField(
-                        default=0, help_text="highest heartbeat sequence seen"
-                    ),
-                ),
-                ("revoked_at", models.DateTimeField(blank=True, null=True)),
-                ("created_at", models.DateTimeField(auto_now_add=True)),
-                (
-                    "device_types",
-                    models.ManyToManyField(
-                        blank=True, related_name="runners", to="matrix.devicetype"
-                    ),
-                ),
+                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
+                ('name', models.SlugField(max_length=60, unique=True)),
+                ('public_key', models.CharField(help_text='Ed25519 public key, hex', max_length=64)),
+                ('state', models.CharField(choices=[('online', 'Online'), ('offline', 'Offline'), ('busy', 'Busy')], default='offline', max_length=8)),
+                ('health', models.CharField(choices=[('active', 'Active'), ('maintenance', 'Maintenance'), ('retired', 'Retired')], default='active', max_length=12)),
+                ('inventory', models.JSONField(blank=True, default=dict)),
+                ('last_heartbeat', models.DateTimeField(blank=True, null=True)),
+                ('last_sequence', models.BigIntegerField(default=0, help_text='highest heartbeat sequence seen')),
+                ('revoked_at', models.DateTimeField(blank=True, null=True)),
+                ('created_at', models.DateTimeField(auto_now_add=True)),
+                ('device_types', models.ManyToManyField(blank=True, related_name='runners', to='matrix.devicetype')),
             ],
             options={
-                "ordering": ["name"],
+                'ordering': ['name'],
             },
         ),
         migrations.CreateModel(
-            name="RegistrationToken",
+            name='RegistrationToken',
             fields=[
-                (
-                    "id",
-                    models.BigAutoField(
-                        auto_created=True,
-                        primary_key=True,
-                        serialize=False,
-                        verbose_name="ID",
-                    ),
-                ),
-                ("digest", models.CharField(max_length=64, unique=True)),
-                ("created_at", models.DateTimeField(auto_now_add=True)),
-                ("expires_at", models.DateTimeField()),
-                ("used_at", models.DateTimeField(blank=True, null=True)),
-                (
-                    "created_by",
-                    models.ForeignKey(
-                        blank=True,
-                        null=True,
-                        on_delete=django.db.models.deletion.SET_NULL,
-                        related_name="+",
-                        to=settings.AUTH_USER_MODEL,
-                    ),
-                ),
-                (
-                    "used_by",
-                    models.OneToOneField(
-                        blank=True,
-                        null=True,
-                        on_delete=django.db.models.deletion.SET_NULL,
-                        related_name="token",
-                        to="runners.runner",
-                    ),
-                ),
+                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
+                ('digest', models.CharField(max_length=64, unique=True)),
+                ('created_at', models.DateTimeField(auto_now_add=True)),
+                ('expires_at', models.DateTimeField()),
+                ('used_at', models.DateTimeField(blank=True, null=True)),
+                ('created_by', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to=settings.AUTH_USER_MODEL)),
+                ('used_by', models.OneToOneField(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='token', to='runners.runner')),
             ],
         ),
         migrations.CreateModel(
-            name="RunnerToolchain",
+            name='RunnerToolchain',
             fields=[
-                (
-                    "id",
-                    models.BigAutoField(
-                        auto_created=True,
-                        primary_key=True,
-                        serialize=False,
-                        verbose_name="ID",
-                    ),
-                ),
-                ("interpreter", models.CharField(max_length=300)),
-                (
-                    "runner",
-                    models.ForeignKey(
-                        on_delete=django.db.models.deletion.CASCADE, to="runners.runner"
-                    ),
-                ),
-                (
-                    "toolchain",
-                    models.ForeignKey(
-                        on_delete=django.db.models.deletion.PROTECT,
-                        to="matrix.toolchain",
-                    ),
-                ),
+                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
+                ('interpreter', models.CharField(max_length=300)),
+                ('runner', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, to='runners.runner')),
+                ('toolchain', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, to='matrix.toolchain')),
             ],
         ),
         migrations.AddField(
-            model_name="runner",
-            name="toolchains",
-            field=models.ManyToManyField(
-                related_name="runners",
-                through="runners.RunnerToolchain",
-                to="matrix.toolchain",
-            ),
+            model_name='runner',
+            name='toolchains',
+            field=models.ManyToManyField(related_name='runners', through='runners.RunnerToolchain', to='matrix.toolchain'),
         ),
         migrations.AddConstraint(
-            model_name="runnertoolchain",
-            constraint=models.UniqueConstraint(
-                fields=("runner", "toolchain"), name="runner_toolchain_unique"
-            ),
+            model_name='runnertoolchain',
+            constraint=models.UniqueConstraint(fields=('runner', 'toolchain'), name='runner_toolchain_unique'),
         ),
         migrations.AddConstraint(
-            model_name="runner",
-            constraint=models.CheckConstraint(
-                condition=models.Q(("state__in", ["online", "offline", "busy"])),
-                name="runner_state_valid",
-            ),
+            model_name='runner',
+            constraint=models.CheckConstraint(condition=models.Q(('state__in', ['online', 'offline', 'busy'])), name='runner_state_valid'),
         ),
         migrations.AddConstraint(
-            model_name="runner",
-            constraint=models.CheckConstraint(
-                condition=models.Q(
-                    ("health__in", ["active", "maintenance", "retired"])
-                ),
-                name="runner_health_valid",
-            ),
+            model_name='runner',
+            constraint=models.CheckConstraint(condition=models.Q(('health__in', ['active', 'maintenance', 'retired'])), name='runner_health_valid'),
         ),
     ]

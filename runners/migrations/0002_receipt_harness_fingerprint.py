@@ -5,53 +5,28 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
+
     dependencies = [
-        ("matrix", "0003_upgrade_gate"),
-        ("runners", "0001_initial"),
+        ('matrix', '0003_upgrade_gate'),
+        ('runners', '0001_initial'),
     ]
 
     operations = [
         migrations.AddField(
-            model_name="runnertoolchain",
-            name="harness_fingerprint",
-            field=models.CharField(
-                blank=True,
-                help_text="the harness's own hash of this toolchain",
-                max_length=64,
-            ),
+            model_name='runnertoolchain',
+            name='harness_fingerprint',
+            field=models.CharField(blank=True, help_text="the harness's own hash of this toolchain", max_length=64),
         ),
         migrations.CreateModel(
-            name="Receipt",
+            name='Receipt',
             fields=[
-                (
-                    "id",
-                    models.BigAutoField(
-                        auto_created=True,
-                        primary_key=True,
-                        serialize=False,
-                        verbose_name="ID",
-                    ),
-                ),
-                ("nonce", models.CharField(max_length=64, unique=True)),
-                ("signature", models.CharField(max_length=128)),
-                ("issued_at", models.CharField(max_length=40)),
-                ("received_at", models.DateTimeField(auto_now_add=True)),
-                (
-                    "result",
-                    models.OneToOneField(
-                        on_delete=django.db.models.deletion.CASCADE,
-                        related_name="receipt",
-                        to="matrix.result",
-                    ),
-                ),
-                (
-                    "runner",
-                    models.ForeignKey(
-                        on_delete=django.db.models.deletion.PROTECT,
-                        related_name="receipts",
-                        to="runners.runner",
-                    ),
-                ),
+                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
+                ('nonce', models.CharField(max_length=64, unique=True)),
+                ('signature', models.CharField(max_length=128)),
+                ('issued_at', models.CharField(max_length=40)),
+                ('received_at', models.DateTimeField(auto_now_add=True)),
+                ('result', models.OneToOneField(on_delete=django.db.models.deletion.CASCADE, related_name='receipt', to='matrix.result')),
+                ('runner', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='receipts', to='runners.runner')),
             ],
         ),
     ]
