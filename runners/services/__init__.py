@@ -19,6 +19,7 @@ from runners.services.envelopes import (
 from runners.services.errors import Conflict
 from runners.services.ingest import result_ingest, results_ingest
 from runners.services.liveness import (
+    bundle_abandon,
     heartbeat_interval_s,
     job_claim,
     jobs_requeue,
@@ -52,6 +53,7 @@ from runners.services.requests import (
 )
 
 __all__ = [
+    "bundle_abandon",
     "Conflict",
     "bundle_plan",
     "cells_select",

@@ -7,11 +7,12 @@ import hashlib
 from datetime import timedelta
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from matrix.models import JobState, Result, Status, ValidationJob
+from matrix.models import AuditEvent, JobState, Result, Status, ValidationJob
 from runners.models import Runner
 from runners.services.envelopes import (
     HEARTBEAT_MAX_AGE_S,
@@ -103,6 +104,34 @@ def jobs_lose(*, jobs: list[ValidationJob], reason: str) -> int:
         [_infra_result(job, reason) for job in jobs], ignore_conflicts=True
     )
     return len(jobs)
+
+
+@transaction.atomic
+def bundle_abandon(*, runner_name: str, sweep_id: int | None = None, by=None) -> int:
+    """End a runner's open bundle jobs (those of one bundle, given its sweep)
+    ``lost`` with an infra_error result: a bundle that will not come home
+    frees its cells for another sweep or bundle. Its results, if they come
+    after all, are refused as late. Returns how many jobs ended."""
+    runner = Runner.objects.filter(name=runner_name).first()
+    if runner is None:
+        raise ValidationError(f"no runner named {runner_name!r}")
+    jobs = ValidationJob.objects.select_for_update().filter(
+        runner=runner, state=JobState.RUNNING, queue=f"bundle.{runner.name}"
+    )
+    if sweep_id is not None:
+        jobs = jobs.filter(sweep_id=sweep_id)
+    ended = jobs_lose(
+        jobs=list(jobs),
+        reason=f"bundle for {runner.name} abandoned before it came home",
+    )
+    if ended:
+        AuditEvent.record(
+            actor=by,
+            verb="bundle.abandon",
+            obj=runner,
+            after={"jobs": ended, "sweep": sweep_id},
+        )
+    return ended
 
 
 def jobs_requeue(*, jobs: list[ValidationJob], reason: str) -> dict:

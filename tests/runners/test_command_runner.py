@@ -180,6 +180,32 @@ def test_revoke_refuses_the_runner(cpu_runner):
         run("revoke", "ghost")
 
 
+def test_a_bundle_that_will_not_come_home_is_abandoned_and_its_cells_freed(
+    cpu_runner, tmp_path
+):
+    first = tmp_path / "first.json"
+    run("bundle", cpu_runner.name, "--out", str(first))
+    second = tmp_path / "second.json"
+    # Every cell is held by the first bundle: nothing is left to plan.
+    assert "open job" in run("bundle", cpu_runner.name, "--out", str(second))
+    assert not second.exists()
+    sweep = json.loads(first.read_text())["sweep"]
+    said = run("bundle-abandon", cpu_runner.name, "--sweep", str(sweep))
+    total = Sweep.objects.get(pk=sweep).total
+    assert said.startswith(f"{total} bundle jobs of runner {cpu_runner.name} (sweep")
+    assert Sweep.objects.get(pk=sweep).progress()["finished"]
+    assert set(
+        Result.objects.filter(job__sweep=sweep).values_list("status", flat=True)
+    ) == {Status.INFRA_ERROR}
+    run("bundle", cpu_runner.name, "--out", str(second))
+    assert len(json.loads(second.read_text())["jobs"]) > 0
+    assert "no open bundle job" in run(
+        "bundle-abandon", cpu_runner.name, "--sweep", str(sweep)
+    )
+    with pytest.raises(CommandError, match="no runner named 'ghost'"):
+        run("bundle-abandon", "ghost")
+
+
 @pytest.mark.django_db(transaction=True)
 def test_an_offline_bundle_runs_without_a_broker_and_comes_home(
     live_server, host_dir, tmp_path, server_http, django_db_blocker

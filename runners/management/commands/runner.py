@@ -70,7 +70,10 @@ def post_json(url: str, body: dict, timeout: float = 60) -> tuple[int, dict]:
 
 
 class Command(BaseCommand):
-    help = "Runner hosts: token create, register, work, queues, execute-bundle, upload, bundle, revoke."
+    help = (
+        "Runner hosts: token create, register, work, queues, execute-bundle, "
+        "upload, bundle, bundle-abandon, revoke."
+    )
 
     def add_arguments(self, parser):
         sub = parser.add_subparsers(dest="action", required=True)
@@ -140,6 +143,14 @@ class Command(BaseCommand):
         bundle.add_argument("--toolchain")
         bundle.add_argument("--served-only", action="store_true")
         bundle.add_argument("--missing-only", action="store_true")
+
+        abandon = sub.add_parser(
+            "bundle-abandon",
+            help="give up a runner's bundles that will not come home (their cells "
+            "can be planned again)",
+        )
+        abandon.add_argument("name")
+        abandon.add_argument("--sweep", type=int, help="only this bundle's sweep")
 
         revoke = sub.add_parser(
             "revoke", help="refuse a runner's next heartbeat and result"
@@ -385,6 +396,20 @@ class Command(BaseCommand):
             return
         self.stdout.write(
             f"sweep {sweep.pk}: {sweep.total} signed jobs for {name} in {out}"
+        )
+
+    def do_bundle_abandon(self, *, name, sweep, **_):
+        try:
+            ended = services.bundle_abandon(runner_name=name, sweep_id=sweep)
+        except ValidationError as exc:
+            raise CommandError("; ".join(exc.messages)) from None
+        which = f"sweep {sweep}" if sweep is not None else "its bundles"
+        if not ended:
+            self.stdout.write(f"runner {name} has no open bundle job in {which}")
+            return
+        self.stdout.write(
+            f"{ended} bundle jobs of runner {name} ({which}) ended lost: their "
+            "cells can be planned again, and their results, if they come, are refused"
         )
 
     def do_revoke(self, *, name, **_):
