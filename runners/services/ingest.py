@@ -343,6 +343,15 @@ def results_ingest(*, envelopes: list) -> list[Outcome]:
                     reason=f"job {job.pk} is not assigned to runner {runner.name!r}",
                     code=403,
                 )
+            elif job.state == JobState.LOST:
+                # Its infra_error result holds the attempt: this one is late,
+                # not a copy of what is stored.
+                outcomes[i] = Outcome(
+                    "refused",
+                    reason=f"job {job.pk} was given up (lost) before this result "
+                    "came: plan the cell again",
+                    code=409,
+                )
             elif key in stored:
                 outcomes[i] = Outcome("duplicate", result=stored[key])
             elif payload["attempt"] != job.attempt or job.state != JobState.RUNNING:

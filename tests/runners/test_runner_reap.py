@@ -101,3 +101,18 @@ def test_revoking_a_runner_frees_the_cells_of_its_bundle_for_another_sweep(
     assert result.status == Status.INFRA_ERROR
     assert "revoked before its bundle came home" in result.error_message
     assert services.sweep_plan(cells=cpu_cells()).total == bundle.total
+
+
+def test_a_result_that_comes_after_its_bundle_was_abandoned_is_refused(
+    cpu_runner, cpu_cells
+):
+    bundle, _ = services.bundle_plan(runner_name=cpu_runner.name, cells=cpu_cells())
+    job = bundle.jobs.first()
+    assert services.bundle_abandon(runner_name=cpu_runner.name) == bundle.total
+    job.refresh_from_db()
+    (outcome,) = services.results_ingest(envelopes=[cpu_runner.result(job)])
+    assert (outcome.status, outcome.code) == ("refused", 409)
+    assert outcome.reason == (
+        f"job {job.pk} was given up (lost) before this result came: plan the cell again"
+    )
+    assert Result.objects.get(job=job).status == Status.INFRA_ERROR
