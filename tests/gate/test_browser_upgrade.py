@@ -80,9 +80,9 @@ def test_propose_review_approve_and_read_the_manifest(
     }
 
 
-def test_a_long_unbroken_note_wraps_inside_the_page(
-    transactional_db, live_server, browser, world
-):
+def proposal_page_width(browser, live_server, world, *, width, note="") -> int:
+    """How wide the proposer's page of a fresh proposal renders in a window
+    ``width`` pixels wide."""
     world.green(world.old)
     world.green(world.new)
     world.owner.set_password("browser-pass-123")
@@ -92,31 +92,25 @@ def test_a_long_unbroken_note_wraps_inside_the_page(
         candidate=world.new,
         device_types=[world.cpu],
         by=world.owner,
-        note="x" * 5000,
+        note=note,
     )
     page = log_in(browser, live_server, world.owner.username, "browser-pass-123")
-    page.set_viewport_size({"width": 1280, "height": 900})
+    page.set_viewport_size({"width": width, "height": 900})
     page.goto(f"{live_server.url}/upgrades/{proposal.pk}/")
-    width = page.evaluate("document.documentElement.scrollWidth")
+    rendered = page.evaluate("document.documentElement.scrollWidth")
     page.context.close()
-    assert width <= 1280
+    return rendered
+
+
+def test_a_long_unbroken_note_wraps_inside_the_page(
+    transactional_db, live_server, browser, world
+):
+    assert (
+        proposal_page_width(browser, live_server, world, width=1280, note="x" * 5000)
+        <= 1280
+    )
 
 
 def test_a_proposal_fits_a_phone_screen(transactional_db, live_server, browser, world):
     """Its wide tables scroll inside themselves, the page does not."""
-    world.green(world.old)
-    world.green(world.new)
-    world.owner.set_password("browser-pass-123")
-    world.owner.save()
-    proposal = proposal_open(
-        baseline=world.old,
-        candidate=world.new,
-        device_types=[world.cpu],
-        by=world.owner,
-    )
-    page = log_in(browser, live_server, world.owner.username, "browser-pass-123")
-    page.set_viewport_size({"width": 390, "height": 844})
-    page.goto(f"{live_server.url}/upgrades/{proposal.pk}/")
-    width = page.evaluate("document.documentElement.scrollWidth")
-    page.context.close()
-    assert width <= 390
+    assert proposal_page_width(browser, live_server, world, width=390) <= 390
