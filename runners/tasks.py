@@ -18,7 +18,7 @@ from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import DatabaseError
 
 from runners import client, host, services, signing
-from runners.worker import host_worker_stop
+from runners.worker import jobs_stop_from_task
 
 log = logging.getLogger(__name__)
 
@@ -70,15 +70,15 @@ def execute_job(self, envelope):
             # The server no longer takes this runner (revoked, or a key it
             # does not know): the job is not this runner's to drop. Its
             # message goes back to the queue for the other runners, and the
-            # worker stops rather than take it again.
+            # worker takes no more jobs rather than take it again.
             log.error(
                 "runner %s is refused (%s): its job message goes back to the "
-                "queue and this worker stops",
+                "queue and this worker takes no more jobs",
                 config.name,
                 exc.detail,
             )
             if not (self.request.called_directly or self.request.is_eager):
-                host_worker_stop()
+                jobs_stop_from_task(self.app, self.request.hostname)
             raise Reject(str(exc), requeue=True) from None
         log.warning("dropped job message: claim %s", exc)
         return

@@ -38,7 +38,18 @@ class RunnerHost(bootsteps.StartStopStep):
         # Before the worker takes a message: on a restart the server must give
         # what this runner was running another attempt first, or it would
         # take back jobs the new worker has just claimed.
-        counts = self.recover(config, restarted=not self.connected_before)
+        try:
+            counts = self.recover(config, restarted=not self.connected_before)
+        except RunnerRefused as exc:
+            log.error(
+                "runner %s is refused by %s (%s): it takes no more jobs; a "
+                "revoked host registers again under a new name",
+                config.name,
+                config.server,
+                exc,
+            )
+            jobs_stop(parent.app, cancel=parent.cancel_task_queue)
+            return
         if counts is None:
             return  # the worker is shutting down
         self.connected_before = True
@@ -68,14 +79,7 @@ class RunnerHost(bootsteps.StartStopStep):
                 if isinstance(exc, client.ServerRefused) and exc.status == 403:
                     # Revoked, or a key the server does not know: asking
                     # again changes nothing.
-                    log.error(
-                        "runner %s is refused by %s (%s): this worker stops; "
-                        "a revoked host registers again under a new name",
-                        config.name,
-                        config.server,
-                        exc.detail,
-                    )
-                    raise WorkerShutdown(1) from None
+                    raise RunnerRefused(exc.detail) from None
                 log.warning(
                     "runner %s cannot recover through %s (trying again in %.0f s): %s",
                     config.name,
@@ -114,8 +118,35 @@ class RunnerHost(bootsteps.StartStopStep):
             log.warning("heartbeat not sent: %s", exc)
 
 
-def host_worker_stop() -> None:
-    """Ask this worker for a warm shutdown from inside a task: the signal
-    goes to the worker's main process, the parent of a prefork child."""
-    main = os.getpid() if current_process().name == "MainProcess" else os.getppid()
-    os.kill(main, signal.SIGTERM)
+class RunnerRefused(Exception):
+    """The server refuses this runner (revoked, or a key it does not know)."""
+
+
+def jobs_stop(app, *, cancel) -> None:
+    """Take no more jobs. A worker that also serves the control queue (the
+    single-host demo) keeps serving it and only stops consuming its runner
+    queues, through ``cancel(queue)``; any other worker shuts down, warm,
+    and exits non-zero."""
+    from runners.tasks import CONTROL
+
+    consumed = set(app.amqp.queues.consume_from or ())
+    if CONTROL not in consumed:
+        raise WorkerShutdown(1)
+    for queue in sorted(consumed - {CONTROL}):
+        cancel(queue)
+
+
+def jobs_stop_from_task(app, hostname: str) -> None:
+    """``jobs_stop`` from inside a task: the consumer lives in the worker's
+    main process (the parent of a prefork child), so its queues are
+    cancelled by a control message and a shutdown is asked by signal."""
+    try:
+        jobs_stop(
+            app,
+            cancel=lambda queue: app.control.cancel_consumer(
+                queue, destination=[hostname]
+            ),
+        )
+    except WorkerShutdown:
+        main = os.getpid() if current_process().name == "MainProcess" else os.getppid()
+        os.kill(main, signal.SIGTERM)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -20,23 +21,45 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_make_run_serves_the_seeded_matrix_and_stops_cleanly_on_ctrl_c(tmp_path):
-    port = free_port()
+def demo_env(tmp_path) -> dict:
+    """A fresh demo's environment: embedded services, seeded, on a free port."""
     env = {
         k: v
         for k, v in os.environ.items()
         if not k.startswith(("DJANGO_", "DATABASE_URL", "CELERY_"))
     }
-    env.update(TILEMATRIX_VAR_DIR=str(tmp_path / "var"), PORT=str(port))
+    env.update(TILEMATRIX_VAR_DIR=str(tmp_path / "var"), PORT=str(free_port()))
     for args in (["migrate", "--noinput"], ["seed_demo"], ["ensure_admin"]):
-        subprocess.run(
-            [sys.executable, "manage.py", *args],
-            cwd=ROOT,
-            env=env,
-            check=True,
-            capture_output=True,
-            timeout=300,
-        )
+        manage(env, *args)
+    return env
+
+
+def manage(env, *args) -> str:
+    return subprocess.run(
+        [sys.executable, "manage.py", *args],
+        cwd=ROOT,
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    ).stdout
+
+
+def registered_as(env) -> str | None:
+    """The runner name this demo host holds, once it is registered."""
+    config = Path(env["TILEMATRIX_VAR_DIR"]) / "runner" / "runner.json"
+    try:
+        return json.loads(config.read_text())["name"]
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def serve_until_ctrl_c(env, runner="local-cpu") -> tuple[str, str]:
+    """Start the app as `make run` does, read the matrix page once its local
+    runner is registered as ``runner``, press Ctrl-C: (the page, what the
+    app printed)."""
+    port = int(env["PORT"])
     proc = subprocess.Popen(
         ["scripts/run-dev"],
         cwd=ROOT,
@@ -49,6 +72,9 @@ def test_make_run_serves_the_seeded_matrix_and_stops_cleanly_on_ctrl_c(tmp_path)
         body = ""
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline:
+            if registered_as(env) != runner:
+                time.sleep(0.5)
+                continue
             try:
                 with urllib.request.urlopen(
                     f"http://127.0.0.1:{port}/", timeout=5
@@ -58,8 +84,6 @@ def test_make_run_serves_the_seeded_matrix_and_stops_cleanly_on_ctrl_c(tmp_path)
                     break
             except OSError:
                 time.sleep(0.5)
-        assert "gemm" in body and "rmsnorm" in body
-        assert "H200" in body and "MI300X" in body
         os.killpg(proc.pid, signal.SIGINT)
         assert proc.wait(timeout=60) == 0
     finally:
@@ -69,3 +93,27 @@ def test_make_run_serves_the_seeded_matrix_and_stops_cleanly_on_ctrl_c(tmp_path)
     # nothing of the app is left listening
     with socket.socket() as s:
         assert s.connect_ex(("127.0.0.1", port)) != 0
+    return body, proc.stdout.read().decode()
+
+
+def test_make_run_serves_the_seeded_matrix_and_stops_cleanly_on_ctrl_c(tmp_path):
+    body, _ = serve_until_ctrl_c(demo_env(tmp_path))
+    assert "gemm" in body and "rmsnorm" in body
+    assert "H200" in body and "MI300X" in body
+
+
+def test_make_run_comes_back_after_its_runner_was_revoked(tmp_path):
+    env = demo_env(tmp_path)
+    serve_until_ctrl_c(env)
+    manage(env, "runner", "revoke", "local-cpu")
+    # A revoked runner keeps its name: the host comes back under the next one.
+    body, _ = serve_until_ctrl_c(env, runner="local-cpu-2")
+    assert "gemm" in body
+    standing = manage(
+        env,
+        "shell",
+        "-c",
+        "from runners.models import Runner\n"
+        "for r in Runner.objects.order_by('name'): print(r.name, bool(r.revoked_at))",
+    )
+    assert "local-cpu True\nlocal-cpu-2 False\n" in standing

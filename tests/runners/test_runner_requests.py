@@ -10,13 +10,13 @@ import logging
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from celery.exceptions import Reject, WorkerShutdown
+from celery.exceptions import Reject
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from matrix.models import JobState, Result, ValidationJob
 from runners import client, host, services, signing, tasks
 from runners.models import Runner, SpentNonce
-from runners.worker import RunnerHost
+from runners.worker import RunnerHost, RunnerRefused
 
 
 def post(http, kind, body):
@@ -369,14 +369,10 @@ def test_the_worker_recovers_through_the_server(host_dir, running_job, server_ht
     }
 
 
-def test_a_revoked_runner_stops_its_worker_instead_of_recovering_for_ever(
-    host_dir, running_job, server_http, caplog
+def test_a_revoked_runner_is_refused_at_once_instead_of_recovering_for_ever(
+    host_dir, running_job, server_http
 ):
     services.runner_revoke(name=host_dir.name)
     step = object.__new__(RunnerHost)
-    with caplog.at_level(logging.ERROR, logger="runners.worker"):
-        with pytest.raises(WorkerShutdown) as stopped:
-            step.recover(host_dir, restarted=False)
-    assert stopped.value.code == 1
-    assert f"runner {host_dir.name} is refused by" in caplog.text
-    assert "a revoked host registers again under a new name" in caplog.text
+    with pytest.raises(RunnerRefused, match=f"runner '{host_dir.name}' is revoked"):
+        step.recover(host_dir, restarted=False)

@@ -4,9 +4,11 @@ and a user do, and what must survive a crash."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
-from .cluster import RUNNER_ENV, Cluster, wait_for
+from .cluster import PY, RUNNER_ENV, Cluster, wait_for
 
 CPU_SMOKE = "Shape.objects.filter(source_profile='cpu-smoke')"
 
@@ -192,3 +194,38 @@ def test_a_revoked_runner_stops_and_leaves_its_work_to_the_others(
     )
     assert again.returncode != 0
     assert "revoked" in again.stderr
+
+
+def test_a_revoked_demo_worker_stays_up_and_takes_no_more_jobs(cluster, stop_runners):
+    """`make run`'s one worker is the control worker too: revoking its
+    runner must not take ingest and the reaper down with it."""
+    cluster.register("cpu-demo")
+    cluster.start(
+        "runner:cpu-demo",
+        [PY, "manage.py", "runner", "work", "--also-control"]
+        + ["--key-dir", str(cluster.key_dir("cpu-demo"))],
+        env=RUNNER_ENV,
+    )
+    online(cluster, "cpu-demo")
+    cluster.manage("runner", "revoke", "cpu-demo")
+    sweep = cluster.plan(smoke_cells("backend='c'", limit=1))
+    cluster.wait(
+        lambda: "runner cpu-demo is refused" in cluster.log("runner:cpu-demo"),
+        timeout=120,
+        what="the revoked runner refused a job",
+    )
+
+    def refusals() -> int:
+        return cluster.log("runner:cpu-demo").count("is refused")
+
+    # The queue's cancel reaches the consumer as a control message: the
+    # requeued message may be taken once more before it does, then no more.
+    time.sleep(5)
+    seen = refusals()
+    time.sleep(5)
+    assert refusals() == seen <= 3
+    assert cluster.procs["runner:cpu-demo"].poll() is None
+    assert not cluster.finished(sweep)
+    cluster.register("cpu-e")
+    cluster.start_runner("cpu-e", TILEMATRIX_EDGE_HARNESS_DELAY_S="0.05")
+    cluster.wait_finished(sweep, timeout=180)
