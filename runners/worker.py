@@ -125,8 +125,8 @@ class RunnerRefused(Exception):
 def jobs_stop(app, *, cancel) -> None:
     """Take no more jobs. A worker that also serves the control queue (the
     single-host demo) keeps serving it and only stops consuming its runner
-    queues, through ``cancel(queue)``; any other worker shuts down, warm,
-    and exits non-zero."""
+    queues, through ``cancel(queue)``; any other worker shuts down
+    (``WorkerShutdown``, warm)."""
     from runners.tasks import CONTROL
 
     consumed = set(app.amqp.queues.consume_from or ())
