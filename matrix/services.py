@@ -67,7 +67,7 @@ def operator_sync_library() -> list[Operator]:
     """Mirror the kernel library into the catalogue: one Operator per module
     and its current library revision, pinned by the module source's sha256."""
     from runners import kernels
-    from runners.kernels.revision import library_sha256, library_source
+    from runners.kernels.revision import library_source, revision_sha256
 
     synced = []
     for name, spec in kernels.OPERATORS.items():
@@ -78,7 +78,7 @@ def operator_sync_library() -> list[Operator]:
         # The operator's module and the library modules it imports, as a runner
         # hashes its copy before it runs a library job.
         source = library_source(name)
-        digest = library_sha256(name)
+        digest = revision_sha256(source)
         revision = op.revisions.filter(source_sha256=digest).first()
         if revision is None or not revision.is_current:
             op.revisions.filter(is_current=True).update(is_current=False)

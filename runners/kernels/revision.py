@@ -45,13 +45,16 @@ def library_source(name: str, package: Path = PACKAGE) -> str | None:
     )
 
 
+def revision_sha256(source: str) -> str:
+    """The sha256 that names a revision by its text."""
+    return hashlib.sha256(source.encode()).hexdigest()
+
+
 def library_sha256(name: str, package: Path = PACKAGE) -> str | None:
     """The sha256 naming this copy's revision of a library operator; None
     for no such operator."""
     source = library_source(name, package)
-    if source is None:
-        return None
-    return hashlib.sha256(source.encode()).hexdigest()
+    return None if source is None else revision_sha256(source)
 
 
 def operator_module(source: str) -> str:

@@ -53,8 +53,8 @@ from runners.services.requests import (
 )
 
 __all__ = [
-    "bundle_abandon",
     "Conflict",
+    "bundle_abandon",
     "bundle_plan",
     "cells_select",
     "heartbeat_envelope",
@@ -62,8 +62,8 @@ __all__ = [
     "job_budget_s",
     "job_chunks",
     "job_claim",
-    "jobs_claim",
     "job_payload",
+    "jobs_claim",
     "jobs_envelope",
     "jobs_publish",
     "jobs_requeue",
@@ -77,11 +77,11 @@ __all__ = [
     "runner_heartbeat",
     "runner_queues",
     "runner_reap",
-    "silent_cutoff",
     "runner_reconnect",
     "runner_recover",
     "runner_register",
     "runner_revoke",
+    "silent_cutoff",
     "sweep_plan",
     "token_create",
 ]

@@ -106,23 +106,33 @@ def jobs_lose(*, jobs: list[ValidationJob], reason: str) -> int:
     return len(jobs)
 
 
-@transaction.atomic
-def bundle_abandon(*, runner_name: str, sweep_id: int | None = None, by=None) -> int:
-    """End a runner's open bundle jobs (those of one bundle, given its sweep)
-    ``lost`` with an infra_error result: a bundle that will not come home
-    frees its cells for another sweep or bundle. Its results, if they come
-    after all, are refused as late. Returns how many jobs ended."""
-    runner = Runner.objects.filter(name=runner_name).first()
-    if runner is None:
-        raise ValidationError(f"no runner named {runner_name!r}")
+def bundle_jobs_lose(
+    *, runner: Runner, reason: str, sweep_id: int | None = None
+) -> int:
+    """End a runner's open bundle jobs (one bundle's, given its sweep) `lost`
+    with an infra_error result. Bundle jobs are never reaped: left running,
+    a bundle that will not come home holds its cells from every later sweep
+    and bundle. Returns how many jobs ended."""
     jobs = ValidationJob.objects.select_for_update().filter(
         runner=runner, state=JobState.RUNNING, queue=f"bundle.{runner.name}"
     )
     if sweep_id is not None:
         jobs = jobs.filter(sweep_id=sweep_id)
-    ended = jobs_lose(
-        jobs=list(jobs),
+    return jobs_lose(jobs=list(jobs), reason=reason)
+
+
+@transaction.atomic
+def bundle_abandon(*, runner_name: str, sweep_id: int | None = None, by=None) -> int:
+    """Give up a runner's bundles (one, given its sweep) that will not come
+    home: its cells can be planned again, and its results, if they come
+    after all, are refused as late. Returns how many jobs ended."""
+    runner = Runner.objects.filter(name=runner_name).first()
+    if runner is None:
+        raise ValidationError(f"no runner named {runner_name!r}")
+    ended = bundle_jobs_lose(
+        runner=runner,
         reason=f"bundle for {runner.name} abandoned before it came home",
+        sweep_id=sweep_id,
     )
     if ended:
         AuditEvent.record(

@@ -10,21 +10,13 @@ from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from matrix.models import (
-    AuditEvent,
-    Backend,
-    DeviceType,
-    JobState,
-    Toolchain,
-    ValidationJob,
-    fingerprint_of,
-)
+from matrix.models import AuditEvent, Backend, DeviceType, Toolchain, fingerprint_of
 from matrix.services import toolchain_register
 from runners import signing
 from runners.harness.fingerprint import TOOLCHAIN_KEYS
 from runners.models import RegistrationToken, Runner, RunnerToolchain, token_digest
 from runners.services.errors import Conflict
-from runners.services.liveness import jobs_lose
+from runners.services.liveness import bundle_jobs_lose
 
 INVENTORY_MAX_BYTES = 64 * 1024
 INVENTORY_MAX_DEVICES = 64
@@ -266,15 +258,8 @@ def runner_revoke(*, name: str, by=None) -> Runner:
         raise ValidationError(f"no runner named {name!r}")
     runner.revoke(by=by)
     runner.go_offline()
-    # Its results are refused from now on and bundle jobs are never reaped:
-    # left running, an offline bundle's jobs would hold their cells from
-    # every later sweep and bundle.
-    jobs_lose(
-        jobs=list(
-            ValidationJob.objects.select_for_update().filter(
-                runner=runner, state=JobState.RUNNING, queue__startswith="bundle."
-            )
-        ),
-        reason=f"runner {name} was revoked before its bundle came home",
+    # Its results are refused from now on: its bundles will not come home.
+    bundle_jobs_lose(
+        runner=runner, reason=f"runner {name} was revoked before its bundle came home"
     )
     return runner
