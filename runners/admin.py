@@ -17,6 +17,12 @@ class RunnerAdmin(admin.ModelAdmin):
         "revoked_at",
     ]
 
+    def get_readonly_fields(self, request, obj=None):
+        # A revoked runner stays revoked: its health is not set again.
+        if obj is not None and obj.revoked_at is not None:
+            return [*self.readonly_fields, "health"]
+        return self.readonly_fields
+
     def save_model(self, request, obj, form, change):
         # A change of health is the runners page's transition: audited, and
         # ending maintenance sends the runner's queued jobs again.

@@ -61,6 +61,7 @@ class JobKey(Schema):
 class ClaimReply(Schema):
     claimed: list[JobKey]
     held: list[JobKey]
+    health: str
 
 
 class RecoverReply(Schema):
@@ -76,6 +77,7 @@ class OutboxReply(Schema):
 class QueuesReply(Schema):
     name: str
     queues: list[str]
+    health: str
 
 
 class UploadReply(Schema):
@@ -164,7 +166,7 @@ def jobs_claim(request, envelope: Body[Any]):
     """Claim the jobs of a message (signed request, payload ``{"kind":
     "claim", "runner", "jobs": [{"job", "attempt"}, ...]}``): each is taken
     atomically, only from the runner's queues; ``held`` are those it already
-    had."""
+    had; ``health`` is ``maintenance`` when the runner may take nothing now."""
     return _signed(services.jobs_claim, envelope)
 
 
@@ -193,8 +195,8 @@ def outbox_pending(request, envelope: Body[Any]):
     "/runners/queues", response={200: QueuesReply, **SIGNED_REPLIES}, auth=None
 )
 def runner_queues(request, envelope: Body[Any]):
-    """The queues the runner's worker consumes (signed request, payload
-    ``{"kind": "queues", "runner"}``)."""
+    """The queues the runner's worker consumes and the runner's health
+    (signed request, payload ``{"kind": "queues", "runner"}``)."""
     return _signed(services.runner_queues, envelope)
 
 

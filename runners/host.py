@@ -42,6 +42,11 @@ class HostError(RuntimeError):
     """The host cannot act as a runner; the message says what to fix."""
 
 
+class RunnerPaused(Exception):
+    """The server gives this runner no work for now (its health, such as
+    ``maintenance``, is the message)."""
+
+
 def runner_dir(explicit: str | os.PathLike | None = None) -> Path:
     from django.conf import settings
 
@@ -445,6 +450,9 @@ def results_for(
 
 
 CLAIM_TIMEOUT_S = 30
+# The server's word for a runner that may take work (Runner.Health.ACTIVE;
+# the worker side imports no models).
+ACTIVE = "active"
 OUTBOX_TIMEOUT_S = 30
 OUTBOX_SLICE = 500
 
@@ -465,13 +473,17 @@ def jobs_claim(*, jobs: list[dict], config: HostConfig, retried: bool) -> list[d
     not get an answer) also takes the jobs the server says it already holds:
     that earlier claim may have been made and its answer lost. Raises
     client.ServerUnavailable when the message should be tried again later,
-    client.ServerRefused when the server refuses the claim."""
+    client.ServerRefused when the server refuses the claim and RunnerPaused
+    when the runner may take nothing now (maintenance)."""
     reply = client.signed_request(
         config,
         "claim",
         timeout=CLAIM_TIMEOUT_S,
         jobs=[{"job": j["job"], "attempt": j["attempt"]} for j in jobs],
     )
+    health = reply.get("health", ACTIVE)
+    if health != ACTIVE:
+        raise RunnerPaused(health)
     taken = _job_keys(reply, "claimed")
     if retried:
         taken |= _job_keys(reply, "held")
@@ -483,9 +495,10 @@ def jobs_execute(
 ) -> str:
     """Verify, claim, run and report the jobs of one message; returns what
     happened, for the log. Raises EnvelopeError for a message to drop,
-    client.ServerRefused when the server refuses the claim (drop it too) and
-    client.ServerUnavailable when the server cannot answer the claim now (the
-    message is to be tried again)."""
+    client.ServerRefused when the server refuses the claim, RunnerPaused
+    when the runner may take nothing now (the message is not this runner's
+    to drop) and client.ServerUnavailable when the server cannot answer the
+    claim now (the message is to be tried again)."""
     jobs = jobs_verify(envelope=envelope, config=config)
     hosted = [j for j in jobs if python_for(config, j["toolchain"])]
     if not hosted:

@@ -105,7 +105,9 @@ class Runner(models.Model):
             names += [compile_queue(toolchain_id=t, nvcc=True) for t in toolchain_ids]
         return names
 
-    def _change(self, field: str, value: str, *, actor=None, verb: str) -> None:
+    def _change(
+        self, field: str, value: str, *, actor=None, by_self=True, verb: str
+    ) -> None:
         before = getattr(self, field)
         if before == value:
             return
@@ -113,7 +115,9 @@ class Runner(models.Model):
         self.save(update_fields=[field])
         AuditEvent.record(
             actor=actor,
-            actor_label="" if actor else self.name,
+            # The runner's own transitions are its own; an admin's change
+            # without a user (the command line) reads "system".
+            actor_label=self.name if actor is None and by_self else "",
             verb=verb,
             obj=self,
             before={field: before},
@@ -130,7 +134,7 @@ class Runner(models.Model):
         self._change("state", self.State.BUSY, verb="runner.busy")
 
     def set_health(self, health: str, *, by) -> None:
-        self._change("health", health, actor=by, verb=f"runner.{health}")
+        self._change("health", health, actor=by, by_self=False, verb=f"runner.{health}")
 
     def revoke(self, *, by=None) -> None:
         if self.revoked_at:

@@ -18,7 +18,7 @@ from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import DatabaseError
 
 from runners import client, host, services, signing
-from runners.worker import jobs_stop_from_task
+from runners.worker import jobs_pause_from_task, jobs_stop_from_task
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +82,20 @@ def execute_job(self, envelope):
             raise Reject(str(exc), requeue=True) from None
         log.warning("dropped job message: claim %s", exc)
         return
+    except host.RunnerPaused as health:
+        # Not this runner's job to drop either: the message goes back for
+        # the other runners on the queue, and this worker stops reading its
+        # runner queues until the server says the runner is active again
+        # (RunnerHost reads them again then).
+        log.warning(
+            "runner %s is in %s: its job message goes back to the queue and "
+            "this worker reads its runner queues again when that ends",
+            config.name,
+            health,
+        )
+        if not (self.request.called_directly or self.request.is_eager):
+            jobs_pause_from_task(self.app, self.request.hostname)
+        raise Reject(f"runner in {health}", requeue=True) from None
     except client.ServerUnavailable as exc:
         log.warning(
             "claim not answered, message to be retried (retry %s of %s): %s",

@@ -2,7 +2,9 @@
 time the worker connects to the broker, has the server recover lost work
 (over HTTP: a runner worker holds no database credentials) and then sends
 signed heartbeats on the worker's own timer, so heartbeats stop exactly when
-the worker does."""
+the worker does. A runner in maintenance gives its job messages back and
+stops reading its runner queues; on each heartbeat the step asks the server
+whether it is active again and, once it is, reads them again."""
 
 from __future__ import annotations
 
@@ -22,6 +24,8 @@ log = logging.getLogger(__name__)
 
 RECOVER_TIMEOUT_S = 120
 RECOVER_RETRY_MAX_S = 30
+# Asked on the consumer's timer, which it holds up: short.
+RESUME_TIMEOUT_S = 10
 
 
 class RunnerHost(bootsteps.StartStopStep):
@@ -30,11 +34,16 @@ class RunnerHost(bootsteps.StartStopStep):
     def __init__(self, parent, **kwargs):
         self.enabled = bool(os.environ.get(host.RUNNER_DIR_ENV))
         self.connected_before = False
+        self.runner_queues: list[str] = []
         self.timer_ref = None
         super().__init__(parent, **kwargs)
 
     def start(self, parent):
         config = host.HostConfig.load(host.runner_dir())
+        if not self.connected_before:
+            # What a maintenance pause may stop reading, and resume reads
+            # again; a reconnect keeps the queues as the pause left them.
+            self.runner_queues = queues_runner(parent.app)
         # Before the worker takes a message: on a restart the server must give
         # what this runner was running another attempt first, or it would
         # take back jobs the new worker has just claimed.
@@ -56,8 +65,46 @@ class RunnerHost(bootsteps.StartStopStep):
         log.info("runner %s connected: %s", config.name, counts)
         self.beat(config)
         self.timer_ref = parent.timer.call_repeatedly(
-            services.heartbeat_interval_s(), self.beat, (config,), priority=10
+            services.heartbeat_interval_s(), self.tick, (parent, config), priority=10
         )
+
+    def tick(self, parent, config: host.HostConfig) -> None:
+        self.beat(config)
+        self.resume(parent, config)
+
+    def resume(self, parent, config: host.HostConfig) -> None:
+        """Read again the runner queues a maintenance pause stopped reading,
+        once the server says the runner is active. Through control messages
+        to this very worker, as the pause was: the timer may run in a thread
+        of its own, and only the consumer may change what it reads."""
+        reading = set(queues_runner(parent.app))
+        paused = [q for q in self.runner_queues if q not in reading]
+        if not paused:
+            return
+        try:
+            health = client.signed_request(
+                config, "queues", timeout=RESUME_TIMEOUT_S
+            ).get("health")
+        except client.ServerRefused as exc:
+            if exc.status != 403:
+                log.warning("runner %s cannot ask for its health: %s", config.name, exc)
+                return
+            log.error(
+                "runner %s is refused (%s): it takes no more jobs", config.name, exc
+            )
+            self.runner_queues = []  # nothing to read again, ever
+            jobs_stop_signalled(parent.app, cancel=parent.cancel_task_queue)
+            return
+        except client.ServerUnavailable as exc:
+            log.warning("runner %s cannot ask for its health: %s", config.name, exc)
+            return
+        if health != host.ACTIVE:
+            return
+        log.info(
+            "runner %s is active again: reading %s", config.name, ", ".join(paused)
+        )
+        for queue in paused:
+            parent.app.control.add_consumer(queue, destination=[parent.hostname])
 
     def recover(self, config: host.HostConfig, *, restarted: bool) -> dict | None:
         """Ask the server, over HTTP, to recover what a (re)connect may have
@@ -122,6 +169,20 @@ class RunnerRefused(Exception):
     """The server refuses this runner (revoked, or a key it does not know)."""
 
 
+def queues_runner(app) -> list[str]:
+    """The runner queues (all but control) this worker reads now."""
+    from runners.tasks import CONTROL
+
+    return sorted(set(app.amqp.queues.consume_from or ()) - {CONTROL})
+
+
+def jobs_pause(app, *, cancel) -> None:
+    """Stop reading the runner queues, through ``cancel(queue)``; a worker
+    that also serves the control queue goes on serving it."""
+    for queue in queues_runner(app):
+        cancel(queue)
+
+
 def jobs_stop(app, *, cancel) -> None:
     """Take no more jobs. A worker that also serves the control queue (the
     single-host demo) keeps serving it and only stops consuming its runner
@@ -129,24 +190,34 @@ def jobs_stop(app, *, cancel) -> None:
     (``WorkerShutdown``, warm)."""
     from runners.tasks import CONTROL
 
-    consumed = set(app.amqp.queues.consume_from or ())
-    if CONTROL not in consumed:
+    if CONTROL not in set(app.amqp.queues.consume_from or ()):
         raise WorkerShutdown(1)
-    for queue in sorted(consumed - {CONTROL}):
-        cancel(queue)
+    jobs_pause(app, cancel=cancel)
 
 
-def jobs_stop_from_task(app, hostname: str) -> None:
-    """``jobs_stop`` from inside a task: the consumer lives in the worker's
-    main process (the parent of a prefork child), so its queues are
-    cancelled by a control message and a shutdown is asked by signal."""
+def jobs_stop_signalled(app, *, cancel) -> None:
+    """``jobs_stop`` where raising cannot stop the worker (a task in a
+    prefork child, a timer): a shutdown is asked of the main process by
+    signal (warm, like ``WorkerShutdown``)."""
     try:
-        jobs_stop(
-            app,
-            cancel=lambda queue: app.control.cancel_consumer(
-                queue, destination=[hostname]
-            ),
-        )
+        jobs_stop(app, cancel=cancel)
     except WorkerShutdown:
         main = os.getpid() if current_process().name == "MainProcess" else os.getppid()
         os.kill(main, signal.SIGTERM)
+
+
+def _cancel_from_task(app, hostname: str):
+    """The consumer lives in the worker's main process (the parent of a
+    prefork child): a task cancels its queues by a control message."""
+    return lambda queue: app.control.cancel_consumer(queue, destination=[hostname])
+
+
+def jobs_stop_from_task(app, hostname: str) -> None:
+    """``jobs_stop`` from inside a task."""
+    jobs_stop_signalled(app, cancel=_cancel_from_task(app, hostname))
+
+
+def jobs_pause_from_task(app, hostname: str) -> None:
+    """``jobs_pause`` from inside a task: the worker reads its runner queues
+    again when RunnerHost learns that the runner is active."""
+    jobs_pause(app, cancel=_cancel_from_task(app, hostname))

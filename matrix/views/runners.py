@@ -7,7 +7,7 @@ from collections import defaultdict
 from datetime import timedelta
 
 from django.contrib.auth.decorators import login_required
-from django.core.exceptions import PermissionDenied
+from django.core.exceptions import PermissionDenied, ValidationError
 from django.db.models import Count
 from django.http import HttpResponseBadRequest
 from django.shortcuts import get_object_or_404, redirect, render
@@ -127,9 +127,10 @@ def runner_health(request, pk: int):
     health = request.POST.get("health")
     if health not in (Runner.Health.ACTIVE, Runner.Health.MAINTENANCE):
         return HttpResponseBadRequest("health must be active or maintenance")
-    if runner.revoked_at is not None:
-        return HttpResponseBadRequest("a revoked runner stays revoked")
-    services.runner_health_set(runner=runner, health=health, by=request.user)
+    try:
+        services.runner_health_set(runner=runner, health=health, by=request.user)
+    except ValidationError as exc:
+        return HttpResponseBadRequest("; ".join(exc.messages))
     return _after_change(request, runner)
 
 

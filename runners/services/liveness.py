@@ -221,10 +221,14 @@ def runner_recover(*, runner: Runner) -> dict:
 @transaction.atomic
 def runner_health_set(*, runner: Runner, health: str, by=None) -> int:
     """Put a runner in maintenance or take it out of it; returns how many
-    queued jobs were sent again. A worker left running in maintenance still
-    receives the messages of the queues it reads and claims nothing from
-    them, so those jobs would stay queued with no message left to run them:
-    ending maintenance sends its queued jobs again."""
+    queued jobs were sent again. A worker left running in maintenance gives
+    back the first messages it receives and stops reading its runner queues
+    until maintenance ends, so the other runners on them take those jobs.
+    Ending maintenance still sends its queued jobs again, as a reconnect
+    does: a message lost meanwhile would leave its job queued for good. A
+    revoked runner stays revoked: its health is not set."""
+    if runner.revoked_at is not None:
+        raise ValidationError("a revoked runner stays revoked")
     was = runner.health
     runner.set_health(health, by=by)
     if was != Runner.Health.ACTIVE and health == Runner.Health.ACTIVE:

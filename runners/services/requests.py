@@ -61,7 +61,9 @@ def jobs_claim(*, envelope) -> dict:
     """Claim the jobs a runner names, each atomically (only one delivery
     gets a job), and only on the runner's own queues. ``held`` lists those
     that were already running for this runner at that attempt: a runner
-    whose earlier claim got no answer learns that it holds them."""
+    whose earlier claim got no answer learns that it holds them. ``health``
+    tells a runner in maintenance why it got nothing: its worker gives the
+    messages back and waits."""
     runner, payload = request_verify(envelope, kind="claim")
     keys = job_keys(payload)
     queues = runner.queues()
@@ -78,7 +80,7 @@ def jobs_claim(*, envelope) -> dict:
                 pk__in={j for j, _ in rest}, state=JobState.RUNNING, runner=runner
             ).values_list("pk", "attempt")
         )
-    return {"claimed": _pairs(claimed), "held": _pairs(held)}
+    return {"claimed": _pairs(claimed), "held": _pairs(held), "health": runner.health}
 
 
 @transaction.atomic
@@ -113,6 +115,7 @@ def outbox_pending(*, envelope) -> dict:
 
 @transaction.atomic
 def runner_queues(*, envelope) -> dict:
-    """The queues a runner's worker consumes, as the server sees them now."""
+    """The queues a runner's worker consumes, as the server sees them now,
+    and whether it may take work from them (its health)."""
     runner, _ = request_verify(envelope, kind="queues")
-    return {"name": runner.name, "queues": runner.queues()}
+    return {"name": runner.name, "queues": runner.queues(), "health": runner.health}

@@ -180,6 +180,38 @@ def test_revoke_refuses_the_runner(cpu_runner):
         run("revoke", "ghost")
 
 
+def test_maintenance_on_and_off_gives_no_work_then_sends_queued_jobs_again(
+    cpu_runner, cpu_cells
+):
+    from matrix.models import AuditEvent
+
+    assert "in maintenance" in run("maintenance", cpu_runner.name, "on")
+    runner = Runner.objects.get()
+    assert runner.health == Runner.Health.MAINTENANCE
+    job = services.sweep_plan(cells=cpu_cells()[:2]).jobs.first()
+    assert not services.job_claim(
+        job_id=job.pk, attempt=1, runner=runner, queues=runner.queues()
+    )
+    assert "2 queued jobs on its queues sent again" in run(
+        "maintenance", cpu_runner.name, "off"
+    )
+    # Each switch is audited; the command line has no user: "system".
+    assert list(
+        AuditEvent.objects.filter(verb__in=["runner.maintenance", "runner.active"])
+        .order_by("pk")
+        .values_list("actor_label", "verb")
+    ) == [("system", "runner.maintenance"), ("system", "runner.active")]
+
+
+def test_maintenance_refuses_a_revoked_or_unknown_runner(cpu_runner):
+    run("revoke", cpu_runner.name)
+    with pytest.raises(CommandError, match="a revoked runner stays revoked"):
+        run("maintenance", cpu_runner.name, "on")
+    assert Runner.objects.get().health == Runner.Health.ACTIVE
+    with pytest.raises(CommandError, match="no runner named 'ghost'"):
+        run("maintenance", "ghost", "off")
+
+
 def test_a_bundle_that_will_not_come_home_is_abandoned_and_its_cells_freed(
     cpu_runner, tmp_path
 ):

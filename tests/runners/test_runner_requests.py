@@ -50,12 +50,16 @@ def queued(cpu_runner, cpu_cells):
 def test_claim_takes_queued_jobs_once(client, cpu_runner, queued):
     response = post(client, "claim", cpu_runner.request("claim", jobs=keys(*queued)))
     assert response.status_code == 200
-    assert response.json() == {"claimed": keys(*queued), "held": []}
+    assert response.json() == {
+        "claimed": keys(*queued),
+        "held": [],
+        "health": "active",
+    }
     assert set(ValidationJob.objects.values_list("state", "runner")) == {
         (JobState.RUNNING, cpu_runner.runner.pk)
     }
     again = post(client, "claim", cpu_runner.request("claim", jobs=keys(*queued)))
-    assert again.json() == {"claimed": [], "held": keys(*queued)}
+    assert again.json() == {"claimed": [], "held": keys(*queued), "health": "active"}
 
 
 def test_claim_skips_jobs_of_another_runner_superseded_attempts_and_other_queues(
@@ -68,7 +72,7 @@ def test_claim_skips_jobs_of_another_runner_superseded_attempts_and_other_queues
         "claim", jobs=keys(queued[0]) + keys(queued[1], attempt=2) + keys(queued[2])
     )
     response = post(client, "claim", envelope)
-    assert response.json() == {"claimed": [], "held": []}
+    assert response.json() == {"claimed": [], "held": [], "health": "active"}
     assert list(
         ValidationJob.objects.order_by("pk").values_list("state", "runner")
     ) == [
@@ -81,7 +85,9 @@ def test_claim_skips_jobs_of_another_runner_superseded_attempts_and_other_queues
 def test_a_runner_in_maintenance_claims_nothing(client, cpu_runner, queued, admin_user):
     cpu_runner.runner.set_health(Runner.Health.MAINTENANCE, by=admin_user)
     response = post(client, "claim", cpu_runner.request("claim", jobs=keys(*queued)))
-    assert response.json()["claimed"] == []
+    # Told why, so that its worker gives the messages back and waits.
+    assert response.json() == {"claimed": [], "held": [], "health": "maintenance"}
+    assert not ValidationJob.objects.filter(state=JobState.RUNNING).exists()
 
 
 def test_a_forged_request_is_403_and_changes_nothing(client, cpu_runner, queued):
@@ -247,6 +253,7 @@ def test_queues_are_the_servers_view(client, cpu_runner):
     assert response.json() == {
         "name": cpu_runner.name,
         "queues": cpu_runner.runner.queues(),
+        "health": "active",
     }
 
 
@@ -351,6 +358,26 @@ def test_a_claim_refused_to_a_revoked_runner_sends_the_message_back(
         f"runner {host_dir.name} is refused (runner '{host_dir.name}' is revoked)"
         in (caplog.text)
     )
+    assert ValidationJob.objects.get().state == JobState.QUEUED
+
+
+def test_a_claim_in_maintenance_sends_the_message_back(
+    host_dir, cpu_cells, eager_celery, caplog, admin_user
+):
+    """Dropped, the message would leave its job queued with nothing to run
+    it until maintenance ends; given back, another runner on the queue runs
+    it (and this worker stops reading its queues: see test_worker_e2e)."""
+    jobs, envelope = planned(cpu_cells)
+    runner = Runner.objects.get(name=host_dir.name)
+    services.runner_health_set(
+        runner=runner, health=Runner.Health.MAINTENANCE, by=admin_user
+    )
+    with caplog.at_level(logging.WARNING, logger="runners.tasks"):
+        with pytest.raises(Reject) as rejected:
+            tasks.execute_job(envelope)
+    assert rejected.value.requeue is True
+    assert f"runner {host_dir.name} is in maintenance" in caplog.text
+    assert "dropped" not in caplog.text
     assert ValidationJob.objects.get().state == JobState.QUEUED
 
 

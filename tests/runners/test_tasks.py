@@ -5,6 +5,7 @@ import json
 import logging
 
 import pytest
+from celery.exceptions import Reject
 from django.urls import reverse
 
 from matrix.models import AuditEvent, Cell, JobState, Result, Status
@@ -149,24 +150,25 @@ def test_a_message_of_several_jobs_runs_them_all(host_dir, cpu_cells, eager_cele
 
 
 @pytest.fixture
-def dropped_in_maintenance(host_dir, cpu_cells, eager_celery, client, admin_user):
+def held_in_maintenance(host_dir, cpu_cells, eager_celery, client, admin_user):
     """A queued job whose message the runner's worker, left running in
-    maintenance, received and dropped (it claims nothing); the admin is
-    signed in."""
+    maintenance, gave back (no broker here takes it back: as good as lost);
+    the admin is signed in."""
     job, envelope = planned_job(cpu_cells)
     runner = Runner.objects.get(name=host_dir.name)
     runner.set_health(Runner.Health.MAINTENANCE, by=admin_user)
-    tasks.execute_job(envelope)
+    with pytest.raises(Reject):
+        tasks.execute_job(envelope)
     job.refresh_from_db()
     assert job.state == JobState.QUEUED
     client.force_login(admin_user)
     return job, runner
 
 
-def test_jobs_a_runner_dropped_in_maintenance_run_when_it_ends(
-    dropped_in_maintenance, client, django_capture_on_commit_callbacks
+def test_ending_maintenance_runs_the_jobs_whose_messages_were_lost(
+    held_in_maintenance, client, django_capture_on_commit_callbacks
 ):
-    job, runner = dropped_in_maintenance
+    job, runner = held_in_maintenance
     with django_capture_on_commit_callbacks(execute=True):
         client.post(reverse("runner-health", args=[runner.pk]), {"health": "active"})
     job.refresh_from_db()
@@ -174,10 +176,10 @@ def test_jobs_a_runner_dropped_in_maintenance_run_when_it_ends(
     assert Result.objects.get(job=job).status == Status.PASS
 
 
-def test_ending_maintenance_in_the_admin_runs_the_jobs_it_dropped(
-    dropped_in_maintenance, client, admin_user, django_capture_on_commit_callbacks
+def test_ending_maintenance_in_the_admin_runs_the_jobs_whose_messages_were_lost(
+    held_in_maintenance, client, admin_user, django_capture_on_commit_callbacks
 ):
-    job, runner = dropped_in_maintenance
+    job, runner = held_in_maintenance
     url = reverse("admin:runners_runner_change", args=[runner.pk])
     form = {
         "name": runner.name,

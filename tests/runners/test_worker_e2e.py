@@ -229,3 +229,49 @@ def test_a_revoked_demo_worker_stays_up_and_takes_no_more_jobs(cluster, stop_run
     cluster.register("cpu-e")
     cluster.start_runner("cpu-e", TILEMATRIX_EDGE_HARNESS_DELAY_S="0.05")
     cluster.wait_finished(sweep, timeout=180)
+
+
+def test_a_runner_in_maintenance_leaves_its_work_to_the_others_then_resumes(
+    cluster, stop_runners
+):
+    """Its worker, left running beside another runner on the same queue,
+    gives back the messages it takes and stops reading its queues: the
+    other runner runs those very jobs (dropped, they would wait until
+    maintenance ends). Once maintenance ends it reads them again, without a
+    restart."""
+    # One message at a time per worker (prefetch 1): while cpu-n's slow
+    # harness runs one, the sweep's other message can only go to cpu-m.
+    for name, delay_s in (("cpu-m", "0.05"), ("cpu-n", "1.0")):
+        cluster.register(name)
+        cluster.start_runner(name, TILEMATRIX_EDGE_HARNESS_DELAY_S=delay_s)
+        online(cluster, name)
+    said = cluster.manage("runner", "maintenance", "cpu-m", "on").stdout
+    assert "runner cpu-m in maintenance" in said
+    sweep = cluster.plan(smoke_cells("backend='c'"))
+    cluster.wait(
+        lambda: "runner cpu-m is in maintenance" in cluster.log("runner:cpu-m"),
+        timeout=120,
+        what="the runner in maintenance to give a message back",
+    )
+    cluster.wait_finished(sweep, timeout=180)
+    (cpu_n,) = cluster.sql("SELECT id FROM runners_runner WHERE name = 'cpu-n'")[0]
+    assert {(state, runner) for _, state, _, runner in cluster.jobs(sweep)} == {
+        ("done", cpu_n)
+    }
+    assert cluster.procs["runner:cpu-m"].poll() is None
+    assert "dropped job message" not in cluster.log("runner:cpu-m")
+
+    cluster.kill("runner:cpu-n")
+    said = cluster.manage("runner", "maintenance", "cpu-m", "off").stdout
+    assert "runner cpu-m active" in said
+    cluster.wait(
+        lambda: "runner cpu-m is active again" in cluster.log("runner:cpu-m"),
+        timeout=60,
+        what="the worker to read its queues again",
+    )
+    sweep = cluster.plan(smoke_cells("backend='c'", limit=1))
+    cluster.wait_finished(sweep, timeout=180)
+    (cpu_m,) = cluster.sql("SELECT id FROM runners_runner WHERE name = 'cpu-m'")[0]
+    assert {(state, runner) for _, state, _, runner in cluster.jobs(sweep)} == {
+        ("done", cpu_m)
+    }

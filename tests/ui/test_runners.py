@@ -100,7 +100,9 @@ def test_an_unknown_health_is_refused(client, cpu_runner, runner_admin):
     assert client.post(url, {"health": "retired-ish"}).status_code == 400
 
 
-def test_revoke_takes_the_runner_out_of_routing(client, cpu_runner, runner_admin):
+def test_revoke_takes_the_runner_out_of_routing(
+    client, cpu_runner, runner_admin, django_user_model
+):
     client.force_login(runner_admin)
     response = client.post(
         reverse("runner-revoke", args=[cpu_runner.pk]), HTTP_HX_REQUEST="true"
@@ -110,6 +112,15 @@ def test_revoke_takes_the_runner_out_of_routing(client, cpu_runner, runner_admin
     assert not Runner.objects.online().filter(pk=cpu_runner.pk).exists()
     # Jobs still wait on the queues it read, but not for it.
     assert "takes no jobs" in row and "queued" not in row
+    # Nor does maintenance bring it back, on the page or in the admin.
+    health = client.post(
+        reverse("runner-health", args=[cpu_runner.pk]), {"health": "active"}
+    )
+    assert health.status_code == 400
+    assert health.content.decode() == "a revoked runner stays revoked"
+    change = reverse("admin:runners_runner_change", args=[cpu_runner.pk])
+    client.force_login(django_user_model.objects.create_superuser("root", "", "x"))
+    assert 'name="health"' not in client.get(change).content.decode()
 
 
 @pytest.mark.parametrize(

@@ -19,6 +19,7 @@ from matrix.management.commands._files import OutputFile, read_json
 from runners import client, host, services, signing
 from runners.client import problem
 from runners.management.commands.sweep import FILTERS, cells_chosen, nothing_chosen
+from runners.models import Runner
 
 DURATION = re.compile(r"^(\d+)([smhd])$")
 SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -72,7 +73,7 @@ def post_json(url: str, body: dict, timeout: float = 60) -> tuple[int, dict]:
 class Command(BaseCommand):
     help = (
         "Runner hosts: token create, register, work, queues, execute-bundle, "
-        "upload, bundle, bundle-abandon, revoke."
+        "upload, bundle, bundle-abandon, maintenance, revoke."
     )
 
     def add_arguments(self, parser):
@@ -151,6 +152,14 @@ class Command(BaseCommand):
         )
         abandon.add_argument("name")
         abandon.add_argument("--sweep", type=int, help="only this bundle's sweep")
+
+        maintenance = sub.add_parser(
+            "maintenance",
+            help="give a runner no work (on) or work again (off); its worker may "
+            "keep running",
+        )
+        maintenance.add_argument("name")
+        maintenance.add_argument("switch", choices=["on", "off"])
 
         revoke = sub.add_parser(
             "revoke", help="refuse a runner's next heartbeat and result"
@@ -411,6 +420,25 @@ class Command(BaseCommand):
             f"{ended} bundle jobs of runner {name} ({which}) ended lost: their "
             "cells can be planned again, and their results, if they come, are refused"
         )
+
+    def do_maintenance(self, *, name, switch, **_):
+        runner = Runner.objects.filter(name=name).first()
+        if runner is None:
+            raise CommandError(f"no runner named {name!r}")
+        health = Runner.Health.MAINTENANCE if switch == "on" else Runner.Health.ACTIVE
+        try:
+            sent = services.runner_health_set(runner=runner, health=health)
+        except ValidationError as exc:
+            raise CommandError("; ".join(exc.messages)) from None
+        if switch == "on":
+            self.stdout.write(
+                f"runner {name} in maintenance: it claims nothing, and its worker "
+                "gives back the job messages it receives and waits"
+            )
+        else:
+            self.stdout.write(
+                f"runner {name} active: {sent} queued jobs on its queues sent again"
+            )
 
     def do_revoke(self, *, name, **_):
         try:
