@@ -11,7 +11,15 @@ from django.http import Http404
 from ninja import NinjaAPI, Schema, Status
 from ninja.errors import ValidationError as InputError
 
-api = NinjaAPI(
+from matrix.api_errors import refusals_declare
+
+
+class TileMatrixApi(NinjaAPI):
+    def get_openapi_schema(self, **kwargs):
+        return refusals_declare(super().get_openapi_schema(**kwargs))
+
+
+api = TileMatrixApi(
     title="TileMatrix API",
     version="1",
     description="Runner registration, heartbeats, signed results, matrix and "

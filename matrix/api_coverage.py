@@ -17,6 +17,7 @@ from ninja import Field, Query, Router, Schema
 from ninja.errors import HttpError
 
 from matrix import queries
+from matrix.api_errors import Problem
 from matrix.models import Backend, Cell, Dtype, KernelRevision, Operator, Shape
 from runners.roles import has_role
 
@@ -162,7 +163,12 @@ def _shape_fields(shape: Shape, device_type, filters) -> dict:
     }
 
 
-@router.get("/matrix", response=MatrixOut, url_name="coverage_matrix")
+# Not signed in (401), no role (403), a filter value not allowed (400), an
+# unknown toolchain or operator, or no toolchain yet (404).
+REFUSED = {code: Problem for code in (400, 401, 403, 404)}
+
+
+@router.get("/matrix", response={200: MatrixOut, **REFUSED}, url_name="coverage_matrix")
 def coverage_matrix(request, params: Query[CoverageFilters]):
     """Every (shape, device type) cell under the filters for one toolchain,
     never-run cells included, in the matrix's order (operators by name,
@@ -229,7 +235,7 @@ def coverage_matrix(request, params: Query[CoverageFilters]):
     }
 
 
-@router.get("/gaps", response=GapsOut, url_name="coverage_gaps")
+@router.get("/gaps", response={200: GapsOut, **REFUSED}, url_name="coverage_gaps")
 def coverage_gaps(request, params: Query[CoverageFilters]):
     """The served gaps of one toolchain, ranked as the gaps page ranks them:
     no result, a stale or failing one, or no online runner with the device

@@ -6,6 +6,7 @@ from django.db.models import Q
 from ninja import Router
 from ninja.errors import HttpError
 
+from matrix.api_errors import Problem
 from matrix.gate.manifest import manifest_for
 from matrix.models import Toolchain
 
@@ -25,7 +26,7 @@ def toolchain_lookup(ref: str | None) -> Toolchain:
     return toolchain
 
 
-@router.get("/manifest", url_name="manifest")
+@router.get("/manifest", response={200: dict, 404: Problem}, url_name="manifest")
 def manifest(request, toolchain: str | None = None):
     """The approved (operator, dtype, device type, shape rule) → tilelang or
     reference table for a toolchain (name or fingerprint; default: current)."""

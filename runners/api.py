@@ -10,6 +10,7 @@ from typing import Any
 from django.core.exceptions import PermissionDenied, ValidationError
 from ninja import Body, Router, Schema, Status
 
+from matrix.api_errors import Problem
 from runners import services, signing
 
 router = Router(tags=["runners"])
@@ -36,10 +37,6 @@ class Registered(Schema):
     server_public_key: str
     heartbeat_s: float
     toolchains: list[HostedToolchain]
-
-
-class Problem(Schema):
-    detail: str
 
 
 class HeartbeatReply(Schema):

@@ -310,5 +310,7 @@ def test_a_host_names_its_device_type_as_the_manifest_does(world):
 
 def test_the_manifest_is_in_the_openapi_schema(client, db):
     schema = client.get("/api/v1/openapi.json").json()
-    parameters = schema["paths"]["/api/v1/manifest"]["get"]["parameters"]
-    assert [p["name"] for p in parameters] == ["toolchain"]
+    operation = schema["paths"]["/api/v1/manifest"]["get"]
+    assert [p["name"] for p in operation["parameters"]] == ["toolchain"]
+    # A production host told "no such toolchain" can tell it from a bug.
+    assert set(operation["responses"]) == {"200", "404", "422"}
