@@ -10,13 +10,34 @@ from matrix.gate.models import Decision, Policy
 from matrix.models import Backend, DeviceType, Toolchain
 
 
+class FocusesItsError:
+    """A refused form puts focus on what is wrong: its first field with an
+    error, or else its alert (``alert_autofocus``, for a refusal of the
+    whole form). htmx focuses what it swaps in with ``autofocus``, and
+    without it focus falls to the top of the page: the button that had it
+    went with the form the answer replaced."""
+
+    def add_error(self, field, error):
+        super().add_error(field, error)
+        first = next((name for name in self.fields if name in self.errors), None)
+        for name, form_field in self.fields.items():
+            if name == first:
+                form_field.widget.attrs["autofocus"] = True
+            else:
+                form_field.widget.attrs.pop("autofocus", None)
+
+    @property
+    def alert_autofocus(self) -> bool:
+        return not any(name in self.errors for name in self.fields)
+
+
 class ToolchainChoiceField(forms.ModelChoiceField):
     def label_from_instance(self, toolchain):
         # The matrix marks the current toolchain so: the usual baseline.
         return f"{toolchain.name} (current)" if toolchain.is_current else toolchain.name
 
 
-class ProposalForm(forms.Form):
+class ProposalForm(FocusesItsError, forms.Form):
     baseline = ToolchainChoiceField(queryset=Toolchain.objects.all())
     candidate = ToolchainChoiceField(queryset=Toolchain.objects.all())
     device_types = forms.ModelMultipleChoiceField(
@@ -31,7 +52,7 @@ class ProposalForm(forms.Form):
         return data
 
 
-class DecisionForm(forms.Form):
+class DecisionForm(FocusesItsError, forms.Form):
     decision = forms.ChoiceField(
         choices=Decision.choices,
         widget=forms.RadioSelect,
@@ -43,7 +64,7 @@ class DecisionForm(forms.Form):
     )
 
 
-class ExceptionForm(forms.Form):
+class ExceptionForm(FocusesItsError, forms.Form):
     backend = forms.ChoiceField(
         choices=Backend.choices, error_messages={"required": "choose a backend"}
     )

@@ -62,6 +62,8 @@ def test_propose_review_approve_and_read_the_manifest(
             page.click("text=Submit decision")
             page.wait_for_selector("#decision-form >> text=write a comment")
             assert page.is_checked("input[name=decision][value=approve]")
+            # Focus is on what to fix, not back at the top of the page.
+            assert page.evaluate("document.activeElement.name") == "comment"
         page.fill("textarea[name=comment]", f"diff is clean ({n})")
         page.click("text=Submit decision")
         page.wait_for_selector(f"text=diff is clean ({n})")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from django.urls import reverse
 from django.utils.html import escape
@@ -225,7 +227,9 @@ def test_the_form_refuses_the_same_toolchain_twice(client, world):
             "device_types": [world.cpu.pk],
         },
     )
-    assert "the candidate must differ from the baseline" in response.content.decode()
+    body = response.content.decode()
+    assert "the candidate must differ from the baseline" in body
+    assert '<div role="alert" tabindex="-1" autofocus>' in body
     assert not UpgradeProposal.objects.exists()
 
 
@@ -413,6 +417,11 @@ def test_a_decision_without_a_choice_keeps_the_comment(client, world, green, htm
     assert typed_into_textarea("looks right to me", body)
     # htmx swaps the form in place; without it the whole page comes back.
     assert body.lstrip().startswith('<form method="post"') == htmx
+    # Focus goes to the field to fix (htmx focuses [autofocus] it swaps in).
+    assert re.search(
+        r'<input type="radio" name="decision" value="approve"[^>]* autofocus', body
+    )
+    assert not re.search(r"<textarea[^>]* autofocus", body)
     assert not Approval.objects.exists()
 
 
@@ -425,6 +434,8 @@ def test_a_refused_approval_keeps_the_comment(client, world, proposal):
     assert "cannot approve while blocked: served cell softmax" in body
     assert typed_into_textarea("ship it", body)
     assert 'value="approve" required id="id_decision_0" checked>' in body
+    # Refused as a whole: focus goes to the alert saying why.
+    assert '<div role="alert" tabindex="-1" autofocus>' in body
 
 
 def test_a_decision_over_htmx_reloads_the_page(client, world, green):
