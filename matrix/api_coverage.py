@@ -4,7 +4,9 @@ served cell of its device type has a gap.
 
 Read as the pages are: by a signed-in user with a role, or by anyone where
 anonymous reading is on. Filters are those of the pages, but checked: an
-unknown value is a 400 naming the allowed ones, not silently dropped."""
+unknown dtype, backend or status is a 400 naming the allowed ones, an unknown
+operator or toolchain a 404 (the operator's naming the known ones): never
+silently dropped."""
 
 from __future__ import annotations
 
@@ -124,8 +126,13 @@ def _checked(params: CoverageFilters) -> queries.MatrixFilters:
         value = getattr(params, name)
         if value and value not in allowed:
             raise HttpError(400, f"{name} must be one of {', '.join(allowed)}")
-    if params.operator and not Operator.objects.filter(name=params.operator).exists():
-        raise HttpError(404, f"no operator named {params.operator!r}")
+    if params.operator:
+        known = list(Operator.objects.order_by("name").values_list("name", flat=True))
+        if params.operator not in known:
+            raise HttpError(
+                404,
+                f"no operator named {params.operator!r}; known: {', '.join(known)}",
+            )
     filters = queries.MatrixFilters.from_params(
         {
             "toolchain": chosen,

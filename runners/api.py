@@ -128,22 +128,6 @@ def register(request, body: Registration):
     )
 
 
-@router.post(
-    "/runners/heartbeat",
-    response={200: HeartbeatReply, 400: Problem, 403: Problem, 409: Problem},
-    auth=None,
-)
-def heartbeat(request, envelope: Body[dict]):
-    """A runner's signed heartbeat; its sequence must grow."""
-    try:
-        runner = services.runner_heartbeat(envelope=envelope)
-    except (PermissionDenied, ValidationError) as exc:
-        return _problem(exc)
-    return Status(
-        200, {"name": runner.name, "state": runner.state, "health": runner.health}
-    )
-
-
 SIGNED_REPLIES = {400: Problem, 403: Problem, 409: Problem}
 
 
@@ -156,6 +140,21 @@ def _signed(service, envelope):
         return Status(200, service(envelope=envelope))
     except (PermissionDenied, ValidationError) as exc:
         return _problem(exc)
+
+
+def _heartbeat(*, envelope) -> dict:
+    runner = services.runner_heartbeat(envelope=envelope)
+    return {"name": runner.name, "state": runner.state, "health": runner.health}
+
+
+@router.post(
+    "/runners/heartbeat",
+    response={200: HeartbeatReply, **SIGNED_REPLIES},
+    auth=None,
+)
+def heartbeat(request, envelope: Body[Any]):
+    """A runner's signed heartbeat; its sequence must grow."""
+    return _signed(_heartbeat, envelope)
 
 
 @router.post("/runners/claim", response={200: ClaimReply, **SIGNED_REPLIES}, auth=None)

@@ -19,6 +19,8 @@ from runners.services.errors import Conflict
 from runners.services.liveness import bundle_jobs_lose
 
 INVENTORY_MAX_BYTES = 64 * 1024
+# A petabyte: far above any device, far below what the database column holds.
+DEVICE_MEMORY_MAX_GB = 1_000_000
 INVENTORY_MAX_DEVICES = 64
 INVENTORY_MAX_TOOLCHAINS = 16
 
@@ -64,9 +66,14 @@ def _clean_device(i: int, raw) -> dict:
         raise ValidationError(f"inventory.devices[{i}] needs a vendor and a model")
     memory = raw.get("memory_gb")
     if memory is not None and (
-        isinstance(memory, bool) or not isinstance(memory, int) or memory < 0
+        isinstance(memory, bool)
+        or not isinstance(memory, int)
+        or not 0 <= memory <= DEVICE_MEMORY_MAX_GB
     ):
-        raise ValidationError(f"inventory.devices[{i}].memory_gb must be an integer")
+        raise ValidationError(
+            f"inventory.devices[{i}].memory_gb must be a whole number of "
+            f"gigabytes from 0 to {DEVICE_MEMORY_MAX_GB}"
+        )
     clean["memory_gb"] = memory
     return clean
 
@@ -104,7 +111,12 @@ def inventory_clean(inventory) -> dict:
     first problem."""
     if not isinstance(inventory, dict):
         raise ValidationError("inventory must be a JSON object")
-    size = len(signing.canonical(inventory))
+    text = signing.canonical(inventory)
+    if b"\\u0000" in text:
+        # PostgreSQL keeps no NUL in text or JSON: refused here rather than
+        # failing as a server error when the inventory is stored.
+        raise ValidationError("inventory may not contain NUL characters")
+    size = len(text)
     if size > INVENTORY_MAX_BYTES:
         raise ValidationError(
             f"inventory is {size} bytes; the limit is {INVENTORY_MAX_BYTES}"

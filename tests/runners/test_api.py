@@ -111,6 +111,17 @@ def test_heartbeat_with_a_malformed_envelope_is_4xx(client, catalog, body):
     assert 400 <= post(client, "/runners/heartbeat", body).status_code < 500
 
 
+@pytest.mark.parametrize("kind", ["heartbeat", "claim", "recover", "outbox", "queues"])
+def test_every_signed_endpoint_refuses_a_body_that_is_no_envelope_alike(
+    client, catalog, kind
+):
+    response = post(client, f"/runners/{kind}", "[1, 2]")
+    assert (response.status_code, response.json()) == (
+        400,
+        {"detail": "expected a signed envelope (a JSON object)"},
+    )
+
+
 def test_results_upload_stores_a_bundle_and_reports_refusals(
     client, cpu_runner, cpu_cells, register
 ):

@@ -165,6 +165,27 @@ def test_an_oversized_inventory_is_refused_and_nothing_is_created(token):
             {"toolchains": [{"name": "t", "interpreter": "/p", "components": {}}]},
             "at least tilelang",
         ),
+        # A new device type's memory goes in an integer column: a huge value
+        # was a server error.
+        (
+            {
+                "devices": [
+                    {"vendor": "x", "model": "y", "backend": "c", "memory_gb": 10**30}
+                ]
+            },
+            "memory_gb must be a whole number of gigabytes from 0 to 1000000",
+        ),
+        # A NUL would have made a new matrix column here and a server error
+        # on PostgreSQL.
+        (
+            {
+                "devices": [
+                    {"vendor": "x", "model": "y", "arch": "sm\x0090", "backend": "c"}
+                ]
+            },
+            "may not contain NUL",
+        ),
+        ({"host": {"os": "linux\x00"}}, "may not contain NUL"),
     ],
 )
 def test_a_malformed_inventory_is_refused_with_the_reason(token, change, reason):
@@ -173,6 +194,7 @@ def test_a_malformed_inventory_is_refused_with_the_reason(token, change, reason)
         register(token, inventory=inventory)
     assert not Runner.objects.exists()
     assert not Toolchain.objects.exists()
+    assert not DeviceType.objects.filter(vendor="x").exists()
 
 
 def test_a_public_key_that_is_not_ed25519_is_refused(token):

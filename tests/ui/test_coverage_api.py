@@ -102,7 +102,11 @@ def test_a_covered_device_type_has_no_gaps(reader, results, cpu_runner):
         ({"backend": "cuda11"}, 400, "backend must be one of"),
         ({"status": "green"}, 400, "status must be one of"),
         ({"toolchain": "tl-9"}, 404, "no toolchain named"),
-        ({"operator": "conv"}, 404, "no operator named 'conv'"),
+        (
+            {"operator": "conv"},
+            404,
+            "no operator named 'conv'; known: gemm, rmsnorm, softmax",
+        ),
         ({"limit": 0}, 422, "greater than or equal to 1"),
     ],
 )
