@@ -30,6 +30,7 @@ from matrix.models import (
     Status,
     Toolchain,
     UpgradeProposal,
+    ValidationJob,
 )
 
 STALE = "stale"
@@ -611,13 +612,20 @@ class Gap:
     takeable: bool = True
     # The toolchain is superseded: a fresh result on it would be stale too.
     superseded: bool = False
+    # A job for the cell is queued or running already (a sweep, an upgrade
+    # proposal): planning would skip it, so offering it again plans nothing.
+    queued: bool = False
+    # The newest sweep holding that job; None when no sweep does.
+    sweep_id: int | None = None
 
     @property
     def runnable(self) -> bool:
-        """A fresh run would change the cell, and a runner would take it now."""
+        """A fresh run would change the cell, a runner would take it now,
+        and none is on its way."""
         return (
             self.takeable
             and not self.superseded
+            and not self.queued
             and bool(RUNNABLE.intersection(self.reasons))
         )
 
@@ -638,7 +646,7 @@ class Gap:
 def served_gaps(filters: MatrixFilters) -> list[Gap]:
     """Served cells with no result, a stale or failing one, or no online
     routable runner with their device type and the chosen toolchain, ranked
-    by served weight × backend priority. Four queries."""
+    by served weight × backend priority. Five queries."""
     from runners.models import Runner
 
     tc = filters.toolchain
@@ -671,6 +679,17 @@ def served_gaps(filters: MatrixFilters) -> list[Gap]:
                 toolchain=tc, shape__served=True, shape__in=[s.id for s in shapes]
             ).values_list("shape_id", "device_type_id", "status", "revision_id")
         }
+    # (shape, device type) with an open job -> the newest sweep holding one,
+    # 0 where no sweep does.
+    open_jobs: dict[tuple[int, int], int] = {}
+    if tc is not None:
+        for shape_id, device_type_id, sweep_id in (
+            ValidationJob.objects.open()
+            .filter(toolchain=tc, shape__served=True, shape__in=[s.id for s in shapes])
+            .values_list("shape_id", "device_type_id", "sweep_id")
+        ):
+            key = (shape_id, device_type_id)
+            open_jobs[key] = max(open_jobs.get(key, 0), sweep_id or 0)
     gaps = []
     for shape in shapes:
         for dt in device_types:
@@ -701,6 +720,8 @@ def served_gaps(filters: MatrixFilters) -> list[Gap]:
                     score,
                     takeable=bool(hosts),
                     superseded=filters.toolchain_stale,
+                    queued=(shape.id, dt.id) in open_jobs,
+                    sweep_id=open_jobs.get((shape.id, dt.id)) or None,
                 )
             )
     gaps.sort(key=lambda g: (-g.score, g.shape.operator.name, g.shape.dims_key))
@@ -742,11 +763,23 @@ class ErrorGroup:
 
 
 def error_groups(
-    toolchain: Toolchain | None, per_group: int = 50, scan: int = 5000
+    toolchain: Toolchain | None,
+    per_group: int = 50,
+    scan: int = 5000,
+    *,
+    unsupported: bool = False,
 ) -> list[ErrorGroup]:
     """Failing cells grouped by error signature, largest group first, each
-    with a sample sanitized message and the cells it touches. Two queries."""
+    with a sample sanitized message and the cells it touches. Two queries.
+
+    ``unsupported``: the cells outside what their kernel declares instead.
+    They are not failures (production uses the reference there), so they
+    are never mixed into the failing groups."""
     cells = Cell.objects.exclude(error_signature="")
+    if unsupported:
+        cells = cells.filter(status=Status.UNSUPPORTED)
+    else:
+        cells = cells.exclude(status=Status.UNSUPPORTED)
     if toolchain is not None:
         cells = cells.filter(toolchain=toolchain)
     cells = cells.select_related(

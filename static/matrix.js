@@ -44,9 +44,33 @@
     if (target) target.focus();
   });
 
-  // After htmx replaces an operator's rows, keep focus on its toggle.
+  function operatorId(event) {
+    var target = event.detail.target;
+    return target && target.id && target.id.indexOf("op-") === 0 ? target.id : "";
+  }
+
+  // Rows an operator showed before its swap: "show more" keeps them and
+  // appends, so the first new row is the one at this index.
+  var shownBefore = {};
+  document.body.addEventListener("htmx:beforeSwap", function (event) {
+    var id = operatorId(event);
+    if (id) shownBefore[id] = event.detail.target.querySelectorAll("tr.shape-row").length;
+  });
+
+  // After htmx replaces an operator's rows, the toggle keeps focus when it
+  // was pressed; "show more" moves it to the first row it added, not back
+  // to the toggle at the top of the list.
   document.body.addEventListener("htmx:afterSwap", function (event) {
-    var toggle = event.detail.target && document.querySelector("#" + event.detail.target.id + " .toggle");
-    if (toggle && event.detail.target.id.indexOf("op-") === 0) toggle.focus();
+    var id = operatorId(event);
+    var body = id && document.getElementById(id);
+    if (!body) return;
+    var from = event.detail.requestConfig && event.detail.requestConfig.elt;
+    if (from && from.classList.contains("toggle")) {
+      body.querySelector(".toggle").focus();
+      return;
+    }
+    var row = body.querySelectorAll("tr.shape-row")[shownBefore[id]];
+    var first = row && row.querySelector("[data-nav]");
+    if (first) first.focus();
   });
 })();

@@ -14,7 +14,7 @@ from django.views.decorators.http import require_GET, require_POST
 from django.views.decorators.vary import vary_on_headers
 
 from matrix import queries
-from matrix.models import Backend, Dtype, Sweep, ValidationJob
+from matrix.models import Backend, DeviceType, Dtype, Shape, Sweep
 from runners.services import sweep_plan
 
 SHOWN = 500
@@ -32,6 +32,7 @@ def _gaps_context(request):
     filters = queries.MatrixFilters.from_params(request.GET or request.POST, toolchains)
     gaps = queries.served_gaps(filters)
     runnable = [g for g in gaps if g.runnable]
+    queued = [g for g in gaps if g.queued]
     # Every gap shares the toolchain, so either all are takeable or none is:
     # then point at the toolchains the online runners do host. On a
     # superseded toolchain no runner would help: the page says so instead.
@@ -55,12 +56,21 @@ def _gaps_context(request):
             if t.pk in online
         ]
     superseded_by = filters.superseded_by
+    # With no gaps, "every served cell passes" is only true when there are
+    # served cells and device types to place them on.
+    catalogue_missing = []
+    if not gaps:
+        if not Shape.objects.served().exists():
+            catalogue_missing.append("shapes")
+        if not DeviceType.objects.exists():
+            catalogue_missing.append("device types")
     return {
         "filters": filters,
         "toolchains": toolchains,
         "gaps": gaps[:SHOWN],
         "gap_count": len(gaps),
         "runnable": runnable,
+        "queued": queued,
         # Run missing validates these, and only lowers or builds the rest.
         "validating": sum(not g.compile_only for g in runnable),
         "compile_only": sum(g.compile_only for g in runnable),
@@ -71,6 +81,7 @@ def _gaps_context(request):
         "query": urlencode(filters.as_params()),
         "can_run": can_run_sweeps(request.user),
         "unhosted": unhosted,
+        "catalogue_missing": catalogue_missing,
         "hosted": hosted,
         "superseded_query": (
             _query_with(filters, toolchain=superseded_by.name) if superseded_by else ""
@@ -90,11 +101,13 @@ def gaps_page(request):
     if request.htmx and request.htmx.target == "gap-list":
         template += "#gap-list"
     else:
-        # Coming back to gaps already queued shows the sweep running them,
-        # not only a Run missing button that would plan nothing new.
-        sweep = _open_sweep_for(context["runnable"], context["filters"].toolchain)
+        # Coming back to gaps already queued shows the sweep running them.
+        sweep = _open_sweep_for(context["queued"])
         if sweep is not None:
             context.update(_progress_context(sweep))
+            context["queued_elsewhere"] = any(
+                g.sweep_id != sweep.pk for g in context["queued"]
+            )
     return render(request, template, context)
 
 
@@ -117,7 +130,10 @@ def gaps_run(request):
         return _nothing_new_to_run(request, context)
     if not request.htmx:
         return redirect("sweep", sweep.pk)
-    return _render_progress(request, sweep)
+    response = _render_progress(request, sweep, focus=True)
+    # The list reloads so its count and button no longer offer these cells.
+    response["HX-Trigger"] = "sweep-planned"
+    return response
 
 
 def _plan_new_work(*, cells, created_by, filters: dict) -> Sweep | None:
@@ -135,7 +151,7 @@ def _plan_new_work(*, cells, created_by, filters: dict) -> Sweep | None:
 def _nothing_new_to_run(request, context) -> HttpResponse:
     """Point at the sweep already working on these gaps, or say there is
     nothing to run."""
-    sweep = _open_sweep_for(context["runnable"], context["filters"].toolchain)
+    sweep = _open_sweep_for(context["queued"])
     if request.htmx:
         if sweep is not None:
             context.update(_progress_context(sweep))
@@ -150,20 +166,12 @@ def _nothing_new_to_run(request, context) -> HttpResponse:
     return redirect(f"{reverse('gaps')}?{context['query']}")
 
 
-def _open_sweep_for(gaps, toolchain) -> Sweep | None:
+def _open_sweep_for(queued) -> Sweep | None:
     """The newest sweep with a queued or running job for one of these gaps."""
-    if not gaps or toolchain is None:
+    sweep_ids = {g.sweep_id for g in queued if g.sweep_id}
+    if not sweep_ids:
         return None
-    wanted = {(g.shape.pk, g.device_type.pk) for g in gaps}
-    sweep_ids = [
-        sweep_id
-        for shape_id, device_type_id, sweep_id in ValidationJob.objects.open()
-        .filter(toolchain=toolchain, shape__in={s for s, _ in wanted})
-        .exclude(sweep=None)
-        .values_list("shape_id", "device_type_id", "sweep_id")
-        if (shape_id, device_type_id) in wanted
-    ]
-    return Sweep.objects.filter(pk__in=sweep_ids).order_by("-pk").first()
+    return Sweep.objects.filter(pk=max(sweep_ids)).first()
 
 
 def _get_sweep_for_user(request, pk: int) -> Sweep:
@@ -189,8 +197,11 @@ def sweep_page(request, pk: int):
     return render(request, "matrix/sweep.html", _progress_context(sweep))
 
 
-def _render_progress(request, sweep: Sweep) -> HttpResponse:
+def _render_progress(request, sweep: Sweep, *, focus: bool = False) -> HttpResponse:
     context = _progress_context(sweep)
+    # Only the answer to Run missing takes focus: the button pressed is
+    # replaced, while a poll must not pull the keyboard away every 2 s.
+    context["focus"] = focus
     response = render(request, "matrix/sweep.html#sweep-progress", context)
     if context["p"]["finished"] and request.htmx and request.method == "GET":
         response.status_code = STOP_POLLING

@@ -109,13 +109,17 @@ def _get_runner_for_user(request, pk: int) -> Runner:
     return get_object_or_404(Runner, pk=pk)
 
 
-def _after_change(request, runner: Runner):
+def _after_change(request, runner: Runner, *, revoked: bool = False):
     if not request.htmx:
         return redirect("runners")
     runner = Runner.objects.prefetch_related("device_types", "toolchains").get(
         pk=runner.pk
     )
-    context = {"row": runner_rows([runner])[0], "can_manage": True}
+    context = {
+        "row": runner_rows([runner])[0],
+        "can_manage": True,
+        "focus_revoked": revoked,
+    }
     return render(request, "matrix/runners.html#runner-row", context)
 
 
@@ -139,4 +143,4 @@ def runner_health(request, pk: int):
 def runner_revoke(request, pk: int):
     runner = _get_runner_for_user(request, pk)
     runner = services.runner_revoke(name=runner.name, by=request.user)
-    return _after_change(request, runner)
+    return _after_change(request, runner, revoked=True)

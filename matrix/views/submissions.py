@@ -11,10 +11,11 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from matrix import submissions
+from matrix.gate.forms import FocusesItsError
 from matrix.models import KernelRevision, Operator
 
 
-class SubmissionForm(forms.Form):
+class SubmissionForm(FocusesItsError, forms.Form):
     operator = forms.ModelChoiceField(
         queryset=Operator.objects.order_by("name"), to_field_name="name"
     )
@@ -67,7 +68,8 @@ def submission_new(request):
             )
             return redirect("submission", pk=revision.pk)
     status = 400 if request.method == "POST" else 200
-    return render(request, "submissions/new.html", {"form": form}, status=status)
+    context = {"form": form, "no_operators": not Operator.objects.exists()}
+    return render(request, "submissions/new.html", context, status=status)
 
 
 @require_GET

@@ -23,6 +23,7 @@ from matrix.queries import toolchains_online
 
 # htmx stops polling on this status.
 STOP_POLLING = 286
+REASONS_SHOWN = 50
 
 
 def _get_proposal_for_user(user, pk: int) -> UpgradeProposal:
@@ -78,7 +79,14 @@ def upgrade_new(request):
             form.add_error(None, exc)
         else:
             return redirect("upgrade", pk=proposal.pk)
-    return render(request, "gate/new.html", {"form": form})
+    context = {
+        "form": form,
+        # Empty choices say why: toolchains and device types arrive with
+        # the runner hosts that register them.
+        "toolchain_count": form.fields["baseline"].queryset.count(),
+        "no_device_types": not form.fields["device_types"].queryset.exists(),
+    }
+    return render(request, "gate/new.html", context)
 
 
 @login_required
@@ -107,8 +115,12 @@ def _detail_context(
     is_proposer = request.user.pk == proposal.proposer_id
     collecting = proposal.state == UpgradeProposal.State.COLLECTING
     jobs = services.proposal_jobs_in_flight(proposal=proposal) if collecting else None
+    reasons = proposal.blocking_reasons or []
     return {
         "proposal": proposal,
+        # A wide upgrade can have hundreds; the verdict must stay in reach.
+        "reasons_shown": reasons[:REASONS_SHOWN],
+        "reasons_left": max(len(reasons) - REASONS_SHOWN, 0),
         "device_types": proposal.device_types.all(),
         "diff": diff,
         "summary": diff.summary,

@@ -8,6 +8,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from runners import services, signing
+from runners.models import RegistrationToken, token_digest
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -83,3 +84,35 @@ def test_the_keyboard_stays_on_the_maintenance_button_it_pressed(
     page.keyboard.press("Enter")
     page.wait_for_selector(f"{row} .badge.active", timeout=3_000)
     assert page.evaluate("document.activeElement.textContent") == "Maintenance"
+
+
+def test_a_double_click_on_register_mints_exactly_one_token(tab, admin_user):
+    page = tab.page
+    tab.login("root", "root-pass-123")
+    tab.open("/runners/")
+    page.dblclick("text=Register a runner")
+    command = page.wait_for_selector("#register-cmd").inner_text()
+    # Long enough for a second request, had one been sent, to land.
+    page.wait_for_timeout(500)
+    # The one token minted is the one on the page: no hidden second one.
+    token = command.split("--token ", 1)[1].split()[0]
+    assert list(RegistrationToken.objects.values_list("digest", flat=True)) == [
+        token_digest(token)
+    ]
+
+
+def test_the_keyboard_lands_on_the_revoked_state_after_revoking(
+    tab, admin_user, cpu_runner
+):
+    page = tab.page
+    tab.login("root", "root-pass-123")
+    tab.open("/runners/")
+    row = f"#runner-{cpu_runner.pk}"
+    page.once("dialog", lambda dialog: dialog.accept())
+    page.focus(f"{row} button:has-text('Revoke')")
+    page.keyboard.press("Enter")
+    page.wait_for_selector(f"{row} .badge.revoked", timeout=3_000)
+    page.wait_for_function(
+        f"() => document.activeElement.closest('{row}') !== null", timeout=3_000
+    )
+    assert page.evaluate("document.activeElement.textContent").startswith("revoked ")

@@ -551,3 +551,30 @@ def test_the_policy_form_says_what_is_wrong_with_a_field(
     assert "Constraint" not in body
     assert f'value="{escape(typed)}"' in body
     assert Policy.objects.count() == 1
+
+
+def test_a_long_list_of_blocking_cells_shows_the_first_50_and_a_count(
+    client, world, proposal
+):
+    lines = [f"served cell op{i} has no candidate result" for i in range(120)]
+    UpgradeProposal.objects.filter(pk=proposal.pk).update(blocking_reasons=lines)
+    client.force_login(world.reviewers[0])
+    body = client.get(url("upgrade", proposal)).content.decode()
+    reasons = body.split('id="blocking-reasons">')[1].split("</ul>")[0]
+    assert "served cell op49 has" in reasons and "served cell op50 has" not in reasons
+    assert "and 70 more" in reasons
+
+
+def test_the_form_says_why_its_choices_are_empty(client, people):
+    owner, _ = people
+    client.force_login(owner)
+    body = client.get(reverse("upgrade-new")).content.decode()
+    note = body.split('id="cannot-propose">')[1].split("</div>")[0]
+    assert "No toolchains yet" in note and "No device types yet" in note
+
+
+def test_the_form_with_choices_to_make_has_no_empty_note(client, world):
+    client.force_login(world.owner)
+    assert (
+        'id="cannot-propose"' not in client.get(reverse("upgrade-new")).content.decode()
+    )

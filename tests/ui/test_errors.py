@@ -72,3 +72,25 @@ def test_a_group_names_every_operator_it_touches_not_only_those_listed(
     (group,) = queries.error_groups(current, per_group=2)
     assert (group.count, len(group.cells)) == (3, 2)
     assert group.operators == ["gemm", "rmsnorm"]
+
+
+def test_unsupported_cells_are_apart_from_failures_in_plain_words(
+    client, results, toolchains, device_types
+):
+    _, current = toolchains
+    shape = Shape.objects.filter(operator__name="rmsnorm", served=True).first()
+    record(
+        shape,
+        device_types["hip"],
+        current,
+        Status.UNSUPPORTED,
+        error_signature="sig-dtype",
+        error_message="rmsnorm supports ['float16', 'float32'], not bfloat16",
+    )
+    response = client.get(reverse("errors"))
+    assert [g.signature for g in response.context["groups"]] == [SIGNATURE]
+    body = response.content.decode()
+    failing, apart = body.split('id="unsupported-heading"')
+    assert "sig-dtype" not in failing
+    assert "rmsnorm supports float16 and float32, not bfloat16" in apart
+    assert "[" not in apart.split('class="error-message">')[1].split("</pre>")[0]

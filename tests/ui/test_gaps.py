@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import re
 from unittest import mock
 
 import pytest
@@ -44,8 +45,9 @@ def test_gaps_page_stays_within_eleven_queries(
     client, results, cpu_runner, django_assert_max_num_queries, sweeper
 ):
     client.force_login(sweeper)
-    # Five read the gaps, one looks for a sweep already running them, the
-    # rest are the session, the user and their permissions.
+    # Five read the gaps, one their open jobs (reading the sweep running
+    # them only when there is one), the rest are the session, the user and
+    # their permissions.
     with django_assert_max_num_queries(11):
         client.get(reverse("gaps"))
 
@@ -305,3 +307,54 @@ def test_gaps_already_queued_show_the_sweep_running_them(
     assert "Already queued" in slot
     assert f'id="sweep-{sweep.pk}"' in slot and 'hx-trigger="every 2s"' in slot
     assert f"{sweep.total} queued" in slot
+
+
+def test_cells_with_a_job_on_its_way_are_not_counted_or_offered_again(
+    client, results, cpu_runner, sweeper
+):
+    client.force_login(sweeper)
+    client.post(reverse("gaps-run"), {"backend": "c"}, HTTP_HX_REQUEST="true")
+    response = client.get(reverse("gaps"), {"backend": "c"})
+    assert response.context["runnable"] == []
+    body = response.content.decode()
+    summary = body.split('id="gap-summary">')[1].split("</p>")[0]
+    assert re.search(r"\d+ can be run now", summary) is None
+    queued = Sweep.objects.get().total
+    assert f"{queued} already have a job queued or running" in summary
+    assert "Run missing" not in body
+
+
+def test_already_queued_counts_the_listed_gaps_not_the_whole_sweep(
+    client, results, cpu_runner, sweeper
+):
+    client.force_login(sweeper)
+    # One sweep over every backend, then a look at the CPU column only.
+    client.post(reverse("gaps-run"), {}, HTTP_HX_REQUEST="true")
+    sweep = Sweep.objects.get()
+    response = client.get(reverse("gaps"), {"backend": "c"})
+    listed = response.context["gap_count"]
+    on_cpu = sweep.jobs.filter(device_type__backend="c").count()
+    assert on_cpu < sweep.total
+    note = response.content.decode().split('id="already-queued">')[1].split("</p>")[0]
+    assert f"Already queued: {on_cpu} of the {listed} gaps listed here" in note
+    assert f"all {sweep.total} of its jobs" in note
+
+
+def test_run_missing_reloads_the_list_so_it_stops_offering_the_cells(
+    client, results, cpu_runner, sweeper
+):
+    client.force_login(sweeper)
+    response = client.post(
+        reverse("gaps-run"), {"backend": "c"}, HTTP_HX_REQUEST="true"
+    )
+    assert response["HX-Trigger"] == "sweep-planned"
+    body = client.get(reverse("gaps"), {"backend": "c"}).content.decode()
+    assert 'hx-trigger="sweep-finished from:body, sweep-planned from:body"' in body
+
+
+def test_an_empty_catalogue_says_what_is_missing_not_that_all_pass(client, db):
+    body = client.get(reverse("gaps")).content.decode()
+    assert "No gaps" not in body
+    note = body.split('id="nothing-served">')[1].split("</div>")[0]
+    assert "Nothing is served yet" in note and "import_shapes" in note
+    assert "No device types yet" in note and 'href="/runners/"' in note
