@@ -94,3 +94,5 @@ def test_unsupported_cells_are_apart_from_failures_in_plain_words(
     assert "sig-dtype" not in failing
     assert "rmsnorm supports float16 and float32, not bfloat16" in apart
     assert "[" not in apart.split('class="error-message">')[1].split("</pre>")[0]
+    # Its groups sit under its heading in the outline.
+    assert '<h3 id="h-sig-dtype">' in apart
