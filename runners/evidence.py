@@ -8,8 +8,10 @@ key, recreates its jobs under their ids, assigned to it, and hands the
 signed results to the normal ingest: signature, runner identity,
 assignment, replay and idempotency checks all apply, so a result altered
 after the lab signed it is refused. A malformed job (named by its index in
-the file, ``jobs[N]``), a job listed twice, or a job id already used by
-another job stops the import before anything is written.
+the file, ``jobs[N]``), a job listed twice, a job id already used by
+another job, a result that is not a signed envelope of the file's runner
+for one of its jobs (``results[N]``), or a file with no jobs or no results
+stops the import before anything is written.
 """
 
 from __future__ import annotations
@@ -36,8 +38,9 @@ from matrix.models import (
     dims_key,
 )
 from matrix.services import shape_clean, shape_import, weight_clean
-from runners import services
+from runners import services, signing
 from runners.models import Runner
+from runners.services.envelopes import shown
 
 FORMAT = "tilematrix-evidence/1"
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
@@ -62,7 +65,12 @@ PROFILE_MAX = Shape._meta.get_field("source_profile").max_length
 
 def evidence_export(*, sweeps: list[Sweep], results: list, measured: dict) -> dict:
     """The evidence of offline bundles' sweeps: their runner, their jobs and
-    the signed ``results`` that came home for them."""
+    the signed ``results`` that came home for them. Refuses, as
+    evidence_import would, ``results`` or ``measured`` it could not replay."""
+    if not isinstance(measured, dict):
+        raise ValidationError(
+            f"measured must be an object of figures, got {shown(measured)}"
+        )
     jobs = list(
         ValidationJob.objects.filter(sweep__in=sweeps)
         .select_related(
@@ -74,6 +82,7 @@ def evidence_export(*, sweeps: list[Sweep], results: list, measured: dict) -> di
     if len(runners) != 1 or None in runners:
         raise ValidationError("these sweeps are not one runner's offline bundles")
     (runner,) = runners
+    _results_check(results, runner_name=runner.name, job_ids={job.pk for job in jobs})
     return {
         "format": FORMAT,
         "runner": {
@@ -121,12 +130,17 @@ def evidence_import(data: object, *, current_if_none: bool = False) -> dict:
         raise ValidationError("an evidence file needs a runner and a list of jobs")
     if not all(isinstance(runner_spec.get(k), str) for k in ("name", "public_key")):
         raise ValidationError("the evidence's runner needs a name and a public key")
-    if not isinstance(results, list):
-        raise ValidationError("an evidence file needs a list of signed results")
     measured = data.get("measured") or {}
     if not isinstance(measured, dict):
         raise ValidationError("measured must be an object of figures")
+    if not jobs:
+        raise ValidationError("the evidence lists no jobs: nothing to import")
     _jobs_check(jobs)
+    _results_check(
+        results,
+        runner_name=runner_spec["name"],
+        job_ids={job["job"] for job in jobs},
+    )
     with transaction.atomic():
         runner = _runner(runner_spec)
         waiting = _jobs_recreate(jobs, runner, measured)
@@ -210,6 +224,36 @@ def _jobs_check(jobs: list) -> None:
             raise ValidationError(f"{where}: toolchain must be a fingerprint")
         if not isinstance(job["revision"], str) or not SHA256.match(job["revision"]):
             raise ValidationError(f"{where}: revision must be a sha256")
+
+
+def _results_check(results, *, runner_name: str, job_ids: set[int]) -> None:
+    """Refuse results that could not all reach the ingest, before anything
+    is written, naming the result by its index in the file. Signatures are
+    left to the ingest: a result altered after signing is refused alone and
+    the others are still stored."""
+    if not isinstance(results, list):
+        raise ValidationError("an evidence file needs a list of signed results")
+    if not results:
+        # Its jobs would be recreated running, holding their cells from
+        # every later sweep until someone abandons them.
+        raise ValidationError("the evidence holds no signed results")
+    for i, envelope in enumerate(results):
+        where = f"results[{i}]"
+        try:
+            signer = signing.envelope_signer(envelope)
+        except signing.EnvelopeError as exc:
+            raise ValidationError(f"{where}: {exc}") from None
+        if signer != runner_name:
+            raise ValidationError(
+                f"{where} is signed by {signer!r}, not by the evidence's runner "
+                f"{runner_name!r}"
+            )
+        job = envelope["payload"].get("job")
+        if type(job) is not int or job not in job_ids:
+            raise ValidationError(
+                f"{where} is the result of job {shown(job)}, which the evidence "
+                "does not list"
+            )
 
 
 def _runner(spec: dict) -> Runner:

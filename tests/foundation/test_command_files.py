@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 from io import StringIO
 
@@ -57,6 +58,52 @@ def test_an_output_file_that_cannot_be_written_is_refused_at_once(path, message)
         OutputFile(path)
 
 
+def fifo(path):
+    os.mkfifo(path)
+
+
+def link_to_a_file(path):
+    target = path.with_name("target.json")
+    target.write_text("kept")
+    path.symlink_to(target)
+
+
+def dangling_link(path):
+    path.symlink_to(path.with_name("nowhere.json"))
+
+
+@pytest.mark.parametrize(
+    ("make", "kind", "is_kind"),
+    [
+        (fifo, "named pipe (FIFO)", stat.S_ISFIFO),
+        (link_to_a_file, "symbolic link", stat.S_ISLNK),
+        (dangling_link, "symbolic link", stat.S_ISLNK),
+    ],
+)
+def test_a_target_that_is_not_a_regular_file_is_refused_and_left_as_it_is(
+    catalog, tmp_path, make, kind, is_kind
+):
+    target = tmp_path / "manifest.json"
+    make(target)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    with pytest.raises(CommandError, match=f"is a {re.escape(kind)}, not a regular"):
+        # The toolchain is not even looked up: refused before any work.
+        call_command("export_manifest", "--toolchain", "nope", "--out", str(target))
+    assert is_kind(target.lstat().st_mode)
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+    linked = tmp_path / "target.json"
+    assert not linked.exists() or linked.read_text() == "kept"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="making a device node needs root")
+def test_a_device_node_at_the_target_is_refused_and_kept(tmp_path):
+    node = tmp_path / "null"
+    os.mknod(node, stat.S_IFCHR | 0o666, os.makedev(1, 3))
+    with pytest.raises(CommandError, match="is a character device, not a regular"):
+        OutputFile(str(node))
+    assert stat.S_ISCHR(node.lstat().st_mode)
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [
@@ -83,6 +130,13 @@ def test_export_manifest_refuses_a_wrong_out_before_reading_anything(catalog):
         )
 
 
+def test_export_manifest_refuses_an_empty_toolchain_rather_than_use_the_current(
+    catalog,
+):
+    with pytest.raises(CommandError, match="--toolchain: must not be empty"):
+        call_command("export_manifest", "--toolchain", "", stdout=StringIO())
+
+
 def test_export_manifest_without_a_current_toolchain_names_its_option(catalog):
     with pytest.raises(CommandError, match="name one with --toolchain$"):
         call_command("export_manifest")
@@ -103,12 +157,14 @@ def test_evidence_export_writes_the_file_it_names(catalog, tmp_path):
 
     from matrix.models import DeviceType, Shape, Toolchain
     from runners import services, signing
+    from runners.services.envelopes import result_envelope
     from tests.runners.conftest import cpu_inventory
 
+    key = Ed25519PrivateKey.generate()
     services.runner_register(
         token=services.token_create(expires=timedelta(hours=1)),
         name="lab",
-        public_key=signing.public_key_hex(Ed25519PrivateKey.generate()),
+        public_key=signing.public_key_hex(key),
         inventory=cpu_inventory(),
     )
     cells = [
@@ -116,8 +172,15 @@ def test_evidence_export_writes_the_file_it_names(catalog, tmp_path):
         for shape in Shape.objects.filter(source_profile="cpu-smoke")
     ]
     sweep, _ = services.bundle_plan(runner_name="lab", cells=cells)
+    job = sweep.jobs.first()
+    signed = result_envelope(
+        job={"job": job.pk, "attempt": job.attempt},
+        result={"status": "pass"},
+        runner_name="lab",
+        key=key,
+    )
     results = tmp_path / "results.json"
-    results.write_text(json.dumps({"results": []}))
+    results.write_text(json.dumps({"results": [signed]}))
     out = tmp_path / "lab.evidence.json"
     call_command(
         "evidence", "export", "--sweep", str(sweep.pk), "--results", str(results),

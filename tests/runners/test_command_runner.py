@@ -523,3 +523,64 @@ def test_registering_again_after_revocation_says_what_to_change(
         register("lab-cpu-2")
     (key_dir / "runner.key").rename(tmp_path / "revoked.key")
     assert "registered runner lab-cpu-2" in register("lab-cpu-2")
+
+
+def test_a_bundle_with_a_device_type_that_is_no_id_plans_nothing(cpu_runner, tmp_path):
+    out = tmp_path / "b.json"
+    with pytest.raises(CommandError, match="--device-type takes an id"):
+        run("bundle", cpu_runner.name, "--out", str(out), "--device-type", "²")
+    assert not Sweep.objects.exists() and not out.exists()
+
+
+@pytest.mark.parametrize("option", ["--operator", "--device-type", "--toolchain"])
+def test_a_bundle_with_an_empty_filter_value_plans_nothing(
+    cpu_runner, tmp_path, option
+):
+    out = tmp_path / "b.json"
+    with pytest.raises(CommandError, match=f"{option}: must not be empty"):
+        run("bundle", cpu_runner.name, "--out", str(out), option, "")
+    assert not Sweep.objects.exists() and not out.exists()
+
+
+@pytest.mark.parametrize("sweep", ["99999999999999999999999", "0", "²"])
+def test_bundle_abandon_refuses_a_sweep_id_out_of_range(cpu_runner, sweep):
+    with pytest.raises(CommandError, match="--sweep: takes an id, a whole number"):
+        run("bundle-abandon", cpu_runner.name, "--sweep", sweep)
+
+
+def test_bundle_abandon_says_there_is_no_such_sweep(cpu_runner):
+    with pytest.raises(CommandError, match="^there is no sweep 4242$"):
+        run("bundle-abandon", cpu_runner.name, "--sweep", "4242")
+
+
+def test_bundle_abandon_refuses_a_sweep_that_is_not_that_runners_bundle(
+    cpu_runner, cpu_cells
+):
+    planned = services.sweep_plan(cells=cpu_cells()[:2])
+    with pytest.raises(CommandError, match="is not a bundle of runner cpu-1"):
+        run("bundle-abandon", cpu_runner.name, "--sweep", str(planned.pk))
+    # Its jobs are the broker's, left to run.
+    assert set(planned.jobs.values_list("state", flat=True)) == {JobState.QUEUED}
+
+
+def test_execute_bundle_refuses_a_bundle_with_no_jobs_and_writes_nothing(
+    host_dir, tmp_path
+):
+    jobs, out = tmp_path / "jobs.json", tmp_path / "results.json"
+    jobs.write_text(json.dumps({"jobs": []}))
+    with pytest.raises(CommandError, match="holds no jobs: nothing to run"):
+        run("execute-bundle", str(jobs), "--out", str(out))
+    assert not out.exists()
+
+
+def test_execute_bundle_with_every_message_skipped_keeps_the_earlier_results(
+    host_dir, tmp_path
+):
+    jobs, out = tmp_path / "jobs.json", tmp_path / "results.json"
+    jobs.write_text(json.dumps({"jobs": [{"payload": {}}, "not a message"]}))
+    out.write_text('{"results": ["an earlier run, not uploaded yet"]}')
+    with pytest.raises(CommandError, match="every one of the 2 messages .* skipped"):
+        run("execute-bundle", str(jobs), "--out", str(out))
+    assert json.loads(out.read_text()) == {
+        "results": ["an earlier run, not uploaded yet"]
+    }

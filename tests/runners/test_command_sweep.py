@@ -97,3 +97,19 @@ def test_sweep_says_when_its_jobs_wait_for_a_runner(cpu_runner):
     assert planned and f"{planned} of them wait on queues no online runner" in (
         told.getvalue()
     )
+
+
+@pytest.mark.parametrize("device_type", ["²", "99999999999999999999999"])
+def test_a_device_type_of_digits_that_name_no_id_is_refused_with_the_allowed_ones(
+    cpu_runner, device_type
+):
+    with pytest.raises(CommandError, match=r"--device-type takes .*\(x86-64 CPU · c\)"):
+        sweep("--device-type", device_type, "--no-wait")
+    assert not Sweep.objects.exists()
+
+
+@pytest.mark.parametrize("option", ["--operator", "--device-type", "--toolchain"])
+def test_an_empty_filter_value_is_refused_not_taken_for_every_cell(cpu_runner, option):
+    with pytest.raises(CommandError, match=f"{option}: must not be empty"):
+        sweep(option, "", "--no-wait")
+    assert not Sweep.objects.exists() and not ValidationJob.objects.exists()

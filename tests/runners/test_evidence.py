@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import copy
 import json
+from io import StringIO
 from pathlib import Path
 
 import pytest
 from django.core.exceptions import ValidationError
 from django.core.management import CommandError, call_command
 
-from matrix.models import Cell, JobState, Result, Shape, ValidationJob
+from matrix.models import Cell, JobState, Result, Shape, Sweep, ValidationJob
 from runners.evidence import evidence_import
 from runners.models import Runner
 
@@ -82,10 +83,19 @@ def test_a_database_whose_job_ids_are_taken_is_refused_whole(fresh, cpu_runner):
 
 
 def test_a_runner_of_that_name_with_another_key_is_not_the_lab(fresh):
-    fresh["runner"]["public_key"] = "ab" * 32
-    evidence_import(copy.deepcopy(fresh) | {"results": []})
+    from datetime import timedelta
+
+    from runners import services
+
+    services.runner_register(
+        token=services.token_create(expires=timedelta(minutes=5)),
+        name=fresh["runner"]["name"],
+        public_key="ab" * 32,
+        inventory=fresh["runner"]["inventory"],
+    )
     with pytest.raises(ValidationError, match="another key"):
-        evidence_import(fresh | {"runner": fresh["runner"] | {"public_key": "cd" * 32}})
+        evidence_import(fresh)
+    assert not ValidationJob.objects.exists() and not Sweep.objects.exists()
 
 
 def test_the_command_says_why_a_file_is_not_evidence(catalog, tmp_path):
@@ -128,6 +138,25 @@ def measured_as_a_list(evidence: dict) -> None:
     evidence["measured"] = [1, 2]
 
 
+def results_set(results: list):
+    def change(evidence: dict) -> None:
+        evidence["results"] = results
+
+    return change
+
+
+def result_of_an_unlisted_job(evidence: dict) -> None:
+    evidence["jobs"] = evidence["jobs"][1:]
+
+
+def result_signed_by_another(evidence: dict) -> None:
+    evidence["results"][9]["signer"] = "someone-else"
+
+
+def nothing_in_it(evidence: dict) -> None:
+    evidence["jobs"], evidence["results"] = [], []
+
+
 @pytest.mark.parametrize(
     ("change", "message"),
     [
@@ -145,6 +174,18 @@ def measured_as_a_list(evidence: dict) -> None:
         (job_set(150, revision=None), "jobs[150]: revision must be a sha256"),
         (listed_twice, "jobs[150]: job 4 is listed twice (also jobs[3])"),
         (measured_as_a_list, "measured must be an object"),
+        (results_set([1, None]), "results[0]: an envelope must be a JSON object"),
+        (results_set({"a": 1}), "needs a list of signed results"),
+        (results_set([]), "the evidence holds no signed results"),
+        (
+            result_of_an_unlisted_job,
+            "results[0] is the result of job 1, which the evidence does not list",
+        ),
+        (
+            result_signed_by_another,
+            "results[9] is signed by 'someone-else', not by the evidence's runner",
+        ),
+        (nothing_in_it, "the evidence lists no jobs: nothing to import"),
     ],
 )
 def test_a_malformed_file_is_refused_naming_the_job_and_nothing_is_written(
@@ -155,7 +196,7 @@ def test_a_malformed_file_is_refused_naming_the_job_and_nothing_is_written(
         evidence_import(fresh)
     assert message in "; ".join(refused.value.messages)
     assert not Runner.objects.filter(name="h200-lab").exists()
-    assert not ValidationJob.objects.exists()
+    assert not ValidationJob.objects.exists() and not Sweep.objects.exists()
 
 
 def test_the_command_refuses_a_malformed_job_in_one_line(fresh, tmp_path):
@@ -164,3 +205,95 @@ def test_the_command_refuses_a_malformed_job_in_one_line(fresh, tmp_path):
     path.write_text(json.dumps(fresh))
     with pytest.raises(CommandError, match=r"jobs\[150\]: unknown operator"):
         call_command("evidence", "import", str(path))
+
+
+def test_the_command_refuses_results_that_are_not_envelopes_and_writes_nothing(
+    fresh, tmp_path
+):
+    fresh["results"] = [1, None]
+    path = tmp_path / "lab.evidence.json"
+    path.write_text(json.dumps(fresh))
+    with pytest.raises(CommandError, match=r"results\[0\]: an envelope must be"):
+        call_command("evidence", "import", str(path))
+    assert not Runner.objects.exists()
+    # No job left running to hold its cell from the next sweep.
+    assert not ValidationJob.objects.exists() and not Sweep.objects.exists()
+
+
+def test_the_command_refuses_an_empty_evidence_file(fresh, tmp_path):
+    path = tmp_path / "empty.evidence.json"
+    path.write_text(json.dumps(fresh | {"jobs": [], "results": []}))
+    with pytest.raises(CommandError, match="lists no jobs: nothing to import"):
+        call_command("evidence", "import", str(path))
+    assert not Runner.objects.exists()
+
+
+def export(*args) -> str:
+    out = StringIO()
+    call_command("evidence", "export", *args, stdout=out)
+    return out.getvalue()
+
+
+@pytest.fixture
+def imported(fresh, tmp_path):
+    """The lab's evidence on this server, with its signed results as the
+    lab brought them home, ready to be exported again."""
+    evidence_import(copy.deepcopy(fresh))
+    results = tmp_path / "results.json"
+    results.write_text(json.dumps({"results": fresh["results"]}))
+    return Sweep.objects.get(), results
+
+
+def test_an_exported_file_is_one_import_accepts(fresh, imported, tmp_path):
+    sweep, results = imported
+    out = tmp_path / "again.evidence.json"
+    said = export(
+        "--sweep", str(sweep.pk), "--results", str(results), "--out", str(out)
+    )
+    assert said.startswith("188 jobs, 188 results in ")
+    exported = json.loads(out.read_text())
+    assert exported["results"] == fresh["results"]
+    # Its jobs and results are this server's already: counted, not refused.
+    counts = evidence_import(exported)
+    assert counts == {"stored": 0, "duplicate": 188, "refused": []}
+
+
+@pytest.mark.parametrize(
+    ("results", "measured", "message"),
+    [
+        ({"results": {"a": 1}}, None, "needs a list of signed results"),
+        ({"results": [1, None, "x", {}]}, None, r"results\[0\]: an envelope must"),
+        ({"results": []}, None, "holds no signed results"),
+        ([1, None, "x", {}], None, "is not a results bundle"),
+        (None, [1, 2], "measured must be an object of figures, got \\[1, 2\\]"),
+    ],
+)
+def test_export_refuses_inputs_import_would_refuse_and_writes_nothing(
+    imported, tmp_path, results, measured, message
+):
+    sweep, results_path = imported
+    if results is not None:
+        results_path.write_text(json.dumps(results))
+    args = ["--sweep", str(sweep.pk), "--results", str(results_path)]
+    if measured is not None:
+        (tmp_path / "measured.json").write_text(json.dumps(measured))
+        args += ["--measured", str(tmp_path / "measured.json")]
+    out = tmp_path / "lab.evidence.json"
+    with pytest.raises(CommandError, match=message):
+        export(*args, "--out", str(out))
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("sweep", ["99999999999999999999999", "0", "-1"])
+def test_export_refuses_a_sweep_id_out_of_range(catalog, tmp_path, sweep):
+    out = tmp_path / "lab.evidence.json"
+    with pytest.raises(CommandError, match="--sweep: takes an id, a whole number"):
+        export("--sweep", sweep, "--results", "r.json", "--out", str(out))
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("option", ["--results", "--measured", "--out"])
+def test_export_refuses_an_empty_option(catalog, tmp_path, option):
+    args = {"--sweep": "1", "--results": "r.json", "--out": str(tmp_path / "e.json")}
+    with pytest.raises(CommandError, match=f"{option}: must not be empty"):
+        export(*[part for k, v in (args | {option: ""}).items() for part in (k, v)])

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import stat
 from pathlib import Path
 
 from django.core.management.base import CommandError
@@ -24,15 +25,42 @@ def read_json(path: str):
         raise CommandError(f"{path} nests its JSON too deeply to read") from None
 
 
+SPECIAL_KINDS = (
+    (stat.S_ISLNK, "symbolic link"),
+    (stat.S_ISFIFO, "named pipe (FIFO)"),
+    (stat.S_ISCHR, "character device"),
+    (stat.S_ISBLK, "block device"),
+    (stat.S_ISSOCK, "socket"),
+)
+
+
+def special_kind(path: Path) -> str | None:
+    """What an existing non-regular file at ``path`` is (a directory is
+    told apart by its caller), or None for a regular file or none."""
+    try:
+        mode = path.lstat().st_mode
+    except OSError:
+        return None
+    return next((kind for is_kind, kind in SPECIAL_KINDS if is_kind(mode)), None)
+
+
 class OutputFile:
     """The file a command will write. Checked when made, before the command
-    does any work, so a wrong --out costs nothing. Written whole: a
+    does any work, so a wrong --out (a directory, a missing folder, a pipe,
+    a device or a link) costs nothing. Written whole: a
     temporary file beside it is renamed over it, so a failed write leaves
     the old file (or none), never half of the new one."""
 
     def __init__(self, path: str):
         self.path = Path(path)
         where = f"--out {path}"
+        kind = special_kind(self.path)
+        if kind:
+            # The rename would put a regular file in its place: the pipe or
+            # device would be gone, and a link replaced, not its target written.
+            raise CommandError(
+                f"{where} is a {kind}, not a regular file; name a file to write"
+            )
         if self.path.is_dir():
             raise CommandError(f"{where} is a directory; name a file")
         if not self.path.parent.is_dir():

@@ -9,6 +9,7 @@ from django.core.management.base import BaseCommand, CommandError
 from matrix.api_manifest import toolchain_lookup
 from matrix.gate.manifest import manifest_for
 from matrix.management.commands._files import OutputFile
+from matrix.management.commands._options import not_empty
 from matrix.models import Toolchain
 
 
@@ -20,9 +21,13 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument(
-            "--toolchain", help="name or fingerprint; default: the current toolchain"
+            "--toolchain",
+            type=not_empty,
+            help="name or fingerprint; default: the current toolchain",
         )
-        parser.add_argument("--out", help="file to write instead of standard output")
+        parser.add_argument(
+            "--out", type=not_empty, help="file to write instead of standard output"
+        )
 
     def handle(self, *args, toolchain=None, out=None, **options):
         output = OutputFile(out) if out else None

@@ -10,6 +10,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from matrix import profiles
 from matrix.management.commands._files import read_json
+from matrix.management.commands._options import not_empty
 from matrix.models import Dtype, Operator, Shape, dims_key
 from matrix.services import DIM_MAX, shape_import
 
@@ -118,18 +119,21 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         source = parser.add_mutually_exclusive_group(required=True)
         source.add_argument("--profile", choices=sorted(profiles.PROFILES))
-        source.add_argument("--trace", metavar="TRACE_JSON")
+        source.add_argument("--trace", metavar="TRACE_JSON", type=not_empty)
         parser.add_argument(
             "--tokens",
+            type=not_empty,
             help="profile only: token counts per forward step, default "
             + ",".join(map(str, profiles.TOKEN_COUNTS)),
         )
         parser.add_argument(
             "--dtypes",
+            type=not_empty,
             help="profile only: default " + ",".join(profiles.SERVED_DTYPES),
         )
         parser.add_argument(
             "--name",
+            type=not_empty,
             help="trace only: the source recorded on the shapes (default: its model)",
         )
 
@@ -194,6 +198,11 @@ class Command(BaseCommand):
             raise CommandError(
                 f"--dtypes: unknown {unknown}; expected some of {Dtype.values}"
             )
+        # A repeated dtype would double its shapes' weights, as a repeated
+        # token count would.
+        repeated = sorted(name for name, n in Counter(dtype_names).items() if n > 1)
+        if repeated:
+            raise CommandError(f"--dtypes: each dtype once; repeated {repeated}")
         return list(
             profiles.served_shapes(profile, tokens=token_counts, dtypes=dtype_names)
         )

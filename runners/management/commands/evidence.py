@@ -6,6 +6,7 @@ from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 
 from matrix.management.commands._files import OutputFile, read_json
+from matrix.management.commands._options import database_id, not_empty
 from matrix.models import Sweep
 from runners.evidence import evidence_export, evidence_import
 
@@ -20,15 +21,24 @@ class Command(BaseCommand):
         sub = parser.add_subparsers(dest="action", required=True)
         export = sub.add_parser("export", help="write a sweep's evidence file")
         export.add_argument(
-            "--sweep", type=int, action="append", required=True, help="repeatable"
+            "--sweep",
+            type=database_id,
+            action="append",
+            required=True,
+            help="repeatable",
         )
         export.add_argument(
-            "--results", required=True, help="the runner's signed results.json"
+            "--results",
+            required=True,
+            type=not_empty,
+            help="the runner's signed results.json",
         )
         export.add_argument(
-            "--measured", help="a JSON file of figures to keep with it (its timings)"
+            "--measured",
+            type=not_empty,
+            help="a JSON file of figures to keep with it (its timings)",
         )
-        export.add_argument("--out", required=True)
+        export.add_argument("--out", required=True, type=not_empty)
         imp = sub.add_parser("import", help="replay evidence files into this server")
         imp.add_argument("files", nargs="+")
         imp.add_argument(
@@ -45,14 +55,17 @@ class Command(BaseCommand):
         found = list(Sweep.objects.filter(pk__in=sweep))
         if len(found) != len(set(sweep)):
             raise CommandError(f"not every sweep of {sweep} exists here")
+        bundle = read_json(results)
+        if not isinstance(bundle, dict) or "results" not in bundle:
+            raise CommandError(
+                f'{results} is not a results bundle ({{"results": [...]}})'
+            )
         try:
             data = evidence_export(
                 sweeps=found,
-                results=read_json(results)["results"],
+                results=bundle["results"],
                 measured=read_json(measured) if measured else {},
             )
-        except (KeyError, TypeError):
-            raise CommandError(f"{results} is not a results bundle") from None
         except ValidationError as exc:
             raise CommandError("; ".join(exc.messages)) from None
         output.write(json.dumps(data, indent=1) + "\n")

@@ -16,9 +16,16 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 
 from matrix.management.commands._files import OutputFile, read_json
+from matrix.management.commands._options import database_id, not_empty
+from matrix.models import Sweep, ValidationJob
 from runners import client, host, services, signing
 from runners.client import problem
-from runners.management.commands.sweep import FILTERS, cells_chosen, nothing_chosen
+from runners.management.commands.sweep import (
+    FILTERS,
+    cells_chosen,
+    filter_options_add,
+    nothing_chosen,
+)
 from runners.models import Runner
 
 DURATION = re.compile(r"^(\d+)([smhd])$")
@@ -70,6 +77,14 @@ def post_json(url: str, body: dict, timeout: float = 60) -> tuple[int, dict]:
         raise CommandError(str(exc)) from None
 
 
+def is_bundle_of(sweep_id: int, runner_name: str) -> bool:
+    """Whether a sweep's jobs went to that runner's offline bundle (planned
+    as one, or recreated from its evidence)."""
+    return ValidationJob.objects.filter(
+        sweep_id=sweep_id, queue=f"bundle.{runner_name}"
+    ).exists()
+
+
 class Command(BaseCommand):
     help = (
         "Runner hosts: token create, register, work, queues, execute-bundle, "
@@ -85,18 +100,24 @@ class Command(BaseCommand):
         create.add_argument("--expires", default="1h", help="lifetime: 30m, 1h, 2d")
 
         register = sub.add_parser("register", help="register this host with a server")
-        register.add_argument("--server", required=True, help="http://HOST:PORT")
+        register.add_argument(
+            "--server", required=True, type=not_empty, help="http://HOST:PORT"
+        )
         register.add_argument("--token", required=True)
         register.add_argument("--name", required=True)
-        register.add_argument("--key-dir", help="where runner.key and runner.json live")
+        register.add_argument(
+            "--key-dir", type=not_empty, help="where runner.key and runner.json live"
+        )
         register.add_argument(
             "--python",
             action="append",
             dest="interpreters",
+            type=not_empty,
             help="a toolchain interpreter this host offers (repeatable; default: this one)",
         )
         register.add_argument(
             "--inventory",
+            type=not_empty,
             help="an inventory written by `runner probe` on an air-gapped host, "
             "registered from a machine that reaches the server",
         )
@@ -104,15 +125,17 @@ class Command(BaseCommand):
         probe = sub.add_parser(
             "probe", help="write this host's inventory (devices, toolchains) as JSON"
         )
-        probe.add_argument("--out", required=True)
-        probe.add_argument("--python", action="append", dest="interpreters")
+        probe.add_argument("--out", required=True, type=not_empty)
+        probe.add_argument(
+            "--python", action="append", dest="interpreters", type=not_empty
+        )
 
         for name, text in (
             ("work", "run this host's Celery worker and heartbeats"),
             ("queues", "print this host's queues, comma-separated"),
         ):
             p = sub.add_parser(name, help=text)
-            p.add_argument("--key-dir")
+            p.add_argument("--key-dir", type=not_empty)
             if name == "work":
                 p.add_argument("--concurrency", type=int, default=1)
                 p.add_argument("--loglevel", default="info")
@@ -126,24 +149,22 @@ class Command(BaseCommand):
             "execute-bundle", help="run signed jobs with no broker"
         )
         execute.add_argument("jobs")
-        execute.add_argument("--out", required=True)
-        execute.add_argument("--key-dir")
+        execute.add_argument("--out", required=True, type=not_empty)
+        execute.add_argument("--key-dir", type=not_empty)
 
         upload = sub.add_parser("upload", help="import a results bundle")
         upload.add_argument("results")
         upload.add_argument(
-            "--server", help="default: the server this host registered with"
+            "--server",
+            type=not_empty,
+            help="default: the server this host registered with",
         )
-        upload.add_argument("--key-dir")
+        upload.add_argument("--key-dir", type=not_empty)
 
         bundle = sub.add_parser("bundle", help="plan signed jobs for an offline runner")
         bundle.add_argument("name")
-        bundle.add_argument("--out", required=True)
-        bundle.add_argument("--operator")
-        bundle.add_argument("--device-type")
-        bundle.add_argument("--toolchain")
-        bundle.add_argument("--served-only", action="store_true")
-        bundle.add_argument("--missing-only", action="store_true")
+        bundle.add_argument("--out", required=True, type=not_empty)
+        filter_options_add(bundle)
 
         abandon = sub.add_parser(
             "bundle-abandon",
@@ -151,7 +172,9 @@ class Command(BaseCommand):
             "can be planned again)",
         )
         abandon.add_argument("name")
-        abandon.add_argument("--sweep", type=int, help="only this bundle's sweep")
+        abandon.add_argument(
+            "--sweep", type=database_id, help="only this bundle's sweep"
+        )
 
         maintenance = sub.add_parser(
             "maintenance",
@@ -306,9 +329,21 @@ class Command(BaseCommand):
         envelopes = bundle.get("jobs") if isinstance(bundle, dict) else None
         if not isinstance(envelopes, list):
             raise CommandError(f'{jobs} is not a jobs bundle ({{"jobs": [...]}})')
+        if not envelopes:
+            raise CommandError(
+                f"{jobs} holds no jobs: nothing to run; {out} not written"
+            )
         results, skipped = host.bundle_execute(envelopes=envelopes, config=config)
         for reason in skipped:
             self.stderr.write(f"skipped {reason}")
+        if not results:
+            # Not written: an empty results file is one `runner upload`
+            # refuses, and writing it would replace the results of an
+            # earlier run at that path not yet uploaded.
+            raise CommandError(
+                f"every one of the {len(skipped)} messages in {jobs} was skipped "
+                f"(reasons above): no job ran; {out} not written"
+            )
         for i, signed in enumerate(results, start=1):
             status = signed["payload"]["result"].get("status")
             self.stdout.write(
@@ -408,11 +443,17 @@ class Command(BaseCommand):
         )
 
     def do_bundle_abandon(self, *, name, sweep, **_):
+        if sweep is not None and not Sweep.objects.filter(pk=sweep).exists():
+            raise CommandError(f"there is no sweep {sweep}")
         try:
             ended = services.bundle_abandon(runner_name=name, sweep_id=sweep)
         except ValidationError as exc:
             raise CommandError("; ".join(exc.messages)) from None
         which = f"sweep {sweep}" if sweep is not None else "its bundles"
+        if not ended and sweep is not None and not is_bundle_of(sweep, name):
+            raise CommandError(
+                f"sweep {sweep} is not a bundle of runner {name}: nothing abandoned"
+            )
         if not ended:
             self.stdout.write(f"runner {name} has no open bundle job in {which}")
             return

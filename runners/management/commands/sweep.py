@@ -8,6 +8,7 @@ import time
 from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 
+from matrix.management.commands._options import ID_MAX, is_ascii_number, not_empty
 from matrix.models import Backend, DeviceType, Operator, Toolchain
 from runners import services
 from runners.models import Runner
@@ -36,8 +37,11 @@ def filters_check(*, operator=None, device_type=None, toolchain=None, **_) -> No
             f"--operator must be one of {', '.join(names)}; got {operator!r}"
         )
     if device_type:
-        if device_type.isdigit():
-            known = DeviceType.objects.filter(pk=int(device_type)).exists()
+        if is_ascii_number(device_type):
+            known = (
+                int(device_type) <= ID_MAX
+                and DeviceType.objects.filter(pk=int(device_type)).exists()
+            )
         else:
             known = device_type in Backend.values or (
                 DeviceType.objects.filter(model__icontains=device_type).exists()
@@ -80,19 +84,28 @@ def jobs_waiting_for_a_runner(sweep) -> int:
     return sweep.jobs.exclude(queue__in=Runner.objects.online().queues_read()).count()
 
 
+def filter_options_add(parser) -> None:
+    """The cell filters a sweep and an offline bundle share."""
+    parser.add_argument("--operator", type=not_empty, help="operator name, e.g. gemm")
+    parser.add_argument(
+        "--device-type", type=not_empty, help="id, backend (c, cuda) or model name"
+    )
+    parser.add_argument(
+        "--toolchain",
+        type=not_empty,
+        help="toolchain name (default: current and hosted)",
+    )
+    parser.add_argument("--served-only", action="store_true")
+    parser.add_argument(
+        "--missing-only", action="store_true", help="cells with no result yet"
+    )
+
+
 class Command(BaseCommand):
     help = "Plan and enqueue validation jobs for a set of cells, then wait for them."
 
     def add_arguments(self, parser):
-        parser.add_argument("--operator", help="operator name, e.g. gemm")
-        parser.add_argument("--device-type", help="id, backend (c, cuda) or model name")
-        parser.add_argument(
-            "--toolchain", help="toolchain name (default: current and hosted)"
-        )
-        parser.add_argument("--served-only", action="store_true")
-        parser.add_argument(
-            "--missing-only", action="store_true", help="cells with no result yet"
-        )
+        filter_options_add(parser)
         parser.add_argument(
             "--no-wait", action="store_true", help="return once enqueued"
         )
