@@ -236,6 +236,12 @@ class Shape(models.Model):
         return f"{self.operator.name}[{self.dims_key}] {self.dtype}"
 
     def save(self, *args, **kwargs):
+        # PostgreSQL's jsonb keeps an object's keys in an order of its own:
+        # a shape read back and saved again keeps its key in the operator's
+        # declared order, not the stored one.
+        declared = self.operator.dims if self.operator_id else []
+        if set(declared) == set(self.dims):
+            self.dims = {d: self.dims[d] for d in declared}
         self.dims_key = dims_key(self.dims)
         super().save(*args, **kwargs)
 

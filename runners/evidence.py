@@ -95,7 +95,9 @@ def evidence_export(*, sweeps: list[Sweep], results: list, measured: dict) -> di
                 "job": job.pk,
                 "attempt": job.attempt,
                 "operator": job.shape.operator.name,
-                "dims": job.shape.dims,
+                # In the operator's declared order: jsonb (PostgreSQL) does
+                # not keep the stored one, and the order makes the shape's key.
+                "dims": {d: job.shape.dims[d] for d in job.shape.operator.dims},
                 "dtype": job.shape.dtype,
                 "served": job.shape.served,
                 "weight": job.shape.weight,
@@ -203,7 +205,11 @@ def _jobs_check(jobs: list) -> None:
         if operator is None:
             raise ValidationError(f"{where}: unknown operator {job['operator']!r}")
         try:
-            shape_clean(operator=operator, dims=job["dims"], dtype=job["dtype"])
+            # Cleaned dims come in the declared order, which makes the key a
+            # shape is found by, whatever order the file lists them in.
+            job["dims"] = shape_clean(
+                operator=operator, dims=job["dims"], dtype=job["dtype"]
+            )
             weight_clean(job.get("weight", 0.0))
         except ValidationError as exc:
             raise ValidationError(

@@ -258,6 +258,33 @@ def test_an_exported_file_is_one_import_accepts(fresh, imported, tmp_path):
     assert counts == {"stored": 0, "duplicate": 188, "refused": []}
 
 
+def test_export_and_a_shape_saved_again_keep_the_declared_dim_order(
+    fresh, imported, tmp_path
+):
+    """PostgreSQL's jsonb hands an object's keys back in its own order
+    (shorter keys first): the shape's key, and the dims an export writes,
+    follow the operator's declared order instead. Stored here as jsonb
+    would, so SQLite shows it too."""
+    sweep, results = imported
+    gemm = Shape.objects.filter(operator__name="gemm", jobs__sweep=sweep).first()
+    key = gemm.dims_key
+    assert key.startswith("M=")
+    # K, M, N: as jsonb keeps them (there, already so).
+    Shape.objects.filter(pk=gemm.pk).update(dims=dict(sorted(gemm.dims.items())))
+    out = tmp_path / "again.evidence.json"
+    export("--sweep", str(sweep.pk), "--results", str(results), "--out", str(out))
+    dims = [
+        j["dims"]
+        for j in json.loads(out.read_text())["jobs"]
+        if j["operator"] == "gemm"
+    ]
+    assert {tuple(d) for d in dims} == {("M", "N", "K")}
+    gemm = Shape.objects.get(pk=gemm.pk)
+    gemm.weight += 1
+    gemm.save()
+    assert Shape.objects.get(pk=gemm.pk).dims_key == key
+
+
 @pytest.mark.parametrize(
     ("results", "measured", "message"),
     [
