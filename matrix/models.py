@@ -27,6 +27,9 @@ class Backend(models.TextChoices):
 
 
 # Higher first: gaps on the backends that serve production traffic rank first.
+# Ids are stored in signed 64-bit columns: a larger number names no row, and
+# SQLite fails on it (OverflowError) instead of finding nothing.
+ID_MAX = 2**63 - 1
 BACKEND_PRIORITY = {"cuda": 1.0, "hip": 0.8, "c": 0.5, "metal": 0.4, "npu": 0.3}
 
 
@@ -66,6 +69,18 @@ def choices_check(field: str, choices: type[models.TextChoices], name: str):
     )
 
 
+class DeviceTypeQuerySet(models.QuerySet):
+    def named(self, text: str):
+        """The device types ``text`` names: an id (ASCII digits), a backend
+        (``c``, ``cuda``) or part of a model name."""
+        text = str(text)
+        if text.isascii() and text.isdigit():
+            return self.filter(pk=int(text)) if int(text) <= ID_MAX else self.none()
+        if text in Backend.values:
+            return self.filter(backend=text)
+        return self.filter(model__icontains=text)
+
+
 class DeviceType(models.Model):
     """A column of the matrix: vendor model + arch + backend."""
 
@@ -74,6 +89,8 @@ class DeviceType(models.Model):
     arch = models.CharField(max_length=40, blank=True)
     backend = models.CharField(max_length=8, choices=Backend.choices)
     memory_gb = models.PositiveIntegerField(null=True, blank=True)
+
+    objects = DeviceTypeQuerySet.as_manager()
 
     class Meta:
         ordering = ["backend", "vendor", "model"]

@@ -25,6 +25,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from matrix.models import (
+    ID_MAX,
     AuditEvent,
     DeviceType,
     JobStage,
@@ -56,8 +57,8 @@ JOB_FIELDS = (
     "revision",
 )
 # The ranges of the columns a job's numbers are stored in (PostgreSQL's
-# bigint, smallint and integer; SQLite would take more and PostgreSQL fail).
-JOB_ID_MAX = 2**63 - 1
+# bigint, ID_MAX, then smallint and integer; SQLite would take more and
+# PostgreSQL fail).
 ATTEMPT_MAX = 2**15 - 1
 SEED_MAX = 2**31 - 1
 PROFILE_MAX = Shape._meta.get_field("source_profile").max_length
@@ -180,8 +181,8 @@ def _jobs_check(jobs: list) -> None:
         missing = [k for k in JOB_FIELDS if k not in job]
         if missing:
             raise ValidationError(f"{where} lacks {', '.join(missing)}")
-        if not _whole(job["job"], 1, JOB_ID_MAX):
-            raise ValidationError(f"{where}: job must be an id from 1 to {JOB_ID_MAX}")
+        if not _whole(job["job"], 1, ID_MAX):
+            raise ValidationError(f"{where}: job must be an id from 1 to {ID_MAX}")
         if job["job"] in listed:
             raise ValidationError(
                 f"{where}: job {job['job']} is listed twice (also jobs[{listed[job['job']]}])"

@@ -93,7 +93,7 @@ class RunnerHost(bootsteps.StartStopStep):
                 "runner %s is refused (%s): it takes no more jobs", config.name, exc
             )
             self.runner_queues = []  # nothing to read again, ever
-            jobs_stop_signalled(parent.app, cancel=parent.cancel_task_queue)
+            jobs_stop_from_task(parent.app, parent.hostname)
             return
         except client.ServerUnavailable as exc:
             log.warning("runner %s cannot ask for its health: %s", config.name, exc)
@@ -195,17 +195,6 @@ def jobs_stop(app, *, cancel) -> None:
     jobs_pause(app, cancel=cancel)
 
 
-def jobs_stop_signalled(app, *, cancel) -> None:
-    """``jobs_stop`` where raising cannot stop the worker (a task in a
-    prefork child, a timer): a shutdown is asked of the main process by
-    signal (warm, like ``WorkerShutdown``)."""
-    try:
-        jobs_stop(app, cancel=cancel)
-    except WorkerShutdown:
-        main = os.getpid() if current_process().name == "MainProcess" else os.getppid()
-        os.kill(main, signal.SIGTERM)
-
-
 def _cancel_from_task(app, hostname: str):
     """The consumer lives in the worker's main process (the parent of a
     prefork child): a task cancels its queues by a control message."""
@@ -213,8 +202,15 @@ def _cancel_from_task(app, hostname: str):
 
 
 def jobs_stop_from_task(app, hostname: str) -> None:
-    """``jobs_stop`` from inside a task."""
-    jobs_stop_signalled(app, cancel=_cancel_from_task(app, hostname))
+    """``jobs_stop`` where raising cannot stop the worker (a task in a
+    prefork child, or the consumer's timer): queues are cancelled by a
+    control message and a shutdown is asked of the main process by signal
+    (warm, like ``WorkerShutdown``)."""
+    try:
+        jobs_stop(app, cancel=_cancel_from_task(app, hostname))
+    except WorkerShutdown:
+        main = os.getpid() if current_process().name == "MainProcess" else os.getppid()
+        os.kill(main, signal.SIGTERM)
 
 
 def jobs_pause_from_task(app, hostname: str) -> None:

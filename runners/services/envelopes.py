@@ -8,6 +8,7 @@ import json
 
 from django.core.exceptions import PermissionDenied, ValidationError
 
+from matrix.models import ID_MAX
 from runners import signing
 from runners.models import Runner, RunnerState
 
@@ -24,10 +25,9 @@ REQUEST_KINDS = ("claim", "recover", "outbox", "queues")
 # sent in slices of this size.
 REQUEST_MAX_JOBS = 500
 
-# Ids and the heartbeat sequence are stored in signed 64-bit columns, an
-# attempt in a small one: a larger number cannot be stored, and failing on
-# it inside the database would fail the whole request.
-ID_MAX = 2**63 - 1
+# Ids and the heartbeat sequence are stored in signed 64-bit columns
+# (ID_MAX), an attempt in a small one: a larger number cannot be stored, and
+# failing on it inside the database would fail the whole request.
 ATTEMPT_MAX = 2**15 - 1
 HEARTBEAT_STATES = (RunnerState.ONLINE, RunnerState.BUSY)
 _ABSENT = object()

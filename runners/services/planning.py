@@ -56,13 +56,7 @@ def cells_select(
         shapes = shapes.served()
     device_types = DeviceType.objects.all()
     if device_type not in (None, ""):
-        text = str(device_type)
-        if text.isdigit():
-            device_types = device_types.filter(pk=int(text))
-        elif text in Backend.values:
-            device_types = device_types.filter(backend=text)
-        else:
-            device_types = device_types.filter(model__icontains=text)
+        device_types = device_types.named(device_type)
     toolchains = Toolchain.objects.all()
     if toolchain:
         toolchains = toolchains.filter(name=toolchain)

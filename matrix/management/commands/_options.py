@@ -6,20 +6,16 @@ from __future__ import annotations
 
 import argparse
 
-# Ids are stored in signed 64-bit columns; SQLite fails on a larger number
-# with an OverflowError instead of finding nothing.
-ID_MAX = 2**63 - 1
-
-
-def is_ascii_number(text: str) -> bool:
-    """Digits 0-9 only: str.isdigit() also takes "²", which int() refuses."""
-    return text.isascii() and text.isdigit()
+from matrix.models import ID_MAX
 
 
 def database_id(text: str) -> int:
     """An id as an option takes it: a whole number from 1 to ID_MAX."""
     stripped = text.strip()
-    if not is_ascii_number(stripped) or not 1 <= int(stripped) <= ID_MAX:
+    # ASCII digits only: str.isdigit() also takes "²", which int() refuses.
+    if not (stripped.isascii() and stripped.isdigit()) or not (
+        1 <= int(stripped) <= ID_MAX
+    ):
         raise argparse.ArgumentTypeError(
             f"takes an id, a whole number from 1 to {ID_MAX}; got {text!r}"
         )

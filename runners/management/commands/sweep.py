@@ -8,7 +8,7 @@ import time
 from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 
-from matrix.management.commands._options import ID_MAX, is_ascii_number, not_empty
+from matrix.management.commands._options import not_empty
 from matrix.models import Backend, DeviceType, Operator, Toolchain
 from runners import services
 from runners.models import Runner
@@ -37,15 +37,9 @@ def filters_check(*, operator=None, device_type=None, toolchain=None, **_) -> No
             f"--operator must be one of {', '.join(names)}; got {operator!r}"
         )
     if device_type:
-        if is_ascii_number(device_type):
-            known = (
-                int(device_type) <= ID_MAX
-                and DeviceType.objects.filter(pk=int(device_type)).exists()
-            )
-        else:
-            known = device_type in Backend.values or (
-                DeviceType.objects.filter(model__icontains=device_type).exists()
-            )
+        known = device_type in Backend.values or (
+            DeviceType.objects.named(device_type).exists()
+        )
         if not known:
             types = DeviceType.objects.order_by("pk")
             raise CommandError(
