@@ -82,7 +82,7 @@ def test_an_unknown_toolchain_is_named_and_the_current_one_shown(
     )
     body = response.content.decode()
     assert "Unknown toolchain “tl-9”: showing tl-0.1.15 instead." in body
-    assert "Latest result on tl-0.1.15" in body
+    assert "Latest result on TileLang 0.1.15" in body
 
 
 def test_the_job_download_reproduces_the_cell(client, results, device_types):
@@ -117,8 +117,11 @@ def test_it_refuses_post(client, owner, results, device_types):
     assert client.post(url).status_code == 405
 
 
-def test_a_cell_page_stays_within_ten_queries(
+def test_a_cell_page_stays_within_eleven_queries(
     client, results, device_types, django_assert_max_num_queries
 ):
-    with django_assert_max_num_queries(10):
+    # One reads the operator's other shapes for the across-shapes chart,
+    # three the toolchains' hosts and the filter choices (shared by every
+    # page for a few seconds; the cache is empty here).
+    with django_assert_max_num_queries(11):
         client.get(cell_url(results["second"], "cuda", device_types))
