@@ -43,12 +43,13 @@ def speedup(kernel_ms: float | None, reference_ms: float | None) -> float | None
 
 
 def ratio_text(value: float, floor: float) -> str:
-    """'1.04×'; three decimals where two would round across the floor
-    ('0.949×' is below 0.95, so it does not read '0.95×')."""
-    two = f"{value:.2f}"
-    if (value < floor) != (float(two) < floor):
-        return f"{value:.3f}×"
-    return f"{two}×"
+    """'1.04×'; more decimals where two would round across the floor
+    (0.9499 reads '0.9499×', below 0.95, not '0.95×')."""
+    for places in range(2, 7):
+        text = f"{value:.{places}f}"
+        if (float(text) < floor) == (value < floor):
+            break
+    return f"{text}×"
 
 
 def speed_class(value: float | None, floor: float) -> str:

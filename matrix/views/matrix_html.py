@@ -167,8 +167,8 @@ def shape_cells(
         speedup = c.speedup if c.status == Status.PASS else None
         if speedup:
             verdict = "" if speedup >= floor else "; production keeps the reference"
-            title = (
-                f"{title} · {ratio_text(speedup, floor)} the reference's speed "
+            title += escape(
+                f" · {ratio_text(speedup, floor)} the reference's speed "
                 f"({c.kernel_ms:.3g} ms against {c.reference_ms:.3g} ms){verdict}"
             )
             tail = tail.replace("</a>", f" {speed_text(speedup, floor)}</a>", 1)
