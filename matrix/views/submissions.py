@@ -95,7 +95,7 @@ def submission_review(request, pk: int):
     revision = _get_submission_for_user(request, pk)
     if revision.author_id == request.user.pk:
         raise Refused(
-            "you wrote this submission, so another reviewer approves or rejects it"
+            "You wrote this submission, so another reviewer approves or rejects it"
         )
     if not submissions.can_review(request.user, revision):
         raise PermissionDenied("only reviewers review submissions")

@@ -212,7 +212,7 @@ def upgrade_decide(request, pk: int):
     proposal = _get_proposal_for_user(request.user, pk)
     if request.user.pk == proposal.proposer_id:
         raise Refused(
-            "you proposed this upgrade, so your decision cannot count: "
+            "You proposed this upgrade, so your decision cannot count: "
             "another reviewer approves or rejects it"
         )
     if not services.is_reviewer(request.user):
@@ -267,7 +267,7 @@ def upgrade_exception(request, pk: int):
     proposal = _get_proposal_for_user(request.user, pk)
     if request.user.pk == proposal.proposer_id:
         raise Refused(
-            "you proposed this upgrade, so another reviewer grants any exception to it"
+            "You proposed this upgrade, so another reviewer grants any exception to it"
         )
     if not services.is_reviewer(request.user):
         raise PermissionDenied("only reviewers grant exceptions")
