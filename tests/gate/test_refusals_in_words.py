@@ -66,7 +66,7 @@ def test_a_missing_role_still_points_at_an_admin(
         )
     assert response.status_code == 403
     body = response.content.decode()
-    assert "Only reviewers decide on upgrades" in body
+    assert "only reviewers decide on upgrades" in body
     assert ROLE_HINT in body
     assert tracebacks(caplog) == []
 
