@@ -84,6 +84,7 @@ def main() -> None:
             ],
         },
     )
+    services.runner_approve(name=runner.name)
     cells = services.cells_select(
         operator="elementwise_add", toolchain="bench-toolchain"
     )

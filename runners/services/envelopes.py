@@ -115,7 +115,9 @@ def envelope_runner(envelope, runners: dict | None = None) -> Runner:
     if runner is None:
         raise PermissionDenied(f"unknown runner {name!r}")
     if runner.revoked_at is not None:
-        raise PermissionDenied(f"runner {name!r} is revoked")
+        raise PermissionDenied(
+            f"runner {name!r} is {'refused' if runner.is_refused else 'revoked'}"
+        )
     return runner
 
 

@@ -22,6 +22,7 @@ from django.utils import timezone
 from matrix.models import Cell, JobState, Result, Status, ValidationJob
 from runners import bulk
 from runners.models import Receipt, Runner
+from runners.services.coherence import result_check
 from runners.services.envelopes import (
     RESULT_MAX_AGE_S,
     envelope_runner,
@@ -41,16 +42,6 @@ class Outcome:
     result: Result | None = None
     reason: str = ""
     code: int = 200
-
-
-def _number(value):
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    try:
-        number = float(value)
-    except OverflowError:  # an integer beyond any float: no usable value
-        return None
-    return None if math.isnan(number) else number  # NaN is "no value"
 
 
 def _text(value, cap: int) -> str:
@@ -84,16 +75,20 @@ def _error_fields(raw) -> tuple[str, str]:
     return signature, message
 
 
-JOB_ROW = (
-    "pk",
-    "state",
-    "attempt",
-    "runner_id",
-    "revision_id",
-    "shape_id",
-    "device_type_id",
-    "toolchain_id",
-)
+# A job's row as ingest reads it: attribute name -> column.
+JOB_ROW = {
+    "pk": "pk",
+    "state": "state",
+    "attempt": "attempt",
+    "stage": "stage",
+    "runner_id": "runner_id",
+    "revision_id": "revision_id",
+    "shape_id": "shape_id",
+    "device_type_id": "device_type_id",
+    "toolchain_id": "toolchain_id",
+    "operator": "revision__operator__name",
+    "dtype": "shape__dtype",
+}
 STATUSES = frozenset(Status.values)
 # Parts of a harness result that are objects when present (error is null
 # when nothing failed).
@@ -109,15 +104,19 @@ def _result_from(job: SimpleNamespace, attempt: int, raw: dict) -> Result:
             raise ValidationError(
                 f"result.{part} must be an object or null, got {shown(raw[part])}"
             )
+    tolerance = result_check(
+        stage=job.stage, operator=job.operator, dtype=job.dtype, raw=raw
+    )
     metrics = raw.get("metrics") or {}
     timings = raw.get("timings") or {}
     fingerprint = raw.get("fingerprint") or {}
     signature, message = _error_fields(raw)
     details = {
-        k: raw[k]
-        for k in ("tolerance", "kernel_source", "target", "stage", "seed")
-        if k in raw
+        k: raw[k] for k in ("kernel_source", "target", "stage", "seed") if k in raw
     }
+    # The tolerance the result was checked against: this server's.
+    if tolerance is not None:
+        details["tolerance"] = tolerance
     details["fingerprint_components"] = fingerprint.get("components") or {}
     if raw.get("error") and raw["error"].get("pass_name"):
         details["pass_name"] = _text(raw["error"]["pass_name"], 120)
@@ -131,14 +130,14 @@ def _result_from(job: SimpleNamespace, attempt: int, raw: dict) -> Result:
         toolchain_id=job.toolchain_id,
         status=status,
         stage_reached=_text(raw.get("stage_reached") or "", 10),
-        rel_err=_number(metrics.get("rel_err")),
-        max_abs_err=_number(metrics.get("max_abs_err")),
-        mismatch_ratio=_number(metrics.get("mismatch_ratio")),
-        compile_s=_number(timings.get("compile_s")),
-        kernel_ms=_number(timings.get("kernel_ms")),
-        reference_ms=_number(timings.get("reference_ms")),
-        tflops=_number(timings.get("tflops")),
-        gbps=_number(timings.get("gbps")),
+        rel_err=metrics.get("rel_err"),
+        max_abs_err=metrics.get("max_abs_err"),
+        mismatch_ratio=metrics.get("mismatch_ratio"),
+        compile_s=timings.get("compile_s"),
+        kernel_ms=timings.get("kernel_ms"),
+        reference_ms=timings.get("reference_ms"),
+        tflops=timings.get("tflops"),
+        gbps=timings.get("gbps"),
         error_signature=signature,
         error_message=message,
         fingerprint=_text(fingerprint.get("hash") or "", 64),
@@ -305,10 +304,11 @@ def results_ingest(*, envelopes: list) -> list[Outcome]:
         # overlapping batches queue behind each other instead of deadlocking.
         jobs = {
             row[0]: SimpleNamespace(**dict(zip(JOB_ROW, row, strict=True)))
-            for row in ValidationJob.objects.select_for_update()
+            # Only the jobs are locked, not the shapes and operators joined.
+            for row in ValidationJob.objects.select_for_update(of=("self",))
             .filter(pk__any={p["job"] for _, p, _ in checked.values()})
             .order_by("pk")
-            .values_list(*JOB_ROW)
+            .values_list(*JOB_ROW.values())
         }
         stored = {
             (r.job_id, r.attempt): r

@@ -74,7 +74,7 @@ def test_a_job_whose_kernel_source_differs_here_ends_in_an_infra_error(
 def test_ingest_result_logs_a_refusal_instead_of_failing(
     cpu_runner, running_job, caplog
 ):
-    envelope = cpu_runner.result(running_job)
+    envelope = cpu_runner.result(running_job, status="compile_error")
     tasks.ingest_result(envelope)
     replay = resigned(
         cpu_runner.result(running_job, status="pass"),
@@ -85,13 +85,13 @@ def test_ingest_result_logs_a_refusal_instead_of_failing(
         tasks.ingest_result(replay)
         tasks.ingest_result("garbage")
     assert "replayed envelope" in caplog.text
-    assert Result.objects.get().status == Status.LOWERED
+    assert Result.objects.get().status == Status.COMPILE_ERROR
 
 
 def test_ingest_result_delivered_twice_is_already_stored(
     cpu_runner, running_job, caplog
 ):
-    envelope = cpu_runner.result(running_job)
+    envelope = cpu_runner.result(running_job, status="compile_error")
     tasks.ingest_result(envelope)
     with caplog.at_level(logging.INFO, logger="runners.tasks"):
         tasks.ingest_result(envelope)
