@@ -23,9 +23,8 @@ migrate: install
 
 seed: migrate
 	$(PY) manage.py seed_demo
-	# Evidence from real GPUs, through the normal ingest; its toolchain is the
-	# demo's current one. A refusal is shown, not fatal (results older than the
-	# ingest's 90-day window are refused).
+	# Evidence from real GPUs, through the normal ingest, whatever its age; its
+	# toolchain is the demo's current one. A refusal is shown, not fatal.
 	-$(PY) manage.py evidence import --current-if-none docs/evidence/*.evidence.json
 	$(PY) manage.py ensure_admin
 

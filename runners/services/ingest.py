@@ -201,14 +201,14 @@ def _cells_upsert(results: list[Result], now) -> None:
         )
 
 
-def _check(envelope, runners: dict) -> tuple[Runner, dict, dict] | Outcome:
+def _check(
+    envelope, runners: dict, max_age_s: float
+) -> tuple[Runner, dict, dict] | Outcome:
     """Identity, signature and shape checks that need no lock: what the
     envelope says, or the Outcome refusing it."""
     try:
         runner = envelope_runner(envelope, runners)
-        payload = payload_verify(
-            envelope, runner, kind="result", max_age_s=RESULT_MAX_AGE_S
-        )
+        payload = payload_verify(envelope, runner, kind="result", max_age_s=max_age_s)
     except PermissionDenied as exc:
         return Outcome("refused", reason=str(exc), code=403)
     except ValidationError as exc:
@@ -216,14 +216,14 @@ def _check(envelope, runners: dict) -> tuple[Runner, dict, dict] | Outcome:
     return runner, payload, payload["result"]
 
 
-def _checks(envelopes: list, runners: dict) -> list:
+def _checks(envelopes: list, runners: dict, max_age_s: float) -> list:
     """``_check`` of every envelope, in order. Ed25519 verification releases
     the GIL and is most of a batch's time, so a large batch is verified in a
     few contiguous slices side by side (a future per envelope cost more to
     hand out than a verification)."""
 
     def check_all(part: list) -> list:
-        return [_check(envelope, runners) for envelope in part]
+        return [_check(envelope, runners, max_age_s) for envelope in part]
 
     if len(envelopes) < VERIFY_PARALLEL_FROM:
         return check_all(envelopes)
@@ -272,10 +272,19 @@ def _store(accepted: list[tuple[Result, Runner, dict]]) -> None:
     proposals_reevaluate_for_results(results=results)
 
 
-def results_ingest(*, envelopes: list) -> list[Outcome]:
+# An archived evidence file is replayed whatever its age: each result in it
+# is still single-use, by its job attempt and its nonce.
+ARCHIVED = math.inf
+
+
+def results_ingest(
+    *, envelopes: list, max_age_s: float = RESULT_MAX_AGE_S
+) -> list[Outcome]:
     """Store signed results, one Outcome per envelope in order. Each is
     checked alone (a bad one does not block the rest); the accepted ones are
-    written together with their cells in one transaction."""
+    written together with their cells in one transaction. A live upload is
+    refused past ``max_age_s``; ``ARCHIVED`` takes signed evidence of any
+    age."""
     if not isinstance(envelopes, list):
         raise ValidationError("expected a list of result envelopes")
     names = {
@@ -284,7 +293,7 @@ def results_ingest(*, envelopes: list) -> list[Outcome]:
         if isinstance(e, dict) and isinstance(e.get("signer"), str)
     }
     runners = {r.name: r for r in Runner.objects.filter(name__in=names)}
-    outcomes = _checks(envelopes, runners)
+    outcomes = _checks(envelopes, runners, max_age_s)
     checked = {i: v for i, v in enumerate(outcomes) if not isinstance(v, Outcome)}
 
     with transaction.atomic():
