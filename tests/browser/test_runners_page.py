@@ -54,6 +54,7 @@ def test_register_a_runner_and_see_it_online(tab, admin_user):
     claims = row.inner_text()
     assert "pending approval" in claims and "no queue until approved" in claims
     assert runner.key_fingerprint in claims and "x86-64 CPU" in claims
+    tab.screenshot("runners-pending")
     row.locator("button", has_text="Approve").click()
     page.wait_for_selector("#runner-list tr:has-text('cpu-ui') .badge.active")
     assert page.evaluate("document.activeElement.textContent") == "Maintenance"
