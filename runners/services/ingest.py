@@ -97,8 +97,11 @@ RESULT_OBJECTS = ("metrics", "timings", "fingerprint", "error")
 
 def _result_from(job: SimpleNamespace, attempt: int, raw: dict) -> Result:
     status = raw.get("status")
-    if status not in STATUSES:
-        raise ValidationError(f"unknown result status {status!r}")
+    # A list or an object is no status either (and is not hashable).
+    if not isinstance(status, str) or status not in STATUSES:
+        raise ValidationError(
+            f"result.status must be a status of the ladder, got {shown(status)}"
+        )
     for part in RESULT_OBJECTS:
         if raw.get(part) is not None and not isinstance(raw[part], dict):
             raise ValidationError(

@@ -108,6 +108,9 @@ INCOHERENT = [
         id="timing-not-a-number",
     ),
     pytest.param(
+        ["pass"], _pass(), "result.status must be a status", id="status-a-list"
+    ),
+    pytest.param(
         "lowered",
         {},
         "result.status",

@@ -120,7 +120,9 @@ def test_a_result_for_a_superseded_attempt_is_refused(cpu_runner, running_job):
 
 
 def test_an_unknown_status_is_refused(cpu_runner, running_job):
-    with pytest.raises(ValidationError, match="unknown result status"):
+    with pytest.raises(
+        ValidationError, match="result.status must be a status of the ladder"
+    ):
         services.result_ingest(envelope=cpu_runner.result(running_job, status="great"))
 
 
