@@ -92,6 +92,10 @@ def runner_reconnect(*, envelope) -> dict:
     not)."""
     runner, payload = request_verify(envelope, kind="recover")
     counts = {"requeued": 0, "lost": 0, "republished": 0}
+    if runner.health == Runner.Health.PENDING:
+        # It runs nothing and has no queue: the queues it claims to have
+        # are another runner's, whose jobs it must not have sent again.
+        return counts
     if payload["restarted"]:
         counts.update(runner_recover(runner=runner))
     else:

@@ -96,6 +96,19 @@ def _shapes(count):
     return list(Shape.objects.filter(source_profile="cpu-smoke").order_by("pk"))[:count]
 
 
+def test_a_pending_runner_has_nothing_sent_again_on_the_queues_it_claims(
+    register, cpu_cells
+):
+    lab = register(name="lab-a")
+    evil = register(name="evil", approved=False)
+    sweep = services.sweep_plan(cells=cpu_cells()[:2])
+    assert {job.queue for job in sweep.jobs.all()} <= set(lab.runner.queues())
+
+    reply = services.runner_reconnect(envelope=evil.request("recover", restarted=True))
+
+    assert reply == {"requeued": 0, "lost": 0, "republished": 0}
+
+
 def test_a_pending_runner_does_not_route_validation_to_its_device(register, catalog):
     inventory = cpu_inventory()
     inventory["devices"] = [H200]
