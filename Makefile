@@ -27,9 +27,8 @@ seed: migrate
 	# counts each model's own calls (shapes they share included).
 	$(PY) manage.py import_shapes --profile mixtral-8x7b
 	$(PY) manage.py import_shapes --profile qwen2.5-7b
-	# Evidence from real GPUs, through the normal ingest; its toolchain is the
-	# demo's current one. A refusal is shown, not fatal (results older than the
-	# ingest's 90-day window are refused).
+	# Evidence from real GPUs, through the normal ingest, whatever its age; its
+	# toolchain is the demo's current one. A refusal is shown, not fatal.
 	-$(PY) manage.py evidence import --current-if-none docs/evidence/*.evidence.json
 	$(PY) manage.py ensure_admin
 

@@ -59,6 +59,7 @@ def main() -> None:
             ],
         },
     )
+    services.runner_approve(name=runner.name)
     services.runner_heartbeat(
         envelope=services.heartbeat_envelope(
             runner_name=runner.name, sequence=1, state="online", key=key

@@ -1,8 +1,28 @@
+"""The admin site shows everything and changes little: records whose state
+is a decision (reviews, current revisions and toolchains, jobs, results,
+cells, the upgrade gate, runners, the audit log) change only through the
+pages and commands, whose services check who may do it and audit it. What
+stays editable (device types, shapes, users, groups, login lockouts) is
+audited by the site itself (runners.roles.AuditedAdmin)."""
+
 from __future__ import annotations
 
 from django.contrib import admin
 
 from matrix import models
+
+
+class ReadOnlyAdmin(admin.ModelAdmin):
+    """Shown, never added, changed or deleted here."""
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
 
 
 @admin.register(models.DeviceType)
@@ -12,12 +32,17 @@ class DeviceTypeAdmin(admin.ModelAdmin):
 
 
 @admin.register(models.Operator)
-class OperatorAdmin(admin.ModelAdmin):
+class OperatorAdmin(ReadOnlyAdmin):
+    """Defined by the operator library (runners.kernels), seeded from it."""
+
     list_display = ["name", "dims"]
 
 
 @admin.register(models.KernelRevision)
-class KernelRevisionAdmin(admin.ModelAdmin):
+class KernelRevisionAdmin(ReadOnlyAdmin):
+    """Reviewed on the submissions page, by a reviewer other than its author
+    (matrix.submissions.kernel_review): approving makes it current."""
+
     list_display = ["operator", "source_sha256", "origin", "review_state", "is_current"]
     list_filter = ["origin", "review_state", "is_current"]
 
@@ -36,12 +61,14 @@ class ShapeAdmin(admin.ModelAdmin):
 
 
 @admin.register(models.Toolchain)
-class ToolchainAdmin(admin.ModelAdmin):
+class ToolchainAdmin(ReadOnlyAdmin):
+    """Registered by runners; current through an upgrade's rollout."""
+
     list_display = ["name", "tilelang_version", "fingerprint", "is_current"]
 
 
 @admin.register(models.ValidationJob)
-class ValidationJobAdmin(admin.ModelAdmin):
+class ValidationJobAdmin(ReadOnlyAdmin):
     list_display = [
         "id",
         "shape",
@@ -56,7 +83,7 @@ class ValidationJobAdmin(admin.ModelAdmin):
 
 
 @admin.register(models.Result)
-class ResultAdmin(admin.ModelAdmin):
+class ResultAdmin(ReadOnlyAdmin):
     list_display = [
         "id",
         "shape",
@@ -71,36 +98,22 @@ class ResultAdmin(admin.ModelAdmin):
 
 
 @admin.register(models.Cell)
-class CellAdmin(admin.ModelAdmin):
+class CellAdmin(ReadOnlyAdmin):
     list_display = ["shape", "device_type", "toolchain", "status", "updated_at"]
     list_filter = ["status"]
     raw_id_fields = ["shape", "result", "revision"]
 
 
 @admin.register(models.AuditEvent)
-class AuditEventAdmin(admin.ModelAdmin):
+class AuditEventAdmin(ReadOnlyAdmin):
+    """Append-only."""
+
     list_display = ["created_at", "actor_label", "verb", "object_type", "object_id"]
     list_filter = ["verb"]
 
-    def has_change_permission(self, request, obj=None):
-        return False
 
-    def has_delete_permission(self, request, obj=None):
-        return False
-
-
-class ReadOnlyAdmin(admin.ModelAdmin):
-    """Gate records change only through matrix.gate.services, which audits
-    every transition; the admin shows them."""
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
+# Gate records change only through matrix.gate.services, which audits every
+# transition.
 
 
 @admin.register(models.Policy)

@@ -12,6 +12,7 @@ from ninja import NinjaAPI, Schema, Status
 from ninja.errors import ValidationError as InputError
 
 from matrix.api_errors import refusals_declare
+from matrix.api_json import StrictJSONRenderer
 
 
 class TileMatrixApi(NinjaAPI):
@@ -28,6 +29,7 @@ api = TileMatrixApi(
     # The interactive docs page loads Swagger UI from a CDN: blocked by the
     # Content-Security-Policy and unusable offline. The schema stays.
     docs_url=None,
+    renderer=StrictJSONRenderer(),
 )
 
 

@@ -7,6 +7,7 @@ SQLite file and lose a production run's results.
 
 from __future__ import annotations
 
+import ipaddress
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -34,6 +35,24 @@ def url_scheme(variable: str, raw: str, schemes: set[str], expected: str) -> str
             f"expected {expected}, got a URL with scheme {scheme or 'none'!r}",
         )
     return scheme
+
+
+def parse_networks(variable: str, raw: str | None) -> tuple:
+    """Comma-separated IP addresses or networks (``10.0.0.5``,
+    ``10.0.0.0/8``, ``::1``); unset or empty: none."""
+    networks = []
+    for part in (raw or "").split(","):
+        if not part.strip():
+            continue
+        try:
+            networks.append(ipaddress.ip_network(part.strip()))
+        except ValueError:
+            raise bad(
+                variable,
+                "expected comma-separated IP addresses or networks "
+                f"(10.0.0.5, 10.0.0.0/8), got {part.strip()!r}",
+            ) from None
+    return tuple(networks)
 
 
 def parse_bool(variable: str, raw: str | None, default: bool) -> bool:

@@ -98,10 +98,17 @@ AUTHENTICATION_BACKENDS = [
     "django.contrib.auth.backends.ModelBackend",
 ]
 # Login throttling: 5 failures for one username from one address lock that
-# pair out for 15 minutes.
+# pair out for 15 minutes, and nobody else (matrix/lockout.py). The address
+# is the connection's, or behind the proxies named in
+# TILEMATRIX_TRUSTED_PROXIES the one they forwarded.
 AXES_FAILURE_LIMIT = 5
 AXES_COOLOFF_TIME = 0.25  # hours
 AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_CLIENT_IP_CALLABLE = "matrix.lockout.client_address"
+AXES_LOCKOUT_CALLABLE = "matrix.lockout.lockout_response"
+TILEMATRIX_TRUSTED_PROXIES = config.parse_networks(
+    "TILEMATRIX_TRUSTED_PROXIES", os.environ.get("TILEMATRIX_TRUSTED_PROXIES")
+)
 AXES_VERBOSE = False
 AXES_SENSITIVE_PARAMETERS = ["password", "token", "registration_token"]
 # Anonymous visitors may read pages in the embedded default (DEBUG), so that

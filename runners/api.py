@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.core.exceptions import PermissionDenied, ValidationError
-from ninja import Body, Router, Schema, Status
+from ninja import Body, Field, Router, Schema, Status
 
 from matrix.api_errors import Problem
 from runners import services, signing
@@ -33,6 +33,8 @@ class HostedToolchain(Schema):
 class Registered(Schema):
     id: int
     name: str
+    health: str = Field(description="pending: no queue until a runner admin approves")
+    key_fingerprint: str
     queues: list[str]
     server_public_key: str
     heartbeat_s: float
@@ -96,7 +98,9 @@ def _problem(exc: Exception) -> Status:
     auth=None,
 )
 def register(request, body: Registration):
-    """Exchange a single-use registration token for a runner record."""
+    """Exchange a single-use registration token for a runner record. The
+    runner is pending: it has no queue until a runner admin approves its
+    inventory (devices, toolchains, host, key fingerprint)."""
     try:
         runner = services.runner_register(
             token=body.token,
@@ -112,7 +116,10 @@ def register(request, body: Registration):
         {
             "id": runner.pk,
             "name": runner.name,
-            "queues": runner.queues(),
+            "health": runner.health,
+            "key_fingerprint": runner.key_fingerprint,
+            # Empty until a runner admin approves what it claims.
+            "queues": [],
             "server_public_key": signing.server_public_key(),
             "heartbeat_s": services.heartbeat_interval_s(),
             "toolchains": [
@@ -162,7 +169,8 @@ def jobs_claim(request, envelope: Body[Any]):
     """Claim the jobs of a message (signed request, payload ``{"kind":
     "claim", "runner", "jobs": [{"job", "attempt"}, ...]}``): each is taken
     atomically, only from the runner's queues; ``held`` are those it already
-    had; ``health`` is ``maintenance`` when the runner may take nothing now."""
+    had; ``health`` is ``maintenance`` or ``pending`` (not yet approved) when
+    the runner may take nothing now."""
     return _signed(services.jobs_claim, envelope)
 
 
@@ -192,7 +200,8 @@ def outbox_pending(request, envelope: Body[Any]):
 )
 def runner_queues(request, envelope: Body[Any]):
     """The queues the runner's worker consumes and the runner's health
-    (signed request, payload ``{"kind": "queues", "runner"}``)."""
+    (signed request, payload ``{"kind": "queues", "runner"}``); a pending
+    runner has none until it is approved."""
     return _signed(services.runner_queues, envelope)
 
 

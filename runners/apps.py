@@ -19,7 +19,9 @@ class RunnersConfig(AppConfig):
         from runners.tasks import ROUTES
         from runners.worker import RunnerHost
 
-        post_migrate.connect(roles_create, sender=self, dispatch_uid="roles_create")
+        # After every app's migrations, not only this one's: the admin role
+        # holds the permissions of apps migrated after it (axes).
+        post_migrate.connect(roles_create, dispatch_uid="roles_create")
 
         app.steps["consumer"].add(RunnerHost)
         app.conf.task_routes = {**(app.conf.task_routes or {}), **ROUTES}

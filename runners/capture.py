@@ -4,6 +4,9 @@
 imports ``FACTORY`` from ``MODULE``, calls it with no arguments to build the
 module, runs one forward per token count under ``torch.no_grad()`` and writes
 the calls it saw, counted per forward, for ``manage.py import_shapes --trace``.
+The module runs in its own dtype (an fp16 model built with ``.half()``
+records float16 shapes); ``--dtype`` casts it first, and the trace says so
+(``"cast": true``).
 
 The recorder is a ``TorchDispatchMode``: it sees the aten ops that really run,
 after ``linear`` and ``matmul`` have decomposed. What it recognises:
@@ -301,21 +304,41 @@ def example_input(module: torch.nn.Module, tokens: int, dtype, hidden: int | Non
     return torch.randn(1, tokens, hidden, dtype=dtype, device=device)
 
 
+def module_dtype(module: torch.nn.Module) -> torch.dtype:
+    """The floating dtype a module computes in: its floating parameters' (or
+    buffers'), float32 for a module that has none."""
+    tensors = [*module.parameters(), *module.buffers()]
+    floating = [t.dtype for t in tensors if t.is_floating_point()]
+    return floating[0] if floating else torch.float32
+
+
+def module_dtypes(module: torch.nn.Module) -> str:
+    """The floating dtypes of a module's parameters and buffers, as a trace
+    names them: one name, or several joined by "+" (a mixed module)."""
+    tensors = [*module.parameters(), *module.buffers()]
+    names = sorted({dtype_name(t.dtype) for t in tensors if t.is_floating_point()})
+    return "+".join(names) or dtype_name(torch.float32)
+
+
 def trace_module(
     module: torch.nn.Module,
     *,
     tokens: list[int],
     model: str,
-    dtype: torch.dtype = torch.float32,
+    dtype: torch.dtype | None = None,
     hidden: int | None = None,
 ) -> dict:
     """Run one forward per token count and return the trace document. The
-    module is cast to ``dtype`` in place and put in eval mode."""
-    module = module.to(dtype).eval()
+    module runs in its own dtype, or is cast to ``dtype`` in place when one
+    is given; it is put in eval mode."""
+    if dtype is not None:
+        module = module.to(dtype)
+    module = module.eval()
+    ran_in = module_dtype(module)
     torch.manual_seed(0)
     calls, unmapped = [], []
     for t in tokens:
-        x = example_input(module, t, dtype, hidden)
+        x = example_input(module, t, ran_in, hidden)
         with torch.no_grad(), CallRecorder() as recorder:
             module(x)
         for (operator, dims, dt), count in sorted(recorder.calls.items()):
@@ -333,7 +356,9 @@ def trace_module(
     return {
         "model": model,
         "tokens": list(tokens),
-        "dtype": dtype_name(dtype),
+        "dtype": module_dtypes(module),
+        # Whether --dtype cast the module, or it ran as its factory built it.
+        "cast": dtype is not None,
         "torch": torch.__version__,
         "calls": calls,
         "unmapped": unmapped,
@@ -379,7 +404,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("factory", metavar="MODULE:FACTORY")
     parser.add_argument("--tokens", type=token_counts, required=True)
     parser.add_argument("--out", required=True)
-    parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
+    parser.add_argument(
+        "--dtype",
+        choices=sorted(DTYPES),
+        help="cast the module to this dtype first (default: run it as built)",
+    )
     parser.add_argument(
         "--hidden", type=int, help="hidden size, for modules without an embedding"
     )
@@ -394,7 +423,7 @@ def main(argv: list[str] | None = None) -> int:
             module,
             tokens=ns.tokens,
             model=ns.factory,
-            dtype=DTYPES[ns.dtype],
+            dtype=DTYPES[ns.dtype] if ns.dtype else None,
             hidden=ns.hidden,
         )
     except CaptureError as exc:
@@ -403,9 +432,11 @@ def main(argv: list[str] | None = None) -> int:
         json.dump(trace, f, indent=1)
         f.write("\n")
     total = sum(c["count"] for c in trace["calls"])
+    how = "cast to" if trace["cast"] else "in the module's own"
     print(
         f"{ns.out}: {len(trace['calls'])} shapes, {total} calls at tokens "
-        f"{','.join(map(str, ns.tokens))}, {len(trace['unmapped'])} unmapped"
+        f"{','.join(map(str, ns.tokens))} ({how} {trace['dtype']}), "
+        f"{len(trace['unmapped'])} unmapped"
     )
     return 0
 

@@ -7,7 +7,7 @@ the runner signed. Importing it registers the runner with its own public
 key, recreates its jobs under their ids, assigned to it, and hands the
 signed results to the normal ingest: signature, runner identity,
 assignment, replay and idempotency checks all apply, so a result altered
-after the lab signed it is refused. A malformed job (named by its index in
+after the lab signed it is refused; only its age is not held against it. A malformed job (named by its index in
 the file, ``jobs[N]``), a job listed twice, a job id already used by
 another job, a result that is not a signed envelope of the file's runner
 for one of its jobs (``results[N]``), or a file with no jobs or no results
@@ -42,6 +42,7 @@ from matrix.services import shape_clean, shape_import, weight_clean
 from runners import services, signing
 from runners.models import Runner
 from runners.services.envelopes import shown
+from runners.services.ingest import ARCHIVED
 
 FORMAT = "tilematrix-evidence/1"
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
@@ -154,7 +155,9 @@ def evidence_import(data: object, *, current_if_none: bool = False) -> dict:
         # Imported before: its results are stored and their nonces spent.
         counts["duplicate"] = len(results)
         return counts
-    outcomes = services.results_ingest(envelopes=results)
+    # Evidence does not expire: a file archived years ago replays as it did
+    # the day it came home (the live upload keeps its age limit).
+    outcomes = services.results_ingest(envelopes=results, max_age_s=ARCHIVED)
     for index, outcome in enumerate(outcomes):
         if outcome.status == "refused":
             counts["refused"].append(f"result {index}: {outcome.reason}")

@@ -1,6 +1,8 @@
 """Runner hosts: registered machines that own devices and toolchains and run
 validation jobs. Two fields, as in a device lab: ``state`` is set by the
-machine, ``health`` by an admin; every change is an audit event."""
+machine, ``health`` by an admin; every change is an audit event. A runner
+starts ``pending``: what it claims to have (devices, toolchains, host, key)
+is only its word until a runner admin has seen it and approved it."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from django.db import models
 from django.utils import timezone
 
 from matrix.models import AuditEvent, DeviceType, Toolchain, choices_check
+from runners import signing
 
 
 class RunnerQuerySet(models.QuerySet):
@@ -34,6 +37,7 @@ class RunnerState(models.TextChoices):
 
 
 class RunnerHealth(models.TextChoices):
+    PENDING = "pending", "pending approval"
     ACTIVE = "active"
     MAINTENANCE = "maintenance"
     RETIRED = "retired"
@@ -50,7 +54,7 @@ class Runner(models.Model):
     )
     state = models.CharField(max_length=8, choices=State.choices, default=State.OFFLINE)
     health = models.CharField(
-        max_length=12, choices=Health.choices, default=Health.ACTIVE
+        max_length=12, choices=Health.choices, default=Health.PENDING
     )
     inventory = models.JSONField(default=dict, blank=True)
     device_types = models.ManyToManyField(
@@ -133,8 +137,60 @@ class Runner(models.Model):
     def go_busy(self) -> None:
         self._change("state", self.State.BUSY, verb="runner.busy")
 
+    @property
+    def key_fingerprint(self) -> str:
+        return signing.key_fingerprint(self.public_key)
+
+    @property
+    def is_pending(self) -> bool:
+        return self.health == RunnerHealth.PENDING and self.revoked_at is None
+
+    @property
+    def is_refused(self) -> bool:
+        return self.health == RunnerHealth.PENDING and self.revoked_at is not None
+
+    def claims(self) -> dict:
+        """What the runner says it has, as a runner admin reviews it: the
+        record an approval or refusal keeps in the audit log."""
+        inventory = self.inventory or {}
+        host = inventory.get("host") or {}
+        return {
+            "host": host.get("hostname", ""),
+            "key_fingerprint": self.key_fingerprint,
+            "devices": [str(d) for d in self.device_types.all()],
+            "toolchains": [
+                {"name": t.name, "fingerprint": t.fingerprint}
+                for t in self.toolchains.all()
+            ],
+            "nvcc": self.has_nvcc,
+        }
+
     def set_health(self, health: str, *, by) -> None:
         self._change("health", health, actor=by, by_self=False, verb=f"runner.{health}")
+
+    def approve(self, *, by=None) -> None:
+        """Give a pending runner its queues, recording what was approved."""
+        self.health = RunnerHealth.ACTIVE
+        self.save(update_fields=["health"])
+        AuditEvent.record(
+            actor=by,
+            verb="runner.approve",
+            obj=self,
+            before={"health": RunnerHealth.PENDING},
+            after={"health": RunnerHealth.ACTIVE, "approved": self.claims()},
+        )
+
+    def refuse(self, *, by=None) -> None:
+        """Refuse a pending runner: its key is revoked, so its next message
+        is refused and its name stays taken."""
+        self.revoked_at = timezone.now()
+        self.save(update_fields=["revoked_at"])
+        AuditEvent.record(
+            actor=by,
+            verb="runner.refuse",
+            obj=self,
+            after={"revoked": True, "refused": self.claims()},
+        )
 
     def revoke(self, *, by=None) -> None:
         if self.revoked_at:

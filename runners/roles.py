@@ -21,7 +21,7 @@ on a populated matrix): ``TILEMATRIX_ANONYMOUS_READ``, off unless DEBUG.
 from __future__ import annotations
 
 from django.conf import settings
-from django.contrib.admin import AdminSite
+from django.contrib.admin import AdminSite, ModelAdmin
 from django.contrib.auth.views import redirect_to_login
 from django.core.exceptions import PermissionDenied
 from django.urls import Resolver404, resolve
@@ -159,9 +159,51 @@ class RoleMiddleware:
         raise PermissionDenied("your account has no role; ask an admin for one")
 
 
+class AuditedAdmin:
+    """Mixed into every ModelAdmin of the admin site (RoleAdminSite.register):
+    each add, change and delete made there is also an AuditEvent, in the
+    same transaction, whoever registered the model (auth's users and groups,
+    axes' lockouts included). Django's own LogEntry is not the audit log."""
+
+    def log_addition(self, request, obj, message):
+        self._audit(request, obj, "add", message)
+        return super().log_addition(request, obj, message)
+
+    def log_change(self, request, obj, message):
+        self._audit(request, obj, "change", message)
+        return super().log_change(request, obj, message)
+
+    def log_deletions(self, request, queryset):
+        for obj in queryset:
+            self._audit(request, obj, "delete", [])
+        return super().log_deletions(request, queryset)
+
+    def _audit(self, request, obj, action: str, message) -> None:
+        from matrix.models import AuditEvent
+
+        AuditEvent.record(
+            actor=request.user,
+            verb=f"admin.{action}",
+            obj=obj,
+            # Which fields changed (Django's change message), never values:
+            # a password form is a change too.
+            after={"object": str(obj)[:200], "change": message or []},
+        )
+
+
 class RoleAdminSite(AdminSite):
     """The admin site for holders of the admin role only (staff status alone
-    is not enough)."""
+    is not enough), where every change made is audited."""
 
     def has_permission(self, request):
         return request.user.is_active and has_role(request.user, ADMIN)
+
+    def register(self, model_or_iterable, admin_class=None, **options):
+        admin_class = admin_class or ModelAdmin
+        if not issubclass(admin_class, AuditedAdmin):
+            admin_class = type(
+                admin_class.__name__,
+                (AuditedAdmin, admin_class),
+                {"__module__": admin_class.__module__},
+            )
+        super().register(model_or_iterable, admin_class, **options)

@@ -10,6 +10,7 @@ models: callers look the signer's public key up themselves.
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import os
 import re
@@ -51,6 +52,14 @@ def public_key_hex(private_key: Ed25519PrivateKey) -> str:
         serialization.Encoding.Raw, serialization.PublicFormat.Raw
     )
     return raw.hex()
+
+
+def key_fingerprint(public_key: str) -> str:
+    """A short, readable digest of a public key (hex), for a person to
+    compare on two screens: SHA256 of the raw key, its first 16 bytes in
+    groups of four hex digits."""
+    digest = hashlib.sha256(bytes.fromhex(public_key)).hexdigest()[:32]
+    return ":".join(digest[i : i + 4] for i in range(0, 32, 4))
 
 
 def private_key_from_bytes(raw: bytes) -> Ed25519PrivateKey:

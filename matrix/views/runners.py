@@ -1,5 +1,6 @@
 """Runner hosts: state, health, heartbeat, devices, toolchains, queue depth;
-registration tokens, revocation and maintenance."""
+registration tokens, approval of what a new runner claims, revocation and
+maintenance."""
 
 from __future__ import annotations
 
@@ -136,6 +137,30 @@ def runner_health(request, pk: int):
     except ValidationError as exc:
         return HttpResponseBadRequest("; ".join(exc.messages))
     return _after_change(request, runner)
+
+
+@login_required
+@require_POST
+def runner_approve(request, pk: int):
+    """A pending runner's inventory, as shown in its row, is approved: it
+    gets its queues."""
+    return _decide(request, pk, services.runner_approve)
+
+
+@login_required
+@require_POST
+def runner_refuse(request, pk: int):
+    """A pending runner is refused: its key is revoked."""
+    return _decide(request, pk, services.runner_refuse)
+
+
+def _decide(request, pk: int, decide):
+    runner = _get_runner_for_user(request, pk)
+    try:
+        runner = decide(name=runner.name, by=request.user)
+    except ValidationError as exc:
+        return HttpResponseBadRequest("; ".join(exc.messages))
+    return _after_change(request, runner, revoked=runner.revoked_at is not None)
 
 
 @login_required

@@ -41,6 +41,8 @@ from runners.services.planning import (
     sweep_plan,
 )
 from runners.services.registration import (
+    runner_approve,
+    runner_refuse,
     runner_register,
     runner_revoke,
     token_create,
@@ -73,11 +75,13 @@ __all__ = [
     "result_envelope",
     "result_ingest",
     "results_ingest",
+    "runner_approve",
     "runner_health_set",
     "runner_heartbeat",
     "runner_queues",
     "runner_reap",
     "runner_reconnect",
+    "runner_refuse",
     "runner_recover",
     "runner_register",
     "runner_revoke",

@@ -14,6 +14,8 @@ from runners.models import Runner, RunnerState
 
 # Offline bundles travel by hand from labs without a network path, so a
 # result may be weeks old when it arrives; its nonce still makes it single-use.
+# A live upload (POST /api/v1/results, the control queue) older than this is
+# refused; an archived evidence file (`evidence import`) has no age limit.
 RESULT_MAX_AGE_S = 90 * 24 * 3600
 HEARTBEAT_MAX_AGE_S = 300
 # Requests a runner makes over HTTP (claim, recover, outbox, queues) are
@@ -115,7 +117,9 @@ def envelope_runner(envelope, runners: dict | None = None) -> Runner:
     if runner is None:
         raise PermissionDenied(f"unknown runner {name!r}")
     if runner.revoked_at is not None:
-        raise PermissionDenied(f"runner {name!r} is revoked")
+        raise PermissionDenied(
+            f"runner {name!r} is {'refused' if runner.is_refused else 'revoked'}"
+        )
     return runner
 
 

@@ -22,6 +22,7 @@ from django.utils import timezone
 from matrix.models import Cell, JobState, Result, Status, ValidationJob
 from runners import bulk
 from runners.models import Receipt, Runner
+from runners.services.coherence import result_check
 from runners.services.envelopes import (
     RESULT_MAX_AGE_S,
     envelope_runner,
@@ -41,16 +42,6 @@ class Outcome:
     result: Result | None = None
     reason: str = ""
     code: int = 200
-
-
-def _number(value):
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    try:
-        number = float(value)
-    except OverflowError:  # an integer beyond any float: no usable value
-        return None
-    return None if math.isnan(number) else number  # NaN is "no value"
 
 
 def _text(value, cap: int) -> str:
@@ -84,16 +75,20 @@ def _error_fields(raw) -> tuple[str, str]:
     return signature, message
 
 
-JOB_ROW = (
-    "pk",
-    "state",
-    "attempt",
-    "runner_id",
-    "revision_id",
-    "shape_id",
-    "device_type_id",
-    "toolchain_id",
-)
+# A job's row as ingest reads it: attribute name -> column.
+JOB_ROW = {
+    "pk": "pk",
+    "state": "state",
+    "attempt": "attempt",
+    "stage": "stage",
+    "runner_id": "runner_id",
+    "revision_id": "revision_id",
+    "shape_id": "shape_id",
+    "device_type_id": "device_type_id",
+    "toolchain_id": "toolchain_id",
+    "operator": "revision__operator__name",
+    "dtype": "shape__dtype",
+}
 STATUSES = frozenset(Status.values)
 # Parts of a harness result that are objects when present (error is null
 # when nothing failed).
@@ -102,22 +97,29 @@ RESULT_OBJECTS = ("metrics", "timings", "fingerprint", "error")
 
 def _result_from(job: SimpleNamespace, attempt: int, raw: dict) -> Result:
     status = raw.get("status")
-    if status not in STATUSES:
-        raise ValidationError(f"unknown result status {status!r}")
+    # A list or an object is no status either (and is not hashable).
+    if not isinstance(status, str) or status not in STATUSES:
+        raise ValidationError(
+            f"result.status must be a status of the ladder, got {shown(status)}"
+        )
     for part in RESULT_OBJECTS:
         if raw.get(part) is not None and not isinstance(raw[part], dict):
             raise ValidationError(
                 f"result.{part} must be an object or null, got {shown(raw[part])}"
             )
+    tolerance = result_check(
+        stage=job.stage, operator=job.operator, dtype=job.dtype, raw=raw
+    )
     metrics = raw.get("metrics") or {}
     timings = raw.get("timings") or {}
     fingerprint = raw.get("fingerprint") or {}
     signature, message = _error_fields(raw)
     details = {
-        k: raw[k]
-        for k in ("tolerance", "kernel_source", "target", "stage", "seed")
-        if k in raw
+        k: raw[k] for k in ("kernel_source", "target", "stage", "seed") if k in raw
     }
+    # The tolerance the result was checked against: this server's.
+    if tolerance is not None:
+        details["tolerance"] = tolerance
     details["fingerprint_components"] = fingerprint.get("components") or {}
     if raw.get("error") and raw["error"].get("pass_name"):
         details["pass_name"] = _text(raw["error"]["pass_name"], 120)
@@ -131,14 +133,14 @@ def _result_from(job: SimpleNamespace, attempt: int, raw: dict) -> Result:
         toolchain_id=job.toolchain_id,
         status=status,
         stage_reached=_text(raw.get("stage_reached") or "", 10),
-        rel_err=_number(metrics.get("rel_err")),
-        max_abs_err=_number(metrics.get("max_abs_err")),
-        mismatch_ratio=_number(metrics.get("mismatch_ratio")),
-        compile_s=_number(timings.get("compile_s")),
-        kernel_ms=_number(timings.get("kernel_ms")),
-        reference_ms=_number(timings.get("reference_ms")),
-        tflops=_number(timings.get("tflops")),
-        gbps=_number(timings.get("gbps")),
+        rel_err=metrics.get("rel_err"),
+        max_abs_err=metrics.get("max_abs_err"),
+        mismatch_ratio=metrics.get("mismatch_ratio"),
+        compile_s=timings.get("compile_s"),
+        kernel_ms=timings.get("kernel_ms"),
+        reference_ms=timings.get("reference_ms"),
+        tflops=timings.get("tflops"),
+        gbps=timings.get("gbps"),
         error_signature=signature,
         error_message=message,
         fingerprint=_text(fingerprint.get("hash") or "", 64),
@@ -202,14 +204,14 @@ def _cells_upsert(results: list[Result], now) -> None:
         )
 
 
-def _check(envelope, runners: dict) -> tuple[Runner, dict, dict] | Outcome:
+def _check(
+    envelope, runners: dict, max_age_s: float
+) -> tuple[Runner, dict, dict] | Outcome:
     """Identity, signature and shape checks that need no lock: what the
     envelope says, or the Outcome refusing it."""
     try:
         runner = envelope_runner(envelope, runners)
-        payload = payload_verify(
-            envelope, runner, kind="result", max_age_s=RESULT_MAX_AGE_S
-        )
+        payload = payload_verify(envelope, runner, kind="result", max_age_s=max_age_s)
     except PermissionDenied as exc:
         return Outcome("refused", reason=str(exc), code=403)
     except ValidationError as exc:
@@ -217,14 +219,14 @@ def _check(envelope, runners: dict) -> tuple[Runner, dict, dict] | Outcome:
     return runner, payload, payload["result"]
 
 
-def _checks(envelopes: list, runners: dict) -> list:
+def _checks(envelopes: list, runners: dict, max_age_s: float) -> list:
     """``_check`` of every envelope, in order. Ed25519 verification releases
     the GIL and is most of a batch's time, so a large batch is verified in a
     few contiguous slices side by side (a future per envelope cost more to
     hand out than a verification)."""
 
     def check_all(part: list) -> list:
-        return [_check(envelope, runners) for envelope in part]
+        return [_check(envelope, runners, max_age_s) for envelope in part]
 
     if len(envelopes) < VERIFY_PARALLEL_FROM:
         return check_all(envelopes)
@@ -273,10 +275,19 @@ def _store(accepted: list[tuple[Result, Runner, dict]]) -> None:
     proposals_reevaluate_for_results(results=results)
 
 
-def results_ingest(*, envelopes: list) -> list[Outcome]:
+# An archived evidence file is replayed whatever its age: each result in it
+# is still single-use, by its job attempt and its nonce.
+ARCHIVED = math.inf
+
+
+def results_ingest(
+    *, envelopes: list, max_age_s: float = RESULT_MAX_AGE_S
+) -> list[Outcome]:
     """Store signed results, one Outcome per envelope in order. Each is
     checked alone (a bad one does not block the rest); the accepted ones are
-    written together with their cells in one transaction."""
+    written together with their cells in one transaction. A live upload is
+    refused past ``max_age_s``; ``ARCHIVED`` takes signed evidence of any
+    age."""
     if not isinstance(envelopes, list):
         raise ValidationError("expected a list of result envelopes")
     names = {
@@ -285,7 +296,7 @@ def results_ingest(*, envelopes: list) -> list[Outcome]:
         if isinstance(e, dict) and isinstance(e.get("signer"), str)
     }
     runners = {r.name: r for r in Runner.objects.filter(name__in=names)}
-    outcomes = _checks(envelopes, runners)
+    outcomes = _checks(envelopes, runners, max_age_s)
     checked = {i: v for i, v in enumerate(outcomes) if not isinstance(v, Outcome)}
 
     with transaction.atomic():
@@ -305,10 +316,11 @@ def results_ingest(*, envelopes: list) -> list[Outcome]:
         # overlapping batches queue behind each other instead of deadlocking.
         jobs = {
             row[0]: SimpleNamespace(**dict(zip(JOB_ROW, row, strict=True)))
-            for row in ValidationJob.objects.select_for_update()
+            # Only the jobs are locked, not the shapes and operators joined.
+            for row in ValidationJob.objects.select_for_update(of=("self",))
             .filter(pk__any={p["job"] for _, p, _ in checked.values()})
             .order_by("pk")
-            .values_list(*JOB_ROW)
+            .values_list(*JOB_ROW.values())
         }
         stored = {
             (r.job_id, r.attempt): r

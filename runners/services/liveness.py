@@ -229,6 +229,12 @@ def runner_health_set(*, runner: Runner, health: str, by=None) -> int:
     revoked runner stays revoked: its health is not set."""
     if runner.revoked_at is not None:
         raise ValidationError("a revoked runner stays revoked")
+    if runner.health == Runner.Health.PENDING or health == Runner.Health.PENDING:
+        raise ValidationError(
+            f"runner {runner.name!r} is waiting for approval: approve or refuse it"
+            if runner.health == Runner.Health.PENDING
+            else "a runner is pending only until it is approved"
+        )
     was = runner.health
     runner.set_health(health, by=by)
     if was != Runner.Health.ACTIVE and health == Runner.Health.ACTIVE:

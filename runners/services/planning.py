@@ -330,7 +330,15 @@ def bundle_plan(
     of reaping: they come home by hand, through POST /api/v1/results."""
     runner = Runner.objects.routable().filter(name=runner_name).first()
     if runner is None:
-        raise ValidationError(f"no active, unrevoked runner named {runner_name!r}")
+        pending = Runner.objects.filter(
+            name=runner_name, health=Runner.Health.PENDING, revoked_at__isnull=True
+        ).exists()
+        raise ValidationError(
+            f"runner {runner_name!r} is waiting for approval: a runner admin "
+            "approves it first (Runners page, or `runner approve NAME`)"
+            if pending
+            else f"no active, unrevoked runner named {runner_name!r}"
+        )
     hosted = set(runner.toolchains.values_list("id", flat=True))
     devices = set(runner.device_types.values_list("id", flat=True))
     wanted = [c for c in dict.fromkeys(_ids(cells)) if c[2] in hosted]

@@ -1,5 +1,11 @@
 """Registration: single-use tokens exchanged for a Runner that holds the
-runner's public key, device types and toolchains; and revocation."""
+runner's public key, device types and toolchains; approval or refusal of
+what it claims by a runner admin; and revocation.
+
+A registered runner is pending: it may say it has any device and any
+toolchain fingerprint (a token proves only that an admin let someone
+register), so it gets no queue, claims nothing and is planned no bundle
+until a runner admin has seen its inventory and approved it."""
 
 from __future__ import annotations
 
@@ -23,6 +29,11 @@ INVENTORY_MAX_BYTES = 64 * 1024
 DEVICE_MEMORY_MAX_GB = 1_000_000
 INVENTORY_MAX_DEVICES = 64
 INVENTORY_MAX_TOOLCHAINS = 16
+# The Toolchain row keeps the TileLang version in a column of this width;
+# the other components are versions in JSON.
+TILELANG_VERSION_MAX = Toolchain._meta.get_field("tilelang_version").max_length
+COMPONENT_MAX = 120
+HOSTNAME_MAX = 253
 
 
 @transaction.atomic
@@ -98,6 +109,13 @@ def _clean_toolchain(i: int, raw) -> dict:
     # Only the toolchain itself identifies it: the same toolchain on two hosts
     # with different GPUs or kernels must match one Toolchain row.
     components = {k: components.get(k) for k in TOOLCHAIN_KEYS}
+    for key, value in components.items():
+        limit = TILELANG_VERSION_MAX if key == "tilelang" else COMPONENT_MAX
+        if value is not None and (not isinstance(value, str) or len(value) > limit):
+            raise ValidationError(
+                f"inventory.toolchains[{i}].components.{key} must be a version "
+                f"of at most {limit} characters, or null"
+            )
     return {
         "name": name,
         "interpreter": interpreter[:300],
@@ -139,6 +157,12 @@ def inventory_clean(inventory) -> dict:
     host = inventory.get("host", {})
     if not isinstance(host, dict):
         raise ValidationError("inventory.host must be an object")
+    hostname = host.get("hostname", "")
+    if not isinstance(hostname, str) or len(hostname) > HOSTNAME_MAX:
+        raise ValidationError(
+            f"inventory.host.hostname must be a host name of at most "
+            f"{HOSTNAME_MAX} characters"
+        )
     return {
         "devices": [_clean_device(i, d) for i, d in enumerate(devices)],
         "toolchains": [_clean_toolchain(i, t) for i, t in enumerate(toolchains)],
@@ -232,6 +256,7 @@ def runner_register(*, token: str, name: str, public_key: str, inventory) -> Run
                 public_key=public_key,
                 inventory=clean,
                 state=Runner.State.OFFLINE,
+                health=Runner.Health.PENDING,
             )
     except IntegrityError:
         # Another registration took the name or the key since the check
@@ -258,8 +283,45 @@ def runner_register(*, token: str, name: str, public_key: str, inventory) -> Run
         after={
             "device_types": [str(d) for d in device_types],
             "toolchains": sorted({t.name for t, _ in hosted}),
+            "key_fingerprint": runner.key_fingerprint,
+            "health": runner.health,
         },
     )
+    return runner
+
+
+def _pending(name: str) -> Runner:
+    runner = Runner.objects.select_for_update().filter(name=name).first()
+    if runner is None:
+        raise ValidationError(f"no runner named {name!r}")
+    if runner.revoked_at is not None:
+        raise ValidationError(
+            f"runner {name!r} is {'refused' if runner.is_refused else 'revoked'}: "
+            "it stays so"
+        )
+    if runner.health != Runner.Health.PENDING:
+        raise ValidationError(
+            f"runner {name!r} is not waiting for approval (it is {runner.health})"
+        )
+    return runner
+
+
+@transaction.atomic
+def runner_approve(*, name: str, by=None) -> Runner:
+    """Approve a pending runner's inventory: from now on it has its queues,
+    claims jobs and may be planned bundles. The audit event keeps what was
+    approved (devices, toolchains, host, key fingerprint)."""
+    runner = _pending(name)
+    runner.approve(by=by)
+    return runner
+
+
+@transaction.atomic
+def runner_refuse(*, name: str, by=None) -> Runner:
+    """Refuse a pending runner: it is revoked (its key refused at its next
+    message, its name kept) and the audit event keeps what it claimed."""
+    runner = _pending(name)
+    runner.refuse(by=by)
     return runner
 
 

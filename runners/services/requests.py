@@ -92,6 +92,10 @@ def runner_reconnect(*, envelope) -> dict:
     not)."""
     runner, payload = request_verify(envelope, kind="recover")
     counts = {"requeued": 0, "lost": 0, "republished": 0}
+    if runner.health == Runner.Health.PENDING:
+        # It runs nothing and has no queue: the queues it claims to have
+        # are another runner's, whose jobs it must not have sent again.
+        return counts
     if payload["restarted"]:
         counts.update(runner_recover(runner=runner))
     else:
@@ -116,6 +120,9 @@ def outbox_pending(*, envelope) -> dict:
 @transaction.atomic
 def runner_queues(*, envelope) -> dict:
     """The queues a runner's worker consumes, as the server sees them now,
-    and whether it may take work from them (its health)."""
+    and whether it may take work from them (its health: ``pending`` until a
+    runner admin approves it, with no queue)."""
     runner, _ = request_verify(envelope, kind="queues")
-    return {"name": runner.name, "queues": runner.queues(), "health": runner.health}
+    # A pending runner is given no queue: what it claims is unapproved.
+    queues = [] if runner.health == Runner.Health.PENDING else runner.queues()
+    return {"name": runner.name, "queues": queues, "health": runner.health}

@@ -55,6 +55,11 @@ def test_register_a_runner_then_run_missing_cells_to_real_results(chromium, clus
             "runner", "register", "--server", cluster.server, "--token", token,
             "--name", "cpu-ui", "--key-dir", str(cluster.key_dir("cpu-ui")),
         )  # fmt: skip
+        tab.open("/runners/")
+        page.locator("tr", has_text="cpu-ui").locator(
+            "button", has_text="Approve"
+        ).click()
+        page.wait_for_selector("tr:has-text('cpu-ui') .badge.active")
         # The default harness: the real sandboxed TileLang run.
         cluster.start_runner("cpu-ui")
         wait_for(

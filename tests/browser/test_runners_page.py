@@ -1,6 +1,6 @@
 """Registering a runner through the runners page: the token is shown once
-with the command, the host registers with it, and the page shows the runner
-online after its first heartbeat."""
+with the command, the host registers with it, the page shows it pending with
+its inventory and key fingerprint, and approved it is online."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def test_register_a_runner_and_see_it_online(tab, admin_user):
 
     # What `manage.py runner register` and the worker's first heartbeat do.
     key = Ed25519PrivateKey.generate()
-    services.runner_register(
+    runner = services.runner_register(
         token=token,
         name="cpu-ui",
         public_key=signing.public_key_hex(key),
@@ -50,7 +50,15 @@ def test_register_a_runner_and_see_it_online(tab, admin_user):
     # The list refreshes itself every 10 s.
     page.wait_for_selector("#runner-list tr:has-text('cpu-ui')", timeout=15_000)
     row = page.locator("#runner-list tr", has_text="cpu-ui")
-    assert "online" in row.inner_text() and "x86-64 CPU" in row.inner_text()
+    # Pending, with what it claims shown for the admin to check.
+    claims = row.inner_text()
+    assert "pending approval" in claims and "no queue until approved" in claims
+    assert runner.key_fingerprint in claims and "x86-64 CPU" in claims
+    tab.screenshot("runners-pending")
+    row.locator("button", has_text="Approve").click()
+    page.wait_for_selector("#runner-list tr:has-text('cpu-ui') .badge.active")
+    assert page.evaluate("document.activeElement.textContent") == "Maintenance"
+    assert "online" in row.inner_text()
     tab.screenshot("runners")
 
     row.locator("text=Maintenance").click()

@@ -93,3 +93,42 @@ def test_a_module_without_an_embedding_needs_its_hidden_size(tmp_path, capsys):
     assert main([factory, "--tokens", "3", "--out", str(out), "--hidden", "64"]) == 0
     operators = {c["operator"] for c in json.loads(out.read_text())["calls"]}
     assert operators == {"gemm", "attention_causal", "rmsnorm", "elementwise_add"}
+
+
+def _dtypes(trace: dict) -> set[str]:
+    return {c["dtype"] for c in trace["calls"]}
+
+
+def test_without_dtype_a_half_model_records_float16_shapes(tmp_path, capsys):
+    """Issue 19: the module was cast to float32 by default, so an fp16 model
+    captured without the flag recorded float32 shapes."""
+    out = tmp_path / "trace.json"
+
+    assert main([f"{FACTORY}_half", "--tokens", "1,5", "--out", str(out)]) == 0
+
+    trace = json.loads(out.read_text())
+    assert (trace["dtype"], trace["cast"]) == ("float16", False)
+    assert _dtypes(trace) == {"float16"}
+    assert "(in the module's own float16)" in capsys.readouterr().out
+    as_float32 = trace_module(build(), tokens=[1, 5], model=FACTORY)
+    assert len(trace["calls"]) == len(as_float32["calls"])
+
+
+def test_with_dtype_it_casts_the_module_and_says_so(tmp_path, capsys):
+    out = tmp_path / "trace.json"
+
+    main([f"{FACTORY}_half", "--tokens", "3", "--out", str(out), "--dtype", "bfloat16"])
+
+    trace = json.loads(out.read_text())
+    assert (trace["dtype"], trace["cast"]) == ("bfloat16", True)
+    assert _dtypes(trace) == {"bfloat16"}
+    assert "(cast to bfloat16)" in capsys.readouterr().out
+
+
+def test_a_half_block_without_an_embedding_is_fed_half_hidden_states():
+    from tests.capture.tiny_decoder import one_block
+
+    trace = trace_module(one_block().half(), tokens=[3], model="block", hidden=64)
+
+    assert (trace["dtype"], trace["cast"]) == ("float16", False)
+    assert _dtypes(trace) == {"float16"}

@@ -84,3 +84,8 @@ def one_block() -> Block:
     """A decoder block alone: it takes hidden states, not input ids."""
     torch.manual_seed(0)
     return Block(Config())
+
+
+def build_half() -> TinyDecoder:
+    """An fp16 model as a serving stack builds one: ``.half()``."""
+    return build().half()

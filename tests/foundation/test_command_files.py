@@ -167,6 +167,7 @@ def test_evidence_export_writes_the_file_it_names(catalog, tmp_path):
         public_key=signing.public_key_hex(key),
         inventory=cpu_inventory(),
     )
+    services.runner_approve(name="lab")
     cells = [
         (shape, DeviceType.objects.get(backend="c"), Toolchain.objects.get())
         for shape in Shape.objects.filter(source_profile="cpu-smoke")

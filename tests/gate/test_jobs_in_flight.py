@@ -24,6 +24,7 @@ def online_runner(name, *, device_types, toolchains, nvcc=False):
         name=name,
         public_key=hashlib.sha256(name.encode()).hexdigest(),  # one key a runner
         state=Runner.State.ONLINE,
+        health=Runner.Health.ACTIVE,
         last_heartbeat=timezone.now(),
         inventory={"nvcc": nvcc},
     )

@@ -80,6 +80,7 @@ def runner(db, tmp_path, monkeypatch, server_http):
             "host": {"hostname": "ab-test"},
         },
     )
+    services.runner_approve(name="cpu-ab")
     # Online, so the planner routes validate jobs for `c` to it.
     services.runner_heartbeat(
         envelope=services.heartbeat_envelope(

@@ -262,6 +262,8 @@ class Cluster:
             prefix=prefix,
             env=RUNNER_ENV,
         )
+        # The runner admin approves what it claims, as on the Runners page.
+        self.manage("runner", "approve", runner)
         return done.stdout
 
     def start_runner(self, runner: str, prefix: tuple = (), **env) -> None:

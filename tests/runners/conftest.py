@@ -10,6 +10,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from matrix.models import DeviceType, Shape, Toolchain
 from runners import services, signing
+from runners.harness.result import SUCCESS_FOR_STAGE
+from runners.services.coherence import PASS_METRICS
 
 CPU_COMPONENTS = {
     "tilelang": "0.1.15",
@@ -80,11 +82,15 @@ class RunnerHand:
             kind=kind, runner_name=self.name, key=self.key, **fields
         )
 
-    def result(self, job, status="lowered", **fields) -> dict:
+    def result(self, job, status=None, **fields) -> dict:
+        """A result for ``job``: by default its stage's success (a validate
+        job's pass, with metrics well within tolerance)."""
+        status = status or SUCCESS_FOR_STAGE[job.stage]
+        passed = status == "pass"
         result = {
             "status": status,
-            "stage_reached": "lower",
-            "metrics": {"rel_err": None, "max_abs_err": None, "mismatch_ratio": None},
+            "stage_reached": job.stage,
+            "metrics": dict.fromkeys(PASS_METRICS, 0.0 if passed else None),
             "timings": {"compile_s": 0.5, "kernel_ms": None, "reference_ms": None},
             "error": None,
             "fingerprint": {"hash": "a" * 64, "components": CPU_COMPONENTS},
@@ -100,9 +106,10 @@ class RunnerHand:
 
 @pytest.fixture
 def register(catalog):
-    """Register a runner by name; returns a RunnerHand."""
+    """Register a runner by name, approved unless told otherwise; returns a
+    RunnerHand."""
 
-    def register(name="cpu-1", inventory=None, online=True):
+    def register(name="cpu-1", inventory=None, online=True, approved=True):
         key = Ed25519PrivateKey.generate()
         token = services.token_create(expires=timedelta(hours=1))
         runner = services.runner_register(
@@ -111,6 +118,8 @@ def register(catalog):
             public_key=signing.public_key_hex(key),
             inventory=inventory or cpu_inventory(),
         )
+        if approved:
+            runner = services.runner_approve(name=name)
         hand = RunnerHand(runner, key)
         if online:
             services.runner_heartbeat(envelope=hand.heartbeat())
@@ -152,35 +161,44 @@ def running_job(cpu_runner, cpu_cells):
 
 
 @pytest.fixture
-def host_dir(cpu_runner, tmp_path, monkeypatch, server_http):
-    """The CPU runner's key directory, as `runner register` leaves it, with
-    the harness replaced by its edge double; its requests to the server
+def host_dir_of(tmp_path, monkeypatch, server_http):
+    """A runner's key directory, as `runner register` leaves it, with the
+    harness replaced by its edge double; its requests to the server
     (http://testserver) are answered in process."""
     import sys
 
     from runners import host
 
-    directory = tmp_path / "runner"
-    signing.key_write(directory / "runner.key", cpu_runner.key)
-    toolchain = cpu_runner.runner.toolchains.get()
-    config = host.HostConfig(
-        directory=directory,
-        name=cpu_runner.name,
-        server="http://testserver",
-        server_public_key=signing.server_public_key(),
-        queues=cpu_runner.runner.queues(),
-        toolchains={
-            toolchain.fingerprint: {
-                "interpreter": sys.executable,
-                "name": toolchain.name,
-                "id": toolchain.pk,
-            }
-        },
-    )
-    config.save()
-    monkeypatch.setenv(host.RUNNER_DIR_ENV, str(directory))
-    monkeypatch.setenv(host.HARNESS_ENV, "tests.runners.edge_harness")
-    return config
+    def host_dir_of(hand: RunnerHand):
+        directory = tmp_path / "runner"
+        signing.key_write(directory / "runner.key", hand.key)
+        toolchain = hand.runner.toolchains.get()
+        config = host.HostConfig(
+            directory=directory,
+            name=hand.name,
+            server="http://testserver",
+            server_public_key=signing.server_public_key(),
+            queues=hand.runner.queues(),
+            toolchains={
+                toolchain.fingerprint: {
+                    "interpreter": sys.executable,
+                    "name": toolchain.name,
+                    "id": toolchain.pk,
+                }
+            },
+        )
+        config.save()
+        monkeypatch.setenv(host.RUNNER_DIR_ENV, str(directory))
+        monkeypatch.setenv(host.HARNESS_ENV, "tests.runners.edge_harness")
+        return config
+
+    return host_dir_of
+
+
+@pytest.fixture
+def host_dir(cpu_runner, host_dir_of):
+    """The CPU runner's key directory (see host_dir_of)."""
+    return host_dir_of(cpu_runner)
 
 
 @pytest.fixture

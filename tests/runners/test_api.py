@@ -36,13 +36,16 @@ def token(catalog):
     return services.token_create(expires=timedelta(hours=1))
 
 
-def test_register_returns_the_queues_and_the_server_key(client, token):
+def test_register_returns_a_pending_runner_with_no_queue_and_the_server_key(
+    client, token
+):
     response = post(client, "/runners/register", registration(token))
     assert response.status_code == 201
     body = response.json()
     runner = Runner.objects.get()
     assert body["id"] == runner.pk
-    assert body["queues"] == runner.queues()
+    assert (body["health"], body["queues"]) == ("pending", [])
+    assert body["key_fingerprint"] == runner.key_fingerprint
     assert body["server_public_key"] == signing.server_public_key()
     assert body["toolchains"][0]["interpreter"] == "/usr/bin/python3"
 
@@ -180,7 +183,7 @@ def test_an_upload_retried_after_a_lost_reply_is_already_stored(
 def test_an_envelope_reusing_a_spent_nonce_is_still_a_replay(
     client, cpu_runner, running_job
 ):
-    sent = cpu_runner.result(running_job)
+    sent = cpu_runner.result(running_job, status="compile_error")
     post(client, "/results", {"results": [sent]})
     replay = resigned(
         cpu_runner.result(running_job, status="pass"),
@@ -190,7 +193,7 @@ def test_an_envelope_reusing_a_spent_nonce_is_still_a_replay(
     response = post(client, "/results", {"results": [replay]})
     assert response.status_code == 409
     assert response.json()["detail"].startswith("replayed envelope")
-    assert Result.objects.get().status == Status.LOWERED
+    assert Result.objects.get().status == Status.COMPILE_ERROR
 
 
 def signed_result(hand, **payload) -> dict:

@@ -100,10 +100,16 @@ def test_register_over_http_then_a_reused_token_exits_with_the_reason(
         str(key_dir),
     )
     runner = Runner.objects.get()
-    assert f"registered runner lab-cpu (id {runner.pk})" in out
+    assert (
+        f"registered runner lab-cpu (id {runner.pk}): x86-64 CPU; key fingerprint "
+        f"{runner.key_fingerprint}\nrunner lab-cpu is waiting for approval"
+    ) in out
+    assert f"({live_server.url}/runners/)" in out
     assert stat.S_IMODE((key_dir / "runner.key").stat().st_mode) == 0o600
     config = json.loads((key_dir / "runner.json").read_text())
-    assert config["queues"] == runner.queues()
+    assert config["queues"] == []
+    assert run("queues", "--key-dir", str(key_dir)).strip() == ""
+    run("approve", "lab-cpu")
     assert run("queues", "--key-dir", str(key_dir)).strip() == ",".join(runner.queues())
     with pytest.raises(
         CommandError, match=r"refused \(403\): registration token already used"

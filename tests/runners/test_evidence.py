@@ -328,3 +328,45 @@ def test_export_refuses_an_empty_option(catalog, tmp_path, option):
     args = {"--sweep": "1", "--results": "r.json", "--out": str(tmp_path / "e.json")}
     with pytest.raises(CommandError, match=f"{option}: must not be empty"):
         export(*[part for k, v in (args | {option: ""}).items() for part in (k, v)])
+
+
+def test_archived_evidence_a_year_old_is_imported_while_a_live_upload_expires(
+    register, cpu_cells, client
+):
+    """Issue 19: with the 90-day limit of live uploads, a fresh `make run`
+    would have opened without its evidence from three months on. Each result
+    stays single-use (its job attempt, its nonce)."""
+    from datetime import UTC, datetime, timedelta
+
+    from runners import services
+    from runners.evidence import evidence_export
+
+    from .conftest import resigned
+
+    lab = register(name="lab-a")
+    sweep, _ = services.bundle_plan(runner_name="lab-a", cells=cpu_cells()[:3])
+    year_ago = (datetime.now(UTC) - timedelta(days=365)).isoformat()
+    results = [
+        resigned(lab.result(job, "compile_error"), lab.key, issued_at=year_ago)
+        for job in sweep.jobs.order_by("pk")
+    ]
+    live = client.post(
+        "/api/v1/results",
+        json.dumps({"results": results}),
+        content_type="application/json",
+    )
+    assert live.status_code == 403
+    assert live.json()["detail"].startswith("expired envelope: issued 315")
+    data = evidence_export(sweeps=[sweep], results=results, measured={})
+
+    counts = evidence_import(json.loads(json.dumps(data)))
+
+    assert counts == {"stored": 3, "duplicate": 0, "refused": []}
+    assert sweep.progress()["done"] == 3
+    again = evidence_import(json.loads(json.dumps(data)))
+    assert again == {"stored": 0, "duplicate": 3, "refused": []}
+    replay = resigned(results[0], lab.key, nonce="0" * 32)
+    (outcome,) = services.results_ingest(
+        envelopes=[replay], max_age_s=services.ingest.ARCHIVED
+    )
+    assert outcome.status == "duplicate"  # the job attempt holds its result

@@ -1,14 +1,13 @@
 from __future__ import annotations
 
 import copy
-import json
 import logging
 
 import pytest
 from celery.exceptions import Reject
 from django.urls import reverse
 
-from matrix.models import AuditEvent, Cell, JobState, Result, Status
+from matrix.models import Cell, JobState, Result, Status
 from runners import services, signing, tasks
 from runners.models import Runner
 
@@ -74,7 +73,7 @@ def test_a_job_whose_kernel_source_differs_here_ends_in_an_infra_error(
 def test_ingest_result_logs_a_refusal_instead_of_failing(
     cpu_runner, running_job, caplog
 ):
-    envelope = cpu_runner.result(running_job)
+    envelope = cpu_runner.result(running_job, status="compile_error")
     tasks.ingest_result(envelope)
     replay = resigned(
         cpu_runner.result(running_job, status="pass"),
@@ -85,13 +84,13 @@ def test_ingest_result_logs_a_refusal_instead_of_failing(
         tasks.ingest_result(replay)
         tasks.ingest_result("garbage")
     assert "replayed envelope" in caplog.text
-    assert Result.objects.get().status == Status.LOWERED
+    assert Result.objects.get().status == Status.COMPILE_ERROR
 
 
 def test_ingest_result_delivered_twice_is_already_stored(
     cpu_runner, running_job, caplog
 ):
-    envelope = cpu_runner.result(running_job)
+    envelope = cpu_runner.result(running_job, status="compile_error")
     tasks.ingest_result(envelope)
     with caplog.at_level(logging.INFO, logger="runners.tasks"):
         tasks.ingest_result(envelope)
@@ -174,22 +173,3 @@ def test_ending_maintenance_runs_the_jobs_whose_messages_were_lost(
     job.refresh_from_db()
     assert job.state == JobState.DONE
     assert Result.objects.get(job=job).status == Status.PASS
-
-
-def test_ending_maintenance_in_the_admin_runs_the_jobs_whose_messages_were_lost(
-    held_in_maintenance, client, admin_user, django_capture_on_commit_callbacks
-):
-    job, runner = held_in_maintenance
-    url = reverse("admin:runners_runner_change", args=[runner.pk])
-    form = {
-        "name": runner.name,
-        "health": "active",
-        "inventory": json.dumps(runner.inventory),
-        "device_types": [d.pk for d in runner.device_types.all()],
-    }
-    with django_capture_on_commit_callbacks(execute=True):
-        response = client.post(url, form)
-    assert response.status_code == 302
-    job.refresh_from_db()
-    assert job.state == JobState.DONE
-    assert AuditEvent.objects.filter(verb="runner.active", actor=admin_user).exists()

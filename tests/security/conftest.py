@@ -61,12 +61,17 @@ def objects(catalog, people):
         source=attack_source("good_add").replace("good_add", "matrix_add"),
         author=people[KERNEL_AUTHOR],
     )
-    runner = Runner.objects.create(name="perm-host", public_key="cd" * 32)
+    runner = Runner.objects.create(
+        name="perm-host", public_key="cd" * 32, health=Runner.Health.ACTIVE
+    )
+    pending = Runner.objects.create(name="perm-pending", public_key="ef" * 32)
     sweep = Sweep.objects.create(created_by=people[ADMIN])
     return {
         "sweep": sweep.pk,
         "runner-health": runner.pk,
         "runner-revoke": runner.pk,
+        "runner-approve": pending.pk,
+        "runner-refuse": pending.pk,
         "upgrade-exception-sign-off": exception.pk,
         "submission": submission.pk,
         "submission-review": submission.pk,

@@ -52,6 +52,8 @@ EXPECTED = {
     "runner-token": page(post=RUNNER_ADMINS),
     "runner-health": page(post=RUNNER_ADMINS),
     "runner-revoke": page(post=RUNNER_ADMINS),
+    "runner-approve": page(post=RUNNER_ADMINS),
+    "runner-refuse": page(post=RUNNER_ADMINS),
     "upgrades": READ,
     "upgrade-new": page(
         get={REVIEWER, ADMIN, SUPERUSER}, post={REVIEWER, ADMIN, SUPERUSER}

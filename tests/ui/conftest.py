@@ -195,6 +195,7 @@ def cpu_runner(device_types, toolchains):
         name="cpu-host",
         public_key="ab" * 32,
         state=Runner.State.ONLINE,
+        health=Runner.Health.ACTIVE,
         last_heartbeat=timezone.now(),
     )
     runner.device_types.set([device_types["c"]])

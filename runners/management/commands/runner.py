@@ -1,5 +1,6 @@
 """`manage.py runner ...`: registration tokens, registering this host,
-running its worker, offline bundles and revocation."""
+approving or refusing a registered runner, running its worker, offline
+bundles and revocation."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import json
 import os
 import re
 import sys
+import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -77,6 +79,20 @@ def post_json(url: str, body: dict, timeout: float = 60) -> tuple[int, dict]:
         raise CommandError(str(exc)) from None
 
 
+# The server's health of a runner no runner admin has approved yet
+# (Runner.Health.PENDING; the host side reads the word, not the model).
+PENDING = "pending"
+
+
+def awaiting_approval(name: str, server: str) -> str:
+    return (
+        f"runner {name} is waiting for approval: a runner admin checks its "
+        f"inventory and key fingerprint on the Runners page ({server}/runners/) "
+        f"and approves it there, or with `manage.py runner approve {name}` on "
+        "the server; until then it has no queue"
+    )
+
+
 def is_bundle_of(sweep_id: int, runner_name: str) -> bool:
     """Whether a sweep's jobs went to that runner's offline bundle (planned
     as one, or recreated from its evidence)."""
@@ -87,8 +103,8 @@ def is_bundle_of(sweep_id: int, runner_name: str) -> bool:
 
 class Command(BaseCommand):
     help = (
-        "Runner hosts: token create, register, work, queues, execute-bundle, "
-        "upload, bundle, bundle-abandon, maintenance, revoke."
+        "Runner hosts: token create, register, approve, refuse, work, queues, "
+        "execute-bundle, upload, bundle, bundle-abandon, maintenance, revoke."
     )
 
     def add_arguments(self, parser):
@@ -184,6 +200,15 @@ class Command(BaseCommand):
         maintenance.add_argument("name")
         maintenance.add_argument("switch", choices=["on", "off"])
 
+        for action, text in (
+            (
+                "approve",
+                "give a pending runner its queues, after checking its inventory",
+            ),
+            ("refuse", "refuse a pending runner (revokes its key)"),
+        ):
+            sub.add_parser(action, help=text).add_argument("name")
+
         revoke = sub.add_parser(
             "revoke", help="refuse a runner's next heartbeat and result"
         )
@@ -274,8 +299,9 @@ class Command(BaseCommand):
         devices = ", ".join(f"{d['vendor']} {d['model']}" for d in inventory["devices"])
         self.stdout.write(
             f"registered runner {reply['name']} (id {reply['id']}): {devices}; "
-            f"queues {','.join(reply['queues'])}"
+            f"key fingerprint {reply['key_fingerprint']}"
         )
+        self.stdout.write(awaiting_approval(reply["name"], server))
 
     def _config(self, key_dir) -> host.HostConfig:
         try:
@@ -283,23 +309,55 @@ class Command(BaseCommand):
         except host.HostError as exc:
             raise CommandError(str(exc)) from None
 
-    def _queues(self, config: host.HostConfig) -> list[str]:
+    def _queues(self, config: host.HostConfig) -> tuple[list[str], str]:
+        """The runner's queues and health, as the server sees them now."""
         # The server's view wins: device types or toolchains may have changed.
         # Asked over HTTP: a runner host holds no database credentials.
         try:
-            return client.signed_request(config, "queues")["queues"]
+            reply = client.signed_request(config, "queues")
         except client.ServerRefused as exc:
             if exc.status == 403 and exc.detail.startswith("unknown runner"):
                 raise CommandError(
                     f"the server does not know runner {config.name!r} "
                     "(its database was reset?): register again"
                 ) from None
+            if exc.status == 403 and exc.detail.endswith("is refused"):
+                raise CommandError(
+                    f"runner {config.name} was refused by a runner admin: it takes "
+                    "no work (register again under another name, with a new key, "
+                    "if that was a mistake)"
+                ) from None
             raise CommandError(f"queues {exc}") from None
         except client.ServerUnavailable as exc:
             raise CommandError(str(exc)) from None
+        return reply["queues"], reply.get("health", host.ACTIVE)
+
+    def _approved_queues(self, config: host.HostConfig) -> list[str]:
+        """The runner's queues once a runner admin has approved it: a pending
+        runner waits here, asking every heartbeat interval, so that a worker
+        started right after `register` (by hand or by systemd) begins work
+        as soon as it is approved, and a refused one stops with the reason."""
+        queues, health = self._queues(config)
+        if health != PENDING:
+            return queues
+        poll_s = services.heartbeat_interval_s()
+        self.stdout.write(
+            awaiting_approval(config.name, config.server)
+            + f"; asking again every {poll_s:g} s (Ctrl-C stops)"
+        )
+        self.stdout.flush()
+        while health == PENDING:
+            time.sleep(poll_s)
+            queues, health = self._queues(config)
+        self.stdout.write(f"runner {config.name} approved: starting its worker")
+        return queues
 
     def do_queues(self, *, key_dir, **_):
-        self.stdout.write(",".join(self._queues(self._config(key_dir))))
+        config = self._config(key_dir)
+        queues, health = self._queues(config)
+        if health == PENDING:
+            self.stderr.write(awaiting_approval(config.name, config.server))
+        self.stdout.write(",".join(queues))
 
     def do_work(self, *, key_dir, concurrency, loglevel, also_control, **_):
         from django.conf import settings
@@ -308,7 +366,7 @@ class Command(BaseCommand):
 
         config = self._config(key_dir)
         os.environ[host.RUNNER_DIR_ENV] = str(config.directory)
-        queues = self._queues(config) + (["control"] if also_control else [])
+        queues = self._approved_queues(config) + (["control"] if also_control else [])
         app.worker_main(
             [
                 "worker",
@@ -480,6 +538,32 @@ class Command(BaseCommand):
             self.stdout.write(
                 f"runner {name} active: {sent} queued jobs on its queues sent again"
             )
+
+    def do_approve(self, *, name, **_):
+        self._decide(name, services.runner_approve, "approved: it has its queues")
+
+    def do_refuse(self, *, name, **_):
+        self._decide(
+            name, services.runner_refuse, "refused: its key is revoked, its name kept"
+        )
+
+    def _decide(self, name: str, decide, outcome: str) -> None:
+        try:
+            runner = decide(name=name)
+        except ValidationError as exc:
+            raise CommandError("; ".join(exc.messages)) from None
+        claims = runner.claims()
+        toolchains = ", ".join(
+            f"{t['name']} ({t['fingerprint'][:12]})" for t in claims["toolchains"]
+        )
+        self.stdout.write(
+            f"runner {name} {outcome}\n"
+            f"  host         {claims['host'] or '(not given)'}\n"
+            f"  key          {claims['key_fingerprint']}\n"
+            f"  devices      {', '.join(claims['devices']) or 'none'}\n"
+            f"  toolchains   {toolchains}\n"
+            f"  nvcc         {'yes' if claims['nvcc'] else 'no'}"
+        )
 
     def do_revoke(self, *, name, **_):
         try:
