@@ -4,6 +4,7 @@ import os
 from pathlib import Path
 
 from django.apps import AppConfig
+from django.conf import settings
 from django.contrib.admin import apps as admin_apps
 
 
@@ -44,12 +45,11 @@ class RunnersConfig(AppConfig):
                 **(app.conf.broker_transport_options or {}),
                 "global_keyprefix": prefix,
             }
-        reap_every = float(os.environ.get("TILEMATRIX_REAP_S", 30))
         app.conf.beat_schedule = {
             **(app.conf.beat_schedule or {}),
             "runners.reap": {
                 "task": "runners.reap",
-                "schedule": reap_every,
+                "schedule": settings.TILEMATRIX_REAP_S,
                 "options": {"queue": "control"},
             },
         }

@@ -283,16 +283,27 @@ class Cluster:
     def broker_url(self) -> str:
         return self.env.get("CELERY_BROKER_URL", "filesystem://")
 
-    def transport_options(self) -> dict:
-        if self.broker_url().startswith("filesystem"):
+    def connection(self):
+        """A kombu connection to this deployment's broker, as its processes
+        make it (the embedded broker's own transport, its folders)."""
+        from kombu import Connection
+
+        from matrix.config import broker_transport
+
+        url = self.broker_url()
+        if url.startswith("filesystem"):
             folder = str(self.var / "broker" / "out")
             # kombu's exchange bindings go to ./control unless told otherwise.
-            return {
+            options = {
                 "data_folder_in": folder,
                 "data_folder_out": folder,
                 "control_folder": str(self.var / "broker" / "control"),
             }
-        return {"global_keyprefix": self.env["TILEMATRIX_BROKER_KEYPREFIX"]}
+        else:
+            options = {"global_keyprefix": self.env["TILEMATRIX_BROKER_KEYPREFIX"]}
+        return Connection(
+            url, transport=broker_transport(url), transport_options=options
+        )
 
     # Reading outcomes -----------------------------------------------------
 

@@ -118,14 +118,11 @@ def test_kill_9_of_the_worker_mid_sweep_loses_no_job(cluster, cpu_b):
 
 def test_a_malformed_message_is_dropped_and_the_worker_carries_on(cluster, cpu_b):
     from celery import Celery
-    from kombu import Connection
 
     # The sender's own connection: a Celery app takes CELERY_BROKER_URL from
     # the environment over anything it is given, and that is the suite's.
     sender = Celery()
-    with Connection(
-        cluster.broker_url(), transport_options=cluster.transport_options()
-    ) as conn:
+    with cluster.connection() as conn:
         queue = conn.SimpleQueue("runner.cpu-b")
         queue.put("not a task at all", serializer="json")
         queue.close()
