@@ -50,7 +50,15 @@ class RunnersConfig(AppConfig):
             "runners.reap": {
                 "task": "runners.reap",
                 "schedule": settings.TILEMATRIX_REAP_S,
-                "options": {"queue": "control"},
+                # The reaper reads heartbeats as the control worker stored
+                # them, and a heartbeat waits in the same queue as the reap:
+                # a reap that waited longer (behind a control worker killed
+                # mid-ingest, with the heartbeat it held) would find a live
+                # runner silent. It is dropped; the next one comes soon.
+                "options": {
+                    "queue": "control",
+                    "expires": settings.TILEMATRIX_HEARTBEAT_S,
+                },
             },
         }
 

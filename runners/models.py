@@ -1,6 +1,8 @@
 """Runner hosts: registered machines that own devices and toolchains and run
 validation jobs. Two fields, as in a device lab: ``state`` is set by the
-machine, ``health`` by an admin; every change is an audit event."""
+machine, ``health`` by an admin; every change is an audit event, except a
+runner's own steps between online and busy (its load, heartbeat by
+heartbeat, not an event)."""
 
 from __future__ import annotations
 
@@ -106,13 +108,22 @@ class Runner(models.Model):
         return names
 
     def _change(
-        self, field: str, value: str, *, actor=None, by_self=True, verb: str
+        self,
+        field: str,
+        value: str,
+        *,
+        actor=None,
+        by_self=True,
+        verb: str,
+        audit: bool = True,
     ) -> None:
         before = getattr(self, field)
         if before == value:
             return
         setattr(self, field, value)
         self.save(update_fields=[field])
+        if not audit:
+            return
         AuditEvent.record(
             actor=actor,
             # The runner's own transitions are its own; an admin's change
@@ -125,13 +136,23 @@ class Runner(models.Model):
         )
 
     def go_online(self) -> None:
-        self._change("state", self.State.ONLINE, verb="runner.online")
+        self._change(
+            "state",
+            self.State.ONLINE,
+            verb="runner.online",
+            audit=self.state == self.State.OFFLINE,
+        )
 
     def go_offline(self) -> None:
         self._change("state", self.State.OFFLINE, verb="runner.offline")
 
     def go_busy(self) -> None:
-        self._change("state", self.State.BUSY, verb="runner.busy")
+        self._change(
+            "state",
+            self.State.BUSY,
+            verb="runner.busy",
+            audit=self.state == self.State.OFFLINE,
+        )
 
     def set_health(self, health: str, *, by) -> None:
         self._change("health", health, actor=by, by_self=False, verb=f"runner.{health}")

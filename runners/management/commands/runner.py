@@ -139,11 +139,6 @@ class Command(BaseCommand):
             if name == "work":
                 p.add_argument("--concurrency", type=int, default=1)
                 p.add_argument("--loglevel", default="info")
-                p.add_argument(
-                    "--also-control",
-                    action="store_true",
-                    help="serve the control queue and run beat too (single-host demo)",
-                )
 
         execute = sub.add_parser(
             "execute-bundle", help="run signed jobs with no broker"
@@ -301,14 +296,12 @@ class Command(BaseCommand):
     def do_queues(self, *, key_dir, **_):
         self.stdout.write(",".join(self._queues(self._config(key_dir))))
 
-    def do_work(self, *, key_dir, concurrency, loglevel, also_control, **_):
-        from django.conf import settings
-
+    def do_work(self, *, key_dir, concurrency, loglevel, **_):
         from matrix.celery import app
 
         config = self._config(key_dir)
         os.environ[host.RUNNER_DIR_ENV] = str(config.directory)
-        queues = self._queues(config) + (["control"] if also_control else [])
+        queues = self._queues(config)
         app.worker_main(
             [
                 "worker",
@@ -319,7 +312,6 @@ class Command(BaseCommand):
                 "--without-gossip",
                 "--without-mingle",
             ]
-            + ["--beat", f"--schedule={settings.VAR_DIR}/beat-schedule"] * also_control
         )
 
     def do_execute_bundle(self, *, jobs, out, key_dir, **_):
