@@ -568,11 +568,12 @@ def jobs_execute(
     *, envelope, config: HostConfig, timeout_s: float, retried: bool = False
 ) -> str:
     """Verify, claim, run and report the jobs of one message, each result
-    sent as its job ends; returns what happened, for the log. Raises EnvelopeError for a message to drop,
-    client.ServerRefused when the server refuses the claim, RunnerPaused
-    when the runner may take nothing now (the message is not this runner's
-    to drop) and client.ServerUnavailable when the server cannot answer the
-    claim now (the message is to be tried again)."""
+    sent as its job ends; returns what happened, for the log. Raises
+    EnvelopeError for a message to drop, client.ServerRefused when the
+    server refuses the claim, RunnerPaused when the runner may take nothing
+    now (the message is not this runner's to drop) and
+    client.ServerUnavailable when the server cannot answer the claim now
+    (the message is to be tried again)."""
     jobs = jobs_verify(envelope=envelope, config=config)
     hosted = [j for j in jobs if python_for(config, j["toolchain"])]
     if not hosted:

@@ -283,6 +283,13 @@ def test_a_control_worker_killed_mid_ingest_loses_no_result(cluster, stop_runner
     def done() -> int:
         return sum(state == "done" for _, state, _, _ in cluster.jobs(sweep))
 
+    # Heartbeats come from the worker's timer, not its pool: they go on, and
+    # say so, while the pool runs jobs.
+    cluster.wait(
+        lambda: cluster.runner_state("cpu-i") == "busy",
+        timeout=60,
+        what="the runner busy with the sweep",
+    )
     cluster.wait(lambda: done() >= 2, timeout=120, what="two results stored")
     ingest_held(cluster)
     cluster.kill("control")
@@ -296,6 +303,11 @@ def test_a_control_worker_killed_mid_ingest_loses_no_result(cluster, stop_runner
     assert set(cluster.results_per_job(sweep).values()) == {1}
     assert "runner cpu-i sent again" in cluster.log("runner:cpu-i")
     assert cluster.procs["runner:cpu-i"].poll() is None
+    cluster.wait(
+        lambda: cluster.runner_state("cpu-i") == "online",
+        timeout=30,
+        what="the runner online again, its work done",
+    )
     # What was left to run and a few heartbeats, not a broker's visibility
     # timeout.
     assert took < 60, took
