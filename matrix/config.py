@@ -94,7 +94,8 @@ def parse_database(raw: str | None, embedded_path: Path) -> dict:
 
 
 def parse_broker(raw: str | None, embedded_dir: Path) -> tuple[str, dict]:
-    """Return (broker URL, transport options)."""
+    """Return (broker URL, transport options). A filesystem broker is
+    served by ``matrix.broker`` (see ``broker_transport``)."""
     if raw is None or raw == "":
         # Named host: without one kombu warns "No hostname was supplied" on
         # every connection. The filesystem transport uses none of it.
@@ -116,6 +117,28 @@ def parse_broker(raw: str | None, embedded_dir: Path) -> tuple[str, dict]:
             "store_processed": False,
         }
     return raw, {}
+
+
+def broker_transport(url: str) -> str | None:
+    """The kombu transport for a broker URL: this project's filesystem
+    transport, safe for several processes, where kombu's own is not; None
+    leaves the URL's scheme to choose."""
+    if url.startswith("filesystem"):
+        return "matrix.broker:Transport"
+    return None
+
+
+def parse_seconds(variable: str, raw: str | None, default: float) -> float:
+    """A positive, finite number of seconds; unset or empty is the default."""
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise bad(variable, f"expected a number of seconds, got {raw!r}") from None
+    if not 0 < value < float("inf"):
+        raise bad(variable, f"expected more than 0 seconds, got {raw!r}")
+    return value
 
 
 def parse_cache(raw: str | None) -> dict:

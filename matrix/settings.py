@@ -25,6 +25,7 @@ DATABASES = {
 CELERY_BROKER_URL, CELERY_BROKER_TRANSPORT_OPTIONS = config.parse_broker(
     os.environ.get("CELERY_BROKER_URL"), VAR_DIR / "broker"
 )
+CELERY_BROKER_TRANSPORT = config.broker_transport(CELERY_BROKER_URL)
 CACHES = config.parse_cache(os.environ.get("TILEMATRIX_SESSION_CACHE_URL"))
 # Every signed-in request reads its session. With a cache shared by all web
 # processes it is read from there (written through to the database, and
@@ -162,6 +163,15 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 if CELERY_BROKER_URL.startswith(("redis", "rediss")):
     CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 900}
 CELERY_TASK_DEFAULT_QUEUE = "control"
+# A runner worker signs a heartbeat every TILEMATRIX_HEARTBEAT_S; the reaper
+# (run every TILEMATRIX_REAP_S by beat) marks a runner silent for three of
+# them offline. Runner hosts and the control host must agree on it.
+TILEMATRIX_HEARTBEAT_S = config.parse_seconds(
+    "TILEMATRIX_HEARTBEAT_S", os.environ.get("TILEMATRIX_HEARTBEAT_S"), 30.0
+)
+TILEMATRIX_REAP_S = config.parse_seconds(
+    "TILEMATRIX_REAP_S", os.environ.get("TILEMATRIX_REAP_S"), 30.0
+)
 
 LOGGING = {
     "version": 1,

@@ -4,6 +4,7 @@ import os
 from pathlib import Path
 
 from django.apps import AppConfig
+from django.conf import settings
 from django.contrib.admin import apps as admin_apps
 
 
@@ -46,13 +47,20 @@ class RunnersConfig(AppConfig):
                 **(app.conf.broker_transport_options or {}),
                 "global_keyprefix": prefix,
             }
-        reap_every = float(os.environ.get("TILEMATRIX_REAP_S", 30))
         app.conf.beat_schedule = {
             **(app.conf.beat_schedule or {}),
             "runners.reap": {
                 "task": "runners.reap",
-                "schedule": reap_every,
-                "options": {"queue": "control"},
+                "schedule": settings.TILEMATRIX_REAP_S,
+                # The reaper reads heartbeats as the control worker stored
+                # them, and a heartbeat waits in the same queue as the reap:
+                # a reap that waited longer (behind a control worker killed
+                # mid-ingest, with the heartbeat it held) would find a live
+                # runner silent. It is dropped; the next one comes soon.
+                "options": {
+                    "queue": "control",
+                    "expires": settings.TILEMATRIX_HEARTBEAT_S,
+                },
             },
         }
 

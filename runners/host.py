@@ -15,10 +15,12 @@ import json
 import logging
 import os
 import platform
+import queue
 import shutil
 import subprocess
 import sys
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -316,40 +318,62 @@ def batch_workers(jobs: list[dict]) -> int:
 
 
 def jobs_run(
-    *, jobs: list[dict], interpreter: str, cache_dir: Path, timeout_s: float
+    *,
+    jobs: list[dict],
+    interpreter: str,
+    cache_dir: Path,
+    timeout_s: float,
+    on_result=None,
 ) -> list[dict]:
     """Run jobs of one toolchain in the sandboxed harness, library jobs
     sharing children. Jobs that end in infra_error (the sandbox's trouble,
     never the kernel's) are run again with backoff; any other status is an
-    answer."""
+    answer. ``on_result(index, result)`` hears of each job's answer as soon
+    as it is one, while the others still run."""
     run_batch = harness_batch()
     results: list[dict | None] = [None] * len(jobs)
+    answered: set[int] = set()
+
+    def answer(i: int, result: dict) -> None:
+        results[i] = result
+        answered.add(i)
+        if on_result is not None:
+            on_result(i, result)
+
     pending = list(range(len(jobs)))
     for attempt in range(INFRA_RETRIES):
+        last = attempt == INFRA_RETRIES - 1
+
+        def ended(k: int, result: dict, pending=pending, last=last) -> None:
+            if last or result.get("status") != "infra_error":
+                answer(pending[k], result)
+
         batch = [jobs[i] for i in pending]
         try:
-            answers = run_batch(
+            results_now = run_batch(
                 [harness_job(job) for job in batch],
                 interpreter=interpreter,
                 cache_dir=str(cache_dir),
                 timeout_s=timeout_s,
                 workers=batch_workers(batch),
+                on_result=ended,
             )
         except Exception as exc:  # the harness must not take the worker down
             # A batch the harness refuses is refused again on retry: report it.
             log.exception("harness refused jobs %s", [jobs[i]["job"] for i in pending])
             reason = (str(exc).splitlines() or [exc.__class__.__name__])[0][:500]
-            answers = [
-                infra_result(jobs[i], f"harness refused the job: {reason}")
-                for i in pending
-            ]
-            for i, answer in zip(pending, answers, strict=True):
-                results[i] = answer
+            for i in pending:
+                if i not in answered:
+                    answer(
+                        i, infra_result(jobs[i], f"harness refused the job: {reason}")
+                    )
             break
-        for i, answer in zip(pending, answers, strict=True):
-            results[i] = answer
-        pending = [i for i in pending if results[i].get("status") == "infra_error"]
-        if not pending or attempt == INFRA_RETRIES - 1:
+        for i, result in zip(pending, results_now, strict=True):
+            results[i] = result
+            if i not in answered and (last or result.get("status") != "infra_error"):
+                answer(i, result)
+        pending = [i for i in pending if i not in answered]
+        if not pending:
             break
         time.sleep(INFRA_BACKOFF_S * 2**attempt)
     return results
@@ -389,10 +413,20 @@ def outbox_dir(config: HostConfig) -> Path:
     return path
 
 
+def outbox_keep(outbox: Path, job: dict, envelope: dict) -> None:
+    """Keep a signed result in the outbox, written whole: the worker's main
+    process reads the outbox while the job's process writes it."""
+    path = outbox / f"{job['job']}-{job['attempt']}.json"
+    temporary = outbox / f".{path.name}.{os.getpid()}.tmp"
+    temporary.write_text(json.dumps(envelope))
+    os.replace(temporary, path)
+
+
 def results_send(envelopes: list[dict]) -> None:
     """Hand signed results to the control queue in one message. They stay
-    in the outbox until their jobs are seen finished, so a broker that loses
-    them (a restart without persistence) gets them again on reconnect."""
+    in the outbox until the server says their jobs are no longer waiting
+    for them: results a broker or a control worker lost are sent again
+    (``outbox_flush``)."""
     from runners.tasks import ingest_result
 
     ingest_result.apply_async(
@@ -410,43 +444,83 @@ def results_send(envelopes: list[dict]) -> None:
     )
 
 
+# A result is sent within RESULTS_FLUSH_S of its job's end; the results of
+# one message that end within that time of each other travel in one control
+# message (at most RESULTS_PER_MESSAGE), so fast compile-only jobs do not
+# make one message each.
+RESULTS_FLUSH_S = 1.0
+RESULTS_PER_MESSAGE = 50
+RESULTS_POLL_S = 0.1
+
+
+def results_stream(ended: queue.SimpleQueue, running: Future) -> None:
+    """Send the signed results that ``running`` (a message's jobs, run in
+    another thread) puts in ``ended``, from this thread, until it is done."""
+    while not (running.done() and ended.empty()):
+        try:
+            batch = [ended.get(timeout=RESULTS_POLL_S)]
+        except queue.Empty:
+            continue
+        deadline = time.monotonic() + RESULTS_FLUSH_S
+        while len(batch) < RESULTS_PER_MESSAGE and time.monotonic() < deadline:
+            try:
+                batch.append(ended.get(timeout=RESULTS_POLL_S))
+            except queue.Empty:
+                if running.done():
+                    break
+        try:
+            results_send(batch)
+        except Exception as exc:  # the broker is away past the send's retries
+            log.warning(
+                "%d results not sent (%s): the outbox keeps them for a later "
+                "heartbeat to send again",
+                len(batch),
+                exc,
+            )
+
+
 def results_for(
-    *, jobs: list[dict], config: HostConfig, timeout_s: float
+    *, jobs: list[dict], config: HostConfig, timeout_s: float, on_signed=None
 ) -> list[dict]:
-    """Run jobs this runner holds and return one signed result per job."""
+    """Run jobs this runner holds and return one signed result per job, in
+    the jobs' order; ``on_signed(job, envelope)`` hears of each as soon as
+    its job ends (from several threads at once)."""
     from runners.services import result_envelope
 
-    results: dict[int, dict] = {}
+    key = config.key
+    signed: dict[int, dict] = {}
+
+    def sign(job: dict, result: dict) -> None:
+        envelope = result_envelope(
+            job=job, result=result, runner_name=config.name, key=key
+        )
+        signed[job["job"]] = envelope
+        if on_signed is not None:
+            on_signed(job, envelope)
+
     runnable: dict[str, list[dict]] = {}
     digests: dict[str, str | None] = {}
     for job in jobs:
         interpreter = python_for(config, job["toolchain"])
         if interpreter is None:
-            results[job["job"]] = infra_result(
-                job, "this runner does not host the job's toolchain"
+            sign(
+                job, infra_result(job, "this runner does not host the job's toolchain")
             )
         elif mismatch := library_mismatch(job, digests):
-            results[job["job"]] = infra_result(job, mismatch)
+            sign(job, infra_result(job, mismatch))
         else:
             runnable.setdefault(interpreter, []).append(job)
     for interpreter, group in runnable.items():
         cache_dir = config.directory / "kernel-cache" / group[0]["toolchain"][:16]
         cache_dir.mkdir(parents=True, exist_ok=True)
-        answers = jobs_run(
+        jobs_run(
             jobs=group,
             interpreter=interpreter,
             cache_dir=cache_dir,
             timeout_s=timeout_s,
+            on_result=lambda i, result, group=group: sign(group[i], result),
         )
-        for job, answer in zip(group, answers, strict=True):
-            results[job["job"]] = answer
-    key = config.key
-    return [
-        result_envelope(
-            job=job, result=results[job["job"]], runner_name=config.name, key=key
-        )
-        for job in jobs
-    ]
+    return [signed[job["job"]] for job in jobs]
 
 
 CLAIM_TIMEOUT_S = 30
@@ -493,12 +567,13 @@ def jobs_claim(*, jobs: list[dict], config: HostConfig, retried: bool) -> list[d
 def jobs_execute(
     *, envelope, config: HostConfig, timeout_s: float, retried: bool = False
 ) -> str:
-    """Verify, claim, run and report the jobs of one message; returns what
-    happened, for the log. Raises EnvelopeError for a message to drop,
-    client.ServerRefused when the server refuses the claim, RunnerPaused
-    when the runner may take nothing now (the message is not this runner's
-    to drop) and client.ServerUnavailable when the server cannot answer the
-    claim now (the message is to be tried again)."""
+    """Verify, claim, run and report the jobs of one message, each result
+    sent as its job ends; returns what happened, for the log. Raises
+    EnvelopeError for a message to drop, client.ServerRefused when the
+    server refuses the claim, RunnerPaused when the runner may take nothing
+    now (the message is not this runner's to drop) and
+    client.ServerUnavailable when the server cannot answer the claim now
+    (the message is to be tried again)."""
     jobs = jobs_verify(envelope=envelope, config=config)
     hosted = [j for j in jobs if python_for(config, j["toolchain"])]
     if not hosted:
@@ -506,28 +581,44 @@ def jobs_execute(
     mine = jobs_claim(jobs=hosted, config=config, retried=retried)
     if not mine:
         return f"jobs {[j['job'] for j in jobs]}: already taken or superseded"
-    signed = results_for(jobs=mine, config=config, timeout_s=timeout_s)
+    # The jobs run in a thread of their own; this one sends each result as
+    # its job ends (a task's sends stay on the task's thread), after keeping
+    # it in the outbox.
     outbox = outbox_dir(config)
-    for job, envelope_ in zip(mine, signed, strict=True):
-        (outbox / f"{job['job']}-{job['attempt']}.json").write_text(
-            json.dumps(envelope_)
+    ended: queue.SimpleQueue = queue.SimpleQueue()
+
+    def kept(job: dict, envelope_: dict) -> None:
+        outbox_keep(outbox, job, envelope_)
+        ended.put(envelope_)
+
+    with ThreadPoolExecutor(1, thread_name_prefix="jobs") as pool:
+        running = pool.submit(
+            results_for, jobs=mine, config=config, timeout_s=timeout_s, on_signed=kept
         )
-    results_send(signed)
+        results_stream(ended, running)
+        signed = running.result()
     statuses = ", ".join(
         f"{e['payload']['job']}:{e['payload']['result'].get('status')}" for e in signed
     )
     return f"ran {len(mine)} of {len(jobs)} jobs ({statuses})"
 
 
-def outbox_flush(*, config: HostConfig) -> int:
+def outbox_flush(*, config: HostConfig, settled_s: float = 0.0) -> int:
     """Send again the results of jobs still running for this runner at the
-    same attempt (the server says which); forget the rest. Returns how many
-    were sent. Raises client.ServerUnavailable or ServerRefused when the
-    server cannot say; the outbox is then left as it is."""
+    same attempt (the server says which); forget the rest. Only results kept
+    (or last sent again) at least ``settled_s`` ago are looked at: younger
+    ones may still be on their way. Returns how many were sent. Raises
+    client.ServerUnavailable or ServerRefused when the server cannot say;
+    the outbox is then left as it is."""
     entries = {}
+    settled = time.time() - settled_s
     for path in outbox_dir(config).glob("*.json"):
         job_id, _, attempt = path.stem.partition("-")
-        if job_id.isdigit() and attempt.isdigit():
+        try:
+            kept_at = path.stat().st_mtime
+        except FileNotFoundError:
+            continue  # forgotten meanwhile
+        if job_id.isdigit() and attempt.isdigit() and kept_at <= settled:
             entries[int(job_id), int(attempt)] = path
     keys = sorted(entries)
     waiting: set[tuple[int, int]] = set()
@@ -544,7 +635,12 @@ def outbox_flush(*, config: HostConfig) -> int:
     resend = []
     for key, path in entries.items():
         if key in waiting:
-            resend.append(json.loads(path.read_text()))
+            try:
+                resend.append(json.loads(path.read_text()))
+                # Not sent again before another settled_s has passed.
+                os.utime(path)
+            except FileNotFoundError:
+                continue  # forgotten meanwhile
         else:
             path.unlink(missing_ok=True)
     if resend:

@@ -1,8 +1,10 @@
 """Runner hosts: registered machines that own devices and toolchains and run
 validation jobs. Two fields, as in a device lab: ``state`` is set by the
-machine, ``health`` by an admin; every change is an audit event. A runner
-starts ``pending``: what it claims to have (devices, toolchains, host, key)
-is only its word until a runner admin has seen it and approved it."""
+machine, ``health`` by an admin; every change is an audit event, except a
+runner's own steps between online and busy (its load, heartbeat by
+heartbeat, not an event). A runner starts ``pending``: what it claims to
+have (devices, toolchains, host, key) is only its word until a runner admin
+has seen it and approved it."""
 
 from __future__ import annotations
 
@@ -110,13 +112,22 @@ class Runner(models.Model):
         return names
 
     def _change(
-        self, field: str, value: str, *, actor=None, by_self=True, verb: str
+        self,
+        field: str,
+        value: str,
+        *,
+        actor=None,
+        by_self=True,
+        verb: str,
+        audit: bool = True,
     ) -> None:
         before = getattr(self, field)
         if before == value:
             return
         setattr(self, field, value)
         self.save(update_fields=[field])
+        if not audit:
+            return
         AuditEvent.record(
             actor=actor,
             # The runner's own transitions are its own; an admin's change
@@ -129,13 +140,23 @@ class Runner(models.Model):
         )
 
     def go_online(self) -> None:
-        self._change("state", self.State.ONLINE, verb="runner.online")
+        self._change(
+            "state",
+            self.State.ONLINE,
+            verb="runner.online",
+            audit=self.state == self.State.OFFLINE,
+        )
 
     def go_offline(self) -> None:
         self._change("state", self.State.OFFLINE, verb="runner.offline")
 
     def go_busy(self) -> None:
-        self._change("state", self.State.BUSY, verb="runner.busy")
+        self._change(
+            "state",
+            self.State.BUSY,
+            verb="runner.busy",
+            audit=self.state == self.State.OFFLINE,
+        )
 
     @property
     def key_fingerprint(self) -> str:

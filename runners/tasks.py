@@ -78,7 +78,7 @@ def execute_job(self, envelope):
                 exc.detail,
             )
             if not (self.request.called_directly or self.request.is_eager):
-                jobs_stop_from_task(self.app, self.request.hostname)
+                jobs_stop_from_task()
             raise Reject(str(exc), requeue=True) from None
         log.warning("dropped job message: claim %s", exc)
         return

@@ -2,15 +2,19 @@
 time the worker connects to the broker, has the server recover lost work
 (over HTTP: a runner worker holds no database credentials) and then sends
 signed heartbeats on the worker's own timer, so heartbeats stop exactly when
-the worker does. A runner in maintenance gives its job messages back and
-stops reading its runner queues; on each heartbeat the step asks the server
-whether it is active again and, once it is, reads them again."""
+the worker does, and never wait for its jobs: they say ``busy`` while a job
+runs. A runner in maintenance gives its job messages back and stops reading
+its runner queues; on each heartbeat the step asks the server whether it is
+active again and, once it is, reads them again. On each heartbeat too, the
+results the server has not stored within OUTBOX_RESEND_BEATS heartbeats are
+sent again: a control worker killed mid-ingest may have lost them."""
 
 from __future__ import annotations
 
 import logging
 import os
 import signal
+import threading
 import time
 
 from billiard.process import current_process
@@ -26,6 +30,8 @@ RECOVER_TIMEOUT_S = 120
 RECOVER_RETRY_MAX_S = 30
 # Asked on the consumer's timer, which it holds up: short.
 RESUME_TIMEOUT_S = 10
+# A result still awaited this many heartbeats after it was sent is sent again.
+OUTBOX_RESEND_BEATS = 2
 
 
 class RunnerHost(bootsteps.StartStopStep):
@@ -36,6 +42,7 @@ class RunnerHost(bootsteps.StartStopStep):
         self.connected_before = False
         self.runner_queues: list[str] = []
         self.timer_ref = None
+        self.outbox_thread: threading.Thread | None = None
         super().__init__(parent, **kwargs)
 
     def start(self, parent):
@@ -57,8 +64,7 @@ class RunnerHost(bootsteps.StartStopStep):
                 config.server,
                 exc,
             )
-            jobs_stop(parent.app, cancel=parent.cancel_task_queue)
-            return
+            raise WorkerShutdown(1) from None
         if counts is None:
             return  # the worker is shutting down
         self.connected_before = True
@@ -71,6 +77,18 @@ class RunnerHost(bootsteps.StartStopStep):
     def tick(self, parent, config: host.HostConfig) -> None:
         self.beat(config)
         self.resume(parent, config)
+        self.outbox_check(config)
+
+    def outbox_check(self, config: host.HostConfig) -> None:
+        """Have a thread of its own (it asks the server over HTTP, and the
+        timer must not wait for that) send again the results kept for
+        OUTBOX_RESEND_BEATS heartbeats that the server still awaits."""
+        if self.outbox_thread is not None and self.outbox_thread.is_alive():
+            return
+        self.outbox_thread = threading.Thread(
+            target=outbox_resend, args=(config,), name="outbox", daemon=True
+        )
+        self.outbox_thread.start()
 
     def resume(self, parent, config: host.HostConfig) -> None:
         """Read again the runner queues a maintenance pause stopped reading,
@@ -93,7 +111,7 @@ class RunnerHost(bootsteps.StartStopStep):
                 "runner %s is refused (%s): it takes no more jobs", config.name, exc
             )
             self.runner_queues = []  # nothing to read again, ever
-            jobs_stop_from_task(parent.app, parent.hostname)
+            jobs_stop_from_task()
             return
         except client.ServerUnavailable as exc:
             log.warning("runner %s cannot ask for its health: %s", config.name, exc)
@@ -156,13 +174,34 @@ class RunnerHost(bootsteps.StartStopStep):
             # Wall-clock microseconds: they keep growing across restarts
             # without the runner storing a counter.
             sequence=time.time_ns() // 1000,
-            state="online",
+            # Requests the pool has started and not finished: jobs running.
+            state="busy" if worker_state.active_requests else "online",
             key=config.key,
         )
         try:
             heartbeat.apply_async(args=[envelope], queue="control", retry=False)
         except Exception as exc:  # the broker is away: the next beat tries again
             log.warning("heartbeat not sent: %s", exc)
+
+
+def outbox_resend(config: host.HostConfig) -> None:
+    settled_s = OUTBOX_RESEND_BEATS * services.heartbeat_interval_s()
+    try:
+        resent = host.outbox_flush(config=config, settled_s=settled_s)
+    except (client.ServerUnavailable, client.ServerRefused) as exc:
+        log.warning(
+            "runner %s cannot learn which of its results are awaited: %s",
+            config.name,
+            exc,
+        )
+        return
+    if resent:
+        log.warning(
+            "runner %s sent again %d results not stored %.0f s after they were sent",
+            config.name,
+            resent,
+            settled_s,
+        )
 
 
 class RunnerRefused(Exception):
@@ -177,22 +216,9 @@ def queues_runner(app) -> list[str]:
 
 
 def jobs_pause(app, *, cancel) -> None:
-    """Stop reading the runner queues, through ``cancel(queue)``; a worker
-    that also serves the control queue goes on serving it."""
+    """Stop reading the runner queues, through ``cancel(queue)``."""
     for queue in queues_runner(app):
         cancel(queue)
-
-
-def jobs_stop(app, *, cancel) -> None:
-    """Take no more jobs. A worker that also serves the control queue (the
-    single-host demo) keeps serving it and only stops consuming its runner
-    queues, through ``cancel(queue)``; any other worker shuts down
-    (``WorkerShutdown``, warm)."""
-    from runners.tasks import CONTROL
-
-    if CONTROL not in set(app.amqp.queues.consume_from or ()):
-        raise WorkerShutdown(1)
-    jobs_pause(app, cancel=cancel)
 
 
 def _cancel_from_task(app, hostname: str):
@@ -201,16 +227,12 @@ def _cancel_from_task(app, hostname: str):
     return lambda queue: app.control.cancel_consumer(queue, destination=[hostname])
 
 
-def jobs_stop_from_task(app, hostname: str) -> None:
-    """``jobs_stop`` where raising cannot stop the worker (a task in a
-    prefork child, or the consumer's timer): queues are cancelled by a
-    control message and a shutdown is asked of the main process by signal
-    (warm, like ``WorkerShutdown``)."""
-    try:
-        jobs_stop(app, cancel=_cancel_from_task(app, hostname))
-    except WorkerShutdown:
-        main = os.getpid() if current_process().name == "MainProcess" else os.getppid()
-        os.kill(main, signal.SIGTERM)
+def jobs_stop_from_task() -> None:
+    """Take no more jobs, from where raising ``WorkerShutdown`` cannot stop
+    the worker (a task in a prefork child, or the consumer's timer): the same
+    warm shutdown is asked of the main process by signal."""
+    main = os.getpid() if current_process().name == "MainProcess" else os.getppid()
+    os.kill(main, signal.SIGTERM)
 
 
 def jobs_pause_from_task(app, hostname: str) -> None:

@@ -30,7 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -175,6 +175,11 @@ def compile_workers() -> int:
     )
 
 
+# Called with (index of the job in what was asked, its result) as each job
+# ends, from the thread supervising its child.
+OnResult = Callable[[int, dict], None]
+
+
 def run_batch(
     jobs: Iterable[dict],
     *,
@@ -183,6 +188,7 @@ def run_batch(
     timeout_s: float = DEFAULT_TIMEOUT_S,
     trusted: bool = True,
     workers: int = 1,
+    on_result: OnResult | None = None,
 ) -> list[dict]:
     """Run jobs of one toolchain; results come back in the jobs' order.
 
@@ -190,6 +196,8 @@ def run_batch(
     taking every ``workers``-th job); a job with submitted source, or any job
     when ``trusted`` is false, gets a child and a kernel cache of its own.
     ``timeout_s`` applies to each job that does not name its own.
+    ``on_result(index, result)``, when given, hears of each job as soon as it
+    ends, while the others still run (from several threads at once).
     """
     parsed = [parse_job(job) for job in jobs]
     workers = max(1, workers)
@@ -202,11 +210,22 @@ def run_batch(
     def run_group(group: tuple[list[int], str | None]) -> list[dict]:
         indices, cache = group
         group_jobs = [parsed[i] for i in indices]
+
+        def ended(k: int, result: dict) -> None:
+            if on_result is not None:
+                on_result(indices[k], result)
+
         if group_jobs[0]["source"] is not None:
             (job,) = group_jobs
-            return [_run_submitted(job, interpreter=interpreter, timeout_s=timeout_s)]
+            result = _run_submitted(job, interpreter=interpreter, timeout_s=timeout_s)
+            ended(0, result)
+            return [result]
         return _run_group(
-            group_jobs, interpreter=interpreter, cache_dir=cache, timeout_s=timeout_s
+            group_jobs,
+            interpreter=interpreter,
+            cache_dir=cache,
+            timeout_s=timeout_s,
+            on_result=ended,
         )
 
     results: list[dict | None] = [None] * len(parsed)
@@ -220,13 +239,22 @@ def run_batch(
 
 
 def _run_group(
-    jobs: list[dict], *, interpreter: str, cache_dir: str | None, timeout_s: float
+    jobs: list[dict],
+    *,
+    interpreter: str,
+    cache_dir: str | None,
+    timeout_s: float,
+    on_result: OnResult,
 ) -> list[dict]:
     results: list[dict] = []
     while len(results) < len(jobs):
-        pending = jobs[len(results) :]
+        done = len(results)
         results += _run_child(
-            pending, interpreter=interpreter, cache_dir=cache_dir, timeout_s=timeout_s
+            jobs[done:],
+            interpreter=interpreter,
+            cache_dir=cache_dir,
+            timeout_s=timeout_s,
+            on_result=lambda k, result, done=done: on_result(done + k, result),
         )
     return results
 
@@ -367,10 +395,11 @@ def _run_child(
     extra: dict | None = None,
     collect=None,
     stage_in: str | None = None,
+    on_result: OnResult | None = None,
 ) -> list[dict]:
     """Run ``jobs`` in one child until they are done or the child dies or
     hangs. Returns at least one result: the jobs it finished and, if it failed,
-    the failure of the job it was on.
+    the failure of the job it was on; ``on_result`` hears of each as it ends.
 
     The child's HOME is ``BASE/home``; BASE itself stays the supervisor's, so
     the child cannot swap the directory that ``collect(BASE)`` reads after it
@@ -429,7 +458,7 @@ def _run_child(
             # The child's sandbox and kernel cache are this run's or this
             # host's own: a path in them is named by its file only.
             private = (base, cache, env["TILELANG_CACHE_DIR"])
-            return _supervise(child, jobs, timeouts, spawned, private)
+            return _supervise(child, jobs, timeouts, spawned, private, on_result)
         finally:
             child.kill()
             identity.kill_all()
@@ -447,8 +476,14 @@ def _own_cache(cache: str, identity: isolation.Identity) -> None:
         identity.give(cache)
 
 
-def _supervise(child, jobs, timeouts, spawned, private) -> list[dict]:
+def _supervise(child, jobs, timeouts, spawned, private, on_result) -> list[dict]:
     results: list[dict] = []
+
+    def ended(result: dict) -> None:
+        results.append(result)
+        if on_result is not None:
+            on_result(len(results) - 1, result)
+
     toolchain = None
     current, stage = None, None
     mark = spawned
@@ -472,8 +507,9 @@ def _supervise(child, jobs, timeouts, spawned, private) -> list[dict]:
             accepted = _accept(
                 message.get("result"), jobs[current], toolchain, child.untrusted
             )
-            results.append(_finish(accepted, mark, private))
-            _progress(results[-1], time.perf_counter() - mark)
+            finished = _finish(accepted, mark, private)
+            _progress(finished, time.perf_counter() - mark)
+            ended(finished)
             mark = time.perf_counter()
             current = None
             deadline = mark + STARTUP_TIMEOUT_S
@@ -490,10 +526,9 @@ def _supervise(child, jobs, timeouts, spawned, private) -> list[dict]:
             text = f"the harness child did not start within {STARTUP_TIMEOUT_S:g}s"
         else:
             text = "the harness child failed to start: " + child.describe_exit()
-        return [
-            _finish(_failed(j, "infra_error", text, None, None), mark, private)
-            for j in jobs
-        ]
+        for job in jobs:
+            ended(_finish(_failed(job, "infra_error", text, None, None), mark, private))
+        return results
     if current is None and results and not timed_out:
         return results  # it left after a runtime error; the rest get a new child
     index = len(results) if current is None else current
@@ -512,8 +547,8 @@ def _supervise(child, jobs, timeouts, spawned, private) -> list[dict]:
     else:
         status = "runtime_error"
         text = "the kernel process died: " + child.describe_exit()
-    failed = _failed(job, status, text, stage, toolchain)
-    return results + [_finish(failed, mark, private)]
+    ended(_finish(_failed(job, status, text, stage, toolchain), mark, private))
+    return results
 
 
 def _progress(result: dict, seconds: float) -> None:

@@ -27,7 +27,7 @@ MISSED_HEARTBEATS = 3
 
 
 def heartbeat_interval_s() -> float:
-    return float(getattr(settings, "TILEMATRIX_HEARTBEAT_S", 30))
+    return settings.TILEMATRIX_HEARTBEAT_S
 
 
 def silent_cutoff(now=None):

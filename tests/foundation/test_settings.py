@@ -70,6 +70,13 @@ def test_the_embedded_broker_connects_without_kombu_warning(tmp_path, caplog):
     assert caplog.records == []
 
 
+def test_the_embedded_broker_is_served_by_the_transport_safe_for_several_processes():
+    assert (
+        config.broker_transport("filesystem://localhost/") == "matrix.broker:Transport"
+    )
+    assert config.broker_transport("redis://127.0.0.1:6379/3") is None
+
+
 @pytest.mark.parametrize(
     "raw", ["redis://127.0.0.1:6379/3", "amqp://guest:guest@127.0.0.1:5672//"]
 )
@@ -116,6 +123,25 @@ def test_a_malformed_session_cache_url_names_the_variable(raw):
 def test_an_unclear_debug_flag_is_refused_not_guessed(raw):
     with pytest.raises(ImproperlyConfigured, match="^DJANGO_DEBUG: "):
         config.parse_bool("DJANGO_DEBUG", raw, True)
+
+
+def test_the_heartbeat_interval_comes_from_the_environment(tmp_path):
+    proc = manage(
+        "shell",
+        "-c",
+        "from runners import services; print(services.heartbeat_interval_s())",
+        env_extra={"TILEMATRIX_HEARTBEAT_S": "2.5"},
+        tmp_path=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[-1] == "2.5"
+    assert config.parse_seconds("TILEMATRIX_HEARTBEAT_S", None, 30.0) == 30.0
+
+
+@pytest.mark.parametrize("raw", ["0", "-5", "thirty", "inf", "nan"])
+def test_a_bad_number_of_seconds_names_the_variable(raw):
+    with pytest.raises(ImproperlyConfigured, match="^TILEMATRIX_REAP_S: "):
+        config.parse_seconds("TILEMATRIX_REAP_S", raw, 30.0)
 
 
 def test_production_refuses_a_weak_or_missing_secret(tmp_path):

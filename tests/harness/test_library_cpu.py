@@ -3,6 +3,8 @@ harness, on regular and ragged shapes, in one trusted batch."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from runners import kernels
@@ -55,14 +57,37 @@ TIMED_OUT = library_job("row_sum", {"M": 8, "N": 8}, timeout_s=0.001)
 @pytest.fixture(scope="module")
 def batch(cache_dir):
     cells = [library_job(name, shape) for name, shape in CELLS if shape]
+    heard = []
     results = run_batch(
-        [TIMED_OUT, *cells, *STAGE_JOBS], cache_dir=cache_dir, workers=2
+        [TIMED_OUT, *cells, *STAGE_JOBS],
+        cache_dir=cache_dir,
+        workers=2,
+        on_result=lambda i, result: heard.append((i, time.monotonic(), result)),
     )
     by_cell = {
         (r["operator"], tuple(r["shape"].values())): r
         for r in results[1 : len(cells) + 1]
     }
-    return {"all": results, "cells": by_cell, "stages": results[-len(STAGE_JOBS) :]}
+    return {
+        "all": results,
+        "cells": by_cell,
+        "stages": results[-len(STAGE_JOBS) :],
+        "heard": heard,
+    }
+
+
+def test_each_result_is_heard_as_its_job_ends(batch):
+    results, heard = batch["all"], batch["heard"]
+    assert sorted(i for i, _, _ in heard) == list(range(len(results)))
+    assert all(result is results[i] for i, _, result in heard)
+    heard_at = {i: at for i, at, _ in heard}
+    # Each of the two children takes every other job, one after another:
+    # its first result is heard while the rest of its jobs still run, not
+    # with them at the end.
+    for child in (0, 1):
+        jobs = range(child, len(results), 2)
+        spread = heard_at[jobs[-1]] - heard_at[jobs[0]]
+        assert spread >= 0.99 * sum(results[i]["timings"]["wall_s"] for i in jobs[1:])
 
 
 def test_the_library_has_cpu_kernels_for_the_issue_operators():

@@ -85,7 +85,10 @@ class Cluster:
         env.update(
             DJANGO_SETTINGS_MODULE="matrix.settings",
             TILEMATRIX_VAR_DIR=str(self.var),
-            TILEMATRIX_HEARTBEAT_S="1",
+            # Short, so that what waits for heartbeats (the reaper, results
+            # sent again) happens within seconds; not so short that a busy
+            # shared machine reads a live runner as silent (three missed).
+            TILEMATRIX_HEARTBEAT_S="2",
             TILEMATRIX_REAP_S="1",
             PYTHONUNBUFFERED="1",
             # Suites run side by side on one Redis (CI, other engineers):
@@ -214,25 +217,7 @@ class Cluster:
         wait_for(up, timeout=60, what="the web server")
 
     def start_control(self) -> None:
-        self.start(
-            "control",
-            [
-                PY,
-                "-m",
-                "celery",
-                "-A",
-                "matrix",
-                "worker",
-                "--queues=control",
-                "--concurrency=1",
-                "--hostname=control@%h",
-                "--loglevel=info",
-                "--without-gossip",
-                "--without-mingle",
-                "--beat",
-                f"--schedule={self.root / 'beat-schedule'}",
-            ],
-        )
+        self.start("control", [PY, "manage.py", "control", "work"])
 
     def key_dir(self, runner: str) -> Path:
         path = self.root / "hosts" / runner
@@ -285,16 +270,27 @@ class Cluster:
     def broker_url(self) -> str:
         return self.env.get("CELERY_BROKER_URL", "filesystem://")
 
-    def transport_options(self) -> dict:
-        if self.broker_url().startswith("filesystem"):
+    def connection(self):
+        """A kombu connection to this deployment's broker, as its processes
+        make it (the embedded broker's own transport, its folders)."""
+        from kombu import Connection
+
+        from matrix.config import broker_transport
+
+        url = self.broker_url()
+        if url.startswith("filesystem"):
             folder = str(self.var / "broker" / "out")
             # kombu's exchange bindings go to ./control unless told otherwise.
-            return {
+            options = {
                 "data_folder_in": folder,
                 "data_folder_out": folder,
                 "control_folder": str(self.var / "broker" / "control"),
             }
-        return {"global_keyprefix": self.env["TILEMATRIX_BROKER_KEYPREFIX"]}
+        else:
+            options = {"global_keyprefix": self.env["TILEMATRIX_BROKER_KEYPREFIX"]}
+        return Connection(
+            url, transport=broker_transport(url), transport_options=options
+        )
 
     # Reading outcomes -----------------------------------------------------
 
@@ -306,6 +302,14 @@ class Cluster:
                 return conn.execute(query.replace("?", "%s"), params).fetchall()
         with sqlite3.connect(self.var / "db.sqlite3", timeout=20) as conn:
             return conn.execute(query, params).fetchall()
+
+    def children(self, name: str) -> list[int]:
+        """The processes a started process started (a worker's pool, its
+        beat)."""
+        done = subprocess.run(
+            ["pgrep", "-P", str(self.procs[name].pid)], capture_output=True, text=True
+        )
+        return [int(pid) for pid in done.stdout.split()]
 
     def runner_state(self, runner: str) -> str | None:
         rows = self.sql("SELECT state FROM runners_runner WHERE name = ?", (runner,))

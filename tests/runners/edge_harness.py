@@ -40,8 +40,15 @@ def run_batch(
     timeout_s: float,
     trusted: bool = True,
     workers: int = 1,
+    on_result=None,
 ) -> list[dict]:
-    return [
-        run_job(job, interpreter=interpreter, cache_dir=cache_dir, timeout_s=timeout_s)
-        for job in jobs
-    ]
+    results = []
+    for i, job in enumerate(jobs):
+        results.append(
+            run_job(
+                job, interpreter=interpreter, cache_dir=cache_dir, timeout_s=timeout_s
+            )
+        )
+        if on_result is not None:
+            on_result(i, results[-1])
+    return results

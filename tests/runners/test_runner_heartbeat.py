@@ -17,6 +17,19 @@ def test_a_heartbeat_brings_a_registered_runner_online(register):
     assert AuditEvent.objects.filter(verb="runner.online").count() == 1
 
 
+def test_a_runner_running_jobs_reads_busy_and_its_load_is_not_audited(register):
+    hand = register(online=False)
+    services.runner_heartbeat(envelope=hand.heartbeat(state="busy"))
+    assert Runner.objects.get(name=hand.name).state == Runner.State.BUSY
+    assert Runner.objects.online().filter(name=hand.name).exists()
+    services.runner_heartbeat(envelope=hand.heartbeat(state="online"))
+    services.runner_heartbeat(envelope=hand.heartbeat(state="busy"))
+    assert Runner.objects.get(name=hand.name).state == Runner.State.BUSY
+    # Coming online is an event; each step of its load is not.
+    states = AuditEvent.objects.filter(verb__in=["runner.online", "runner.busy"])
+    assert list(states.values_list("verb", flat=True)) == ["runner.busy"]
+
+
 def test_a_replayed_heartbeat_is_refused(cpu_runner):
     envelope = cpu_runner.heartbeat()
     services.runner_heartbeat(envelope=envelope)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import json
 import logging
+import os
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -298,6 +299,42 @@ def test_the_runner_side_of_a_job_touches_no_database(
     with django_db_blocker.block():
         assert host.outbox_flush(config=host_dir) == 0
     assert not list(host.outbox_dir(host_dir).iterdir())
+
+
+def test_results_not_stored_in_time_are_sent_again_and_no_sooner(
+    host_dir, cpu_cells, server_http, monkeypatch
+):
+    """What each heartbeat does: the results kept for ``settled_s`` whose
+    jobs the server still awaits (their message lost with a control worker
+    killed mid-ingest) are sent again, once per ``settled_s``."""
+    jobs, envelope = planned(cpu_cells, 2)
+    sent = []
+    monkeypatch.setattr(host, "results_send", sent.extend)  # and lost
+    host.jobs_execute(envelope=envelope, config=host_dir, timeout_s=60)
+    first = list(sent)
+    assert len(first) == 2
+
+    def age(seconds):
+        for path in host.outbox_dir(host_dir).glob("*.json"):
+            then = path.stat().st_mtime - seconds
+            os.utime(path, (then, then))
+
+    asked = len(server_http)
+    assert host.outbox_flush(config=host_dir, settled_s=60) == 0
+    assert len(server_http) == asked  # results still on their way: not asked
+    age(61)
+    assert host.outbox_flush(config=host_dir, settled_s=60) == 2
+
+    def by_job(envelopes):
+        return sorted(envelopes, key=lambda e: e["payload"]["job"])
+
+    assert by_job(sent[2:]) == by_job(first)  # the very envelopes kept
+    assert host.outbox_flush(config=host_dir, settled_s=60) == 0
+    outcomes = services.results_ingest(envelopes=sent[2:])
+    assert [o.status for o in outcomes] == ["stored", "stored"]
+    age(61)
+    assert host.outbox_flush(config=host_dir, settled_s=60) == 0
+    assert list(host.outbox_dir(host_dir).iterdir()) == []
 
 
 def test_a_claim_the_server_cannot_answer_is_retried(

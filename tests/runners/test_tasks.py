@@ -148,6 +148,53 @@ def test_a_message_of_several_jobs_runs_them_all(host_dir, cpu_cells, eager_cele
     assert sweep.progress()["done"] == len(jobs) == Result.objects.count()
 
 
+def test_results_reach_the_server_job_by_job_while_the_message_runs(
+    host_dir, cpu_cells, eager_celery, monkeypatch
+):
+    from runners import host
+
+    # Each job takes longer than the time results wait to travel together.
+    monkeypatch.setenv("TILEMATRIX_EDGE_HARNESS_DELAY_S", "1.2")
+    sweep = services.sweep_plan(cells=cpu_cells()[:3])
+    jobs = list(
+        sweep.jobs.select_related(
+            "revision__operator", "shape", "device_type", "toolchain"
+        )
+    )
+    sent, done_after = [], []
+    send = host.results_send
+
+    def watched(envelopes):
+        sent.append([e["payload"]["job"] for e in envelopes])
+        send(envelopes)
+        done_after.append(sweep.progress()["done"])
+
+    monkeypatch.setattr(host, "results_send", watched)
+    tasks.execute_job(services.jobs_envelope(jobs))
+    assert sent == [[job.pk] for job in jobs]
+    assert done_after == [1, 2, 3]
+    assert Result.objects.count() == 3
+
+
+def test_results_that_end_together_travel_in_one_message(
+    host_dir, cpu_cells, eager_celery, monkeypatch
+):
+    from runners import host
+
+    sweep = services.sweep_plan(cells=cpu_cells()[:5])
+    jobs = list(
+        sweep.jobs.select_related(
+            "revision__operator", "shape", "device_type", "toolchain"
+        )
+    )
+    sent = []
+    send = host.results_send
+    monkeypatch.setattr(host, "results_send", lambda e: sent.append(e) or send(e))
+    tasks.execute_job(services.jobs_envelope(jobs))
+    assert [len(envelopes) for envelopes in sent] == [5]
+    assert sweep.progress()["done"] == 5
+
+
 @pytest.fixture
 def held_in_maintenance(host_dir, cpu_cells, eager_celery, client, admin_user):
     """A queued job whose message the runner's worker, left running in

@@ -155,11 +155,6 @@ class Command(BaseCommand):
             if name == "work":
                 p.add_argument("--concurrency", type=int, default=1)
                 p.add_argument("--loglevel", default="info")
-                p.add_argument(
-                    "--also-control",
-                    action="store_true",
-                    help="serve the control queue and run beat too (single-host demo)",
-                )
 
         execute = sub.add_parser(
             "execute-bundle", help="run signed jobs with no broker"
@@ -359,14 +354,12 @@ class Command(BaseCommand):
             self.stderr.write(awaiting_approval(config.name, config.server))
         self.stdout.write(",".join(queues))
 
-    def do_work(self, *, key_dir, concurrency, loglevel, also_control, **_):
-        from django.conf import settings
-
+    def do_work(self, *, key_dir, concurrency, loglevel, **_):
         from matrix.celery import app
 
         config = self._config(key_dir)
         os.environ[host.RUNNER_DIR_ENV] = str(config.directory)
-        queues = self._approved_queues(config) + (["control"] if also_control else [])
+        queues = self._approved_queues(config)
         app.worker_main(
             [
                 "worker",
@@ -377,7 +370,6 @@ class Command(BaseCommand):
                 "--without-gossip",
                 "--without-mingle",
             ]
-            + ["--beat", f"--schedule={settings.VAR_DIR}/beat-schedule"] * also_control
         )
 
     def do_execute_bundle(self, *, jobs, out, key_dir, **_):

@@ -1,0 +1,51 @@
+"""`manage.py control work`: the control worker. It holds the database and
+serves the control queue (signed results, heartbeats) and, unless told
+otherwise, beat (the reaper); runner hosts run `manage.py runner work`, in
+processes of their own, so neither ever waits behind the other."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.core.management.base import BaseCommand
+
+from runners.tasks import CONTROL
+
+
+class Command(BaseCommand):
+    help = "The control worker: control work [--concurrency N] [--no-beat]."
+
+    def add_arguments(self, parser):
+        sub = parser.add_subparsers(dest="action", required=True)
+        work = sub.add_parser(
+            "work",
+            help="serve the control queue (results, heartbeats) and run beat "
+            "(the reaper)",
+        )
+        work.add_argument(
+            "--concurrency",
+            type=int,
+            default=2,
+            help="processes ingesting side by side (default 2)",
+        )
+        work.add_argument(
+            "--no-beat",
+            action="store_true",
+            help="run no beat here: a deployment runs exactly one",
+        )
+        work.add_argument("--loglevel", default="info")
+
+    def handle(self, *args, action, concurrency, no_beat, loglevel, **_):
+        from matrix.celery import app
+
+        argv = [
+            "worker",
+            f"--queues={CONTROL}",
+            "--hostname=control@%h",
+            f"--concurrency={concurrency}",
+            f"--loglevel={loglevel}",
+            "--without-gossip",
+            "--without-mingle",
+        ]
+        if not no_beat:
+            argv += ["--beat", f"--schedule={settings.VAR_DIR}/beat-schedule"]
+        app.worker_main(argv)
