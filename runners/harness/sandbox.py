@@ -1,17 +1,21 @@
 """Run jobs in sandboxed children and turn whatever happens into results.
 
-Each child gets its own process group (killed whole on timeout), an
-environment built from an allow-list, a temporary HOME removed afterwards,
-resource limits, a TileLang kernel cache per toolchain (a throwaway one for
-submitted kernels) and a 16 KB cap on what it prints. Where the supervisor is
-root, each child also runs under a uid of its own in an empty network
-namespace (see ``isolation``). Trusted library jobs of one toolchain share a
-child, one job after another; a child that crashes or hangs costs only its
-current job, and the rest continue in a fresh one.
+Each child starts in the sandbox of ``isolation`` (bubblewrap namespaces, a
+filesystem of only what it needs, a uid of its own where the supervisor is
+root) in its own process group (killed whole when its job ends or times
+out), with an environment built from an allow-list, a temporary HOME
+removed afterwards, resource limits, a TileLang kernel cache per toolchain
+(a throwaway one for submitted kernels) and a 16 KB cap on what it prints.
+Trusted library jobs of one toolchain share a child, one job after another;
+a child that crashes or hangs costs only its current job, and the rest
+continue in a fresh one.
 
-A submitted kernel is run by two children: an untrusted one that compiles it
-and writes its outputs for two input sets, and a judge that imports no
-submitted code and decides pass or mismatch (see ``untrusted``).
+A submitted kernel runs in three children (see ``submitted``): a builder
+that imports it and hands over only its PrimFunc as TVM JSON, an executor
+that never imports submitted code and compiles, runs and times that
+program, and a judge that never imports submitted code nor runs the kernel,
+which draws the inputs and decides pass or mismatch. They run only where
+the sandbox is whole (``isolation.FULL``).
 """
 
 from __future__ import annotations
@@ -29,15 +33,18 @@ import stat
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from runners.harness import isolation, tensors, timing
+from runners.harness.child import UNTRUSTED_MODES
 from runners.harness.job import lookup_operator, parse_job
 from runners.harness.result import (
+    FAILURES,
     KERNEL_SOURCE_CAP,
     MESSAGE_CAP,
     METRIC_KEYS,
@@ -52,6 +59,7 @@ from runners.harness.result import (
 )
 from runners.harness.sanitize import error_signature, sanitize
 from runners.harness.stages import DEVICE_LOCK_ENV
+from runners.harness.submitted import PROGRAM_CAP, PROGRAM_NAME
 
 log = logging.getLogger(__name__)
 
@@ -231,129 +239,300 @@ def _run_group(
     return results
 
 
+# How the timings of a submitted kernel are marked in its result.
+SUBMITTED_TIMING = (
+    "submitted: timed in a process that imported no submitted Python; the "
+    "kernel's own code ran there and can skew its own time"
+)
+
+
 def _run_submitted(job: dict, *, interpreter: str, timeout_s: float) -> dict:
-    """Compile and run a submitted kernel in an untrusted child, then let a
-    judge child compare what it wrote with the reference."""
+    """Build, execute and judge a submitted kernel in three children."""
     from runners.kernels.base import Unsupported
 
+    started = time.perf_counter()
+    confinement = isolation.confinement()
+    if confinement.level != isolation.FULL:
+        refused = set_error(
+            new_result(job),
+            "infra_error",
+            "this runner does not run submitted kernels: its sandbox is "
+            + confinement.describe(),
+        )
+        refused["sandbox"] = confinement.describe()
+        return _finish(refused, started, ())
     operator = lookup_operator(job["operator"])
     shape, dtype = job["shape"], job["dtype"]
     try:
         operator.check(shape, dtype, job["target"])
-        unsupported = None
     except Unsupported as exc:
-        unsupported = str(exc)
+        (result,) = _run_child(
+            [job],
+            interpreter=interpreter,
+            cache_dir=None,
+            timeout_s=timeout_s,
+            mode="executor",
+            extra={"unsupported": str(exc)},
+        )
+        return result
+    exchange = tempfile.mkdtemp(prefix="tm-exchange-")
+    try:
+        result = _submitted_children(
+            job,
+            operator,
+            interpreter=interpreter,
+            timeout_s=timeout_s,
+            exchange=Path(exchange),
+        )
+    finally:
+        shutil.rmtree(exchange, ignore_errors=True)
+    result["timing_trust"] = SUBMITTED_TIMING
+    return _account(result, started)
+
+
+class _Handoff:
+    """What the children of one submitted kernel wait on; each is set once,
+    by the thread of the child it comes from, True or False. Once one of
+    them fails, ``stop`` kills the others, wherever they are."""
+
+    def __init__(self):
+        self.program = Future()  # the builder's program is in the exchange
+        self.inputs = Future()  # the judge wrote the input sets
+        self.outputs = Future()  # the executor's outputs are in the exchange
+        self.stopped_by: str | None = None
+        self._children: list[_Child] = []
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def settle(future: Future, value: bool) -> None:
+        if not future.done():
+            future.set_result(value)
+
+    def started(self, child: _Child) -> None:
+        with self._lock:
+            self._children.append(child)
+            if self.stopped_by:
+                child.signal_kill()
+
+    def stop(self, by: str) -> None:
+        with self._lock:
+            self.stopped_by = self.stopped_by or by
+            for child in self._children:
+                child.signal_kill()
+
+
+def _submitted_children(
+    job: dict, operator, *, interpreter: str, timeout_s: float, exchange: Path
+) -> dict:
+    """Start builder, executor and judge side by side: the executor waits for
+    the program and the inputs, the judge for the outputs. Returns the first
+    failure on the way, or the executor's evidence with the judge's verdict."""
+    shape, dtype = job["shape"], job["dtype"]
+    in_specs = [tensors.spec_dict(s) for s in operator.inputs(shape, dtype)]
     out_specs = [tensors.spec_dict(s) for s in operator.outputs(shape, dtype)]
+    validate = job["stage"] == "validate"
     # The second seed is drawn here, so nothing can be prepared for it.
     seeds = [job["seed"], secrets.randbelow(2**63)]
-    staging = tempfile.mkdtemp(prefix="tm-outputs-")
-    try:
-        (ran,) = _run_child(
-            [job],
-            interpreter=interpreter,
-            cache_dir=None,
-            timeout_s=timeout_s,
-            mode="untrusted",
-            extra={
-                "seeds": seeds,
-                "inputs": [tensors.spec_dict(s) for s in operator.inputs(shape, dtype)],
-                "outputs": out_specs,
-                "unsupported": unsupported,
-            },
-            collect=lambda base: _collect_outputs(base, staging, out_specs, len(seeds)),
+    program_dir, inputs_dir, outputs_dir = (
+        exchange / name for name in ("program", "inputs", "outputs")
+    )
+    for directory in (program_dir, inputs_dir, outputs_dir):
+        directory.mkdir(mode=0o755)
+    # The judge runs as a uid of its own and writes the inputs here; only
+    # its sandbox has this directory writable (the executor's reads it).
+    inputs_dir.chmod(0o777)
+    handoff = _Handoff()
+    run = dict(jobs=[job], interpreter=interpreter, cache_dir=None, timeout_s=timeout_s)
+
+    def builder() -> list[dict]:
+        try:
+            return _run_child(
+                **run,
+                mode="builder",
+                collect=lambda base: handoff.settle(
+                    handoff.program,
+                    _copy_regular(
+                        Path(base, "home", "out", PROGRAM_NAME),
+                        program_dir / PROGRAM_NAME,
+                        cap=PROGRAM_CAP,
+                    ),
+                ),
+                on_start=handoff.started,
+            )
+        finally:
+            handoff.settle(handoff.program, False)
+            if not handoff.program.result():
+                handoff.stop("builder")
+
+    def executor() -> list[dict]:
+        def may_go() -> bool:
+            if not handoff.program.result():
+                return False
+            return not validate or handoff.inputs.result()
+
+        def collect(base: str) -> None:
+            out = Path(base, "home", "out")
+            handoff.settle(
+                handoff.outputs,
+                all(
+                    _copy_regular(
+                        out / name, outputs_dir / name, size=tensors.byte_size(spec)
+                    )
+                    for input_set in range(len(seeds))
+                    for index, spec in enumerate(out_specs)
+                    for name in [tensors.output_name(input_set, index)]
+                ),
+            )
+
+        try:
+            return _run_child(
+                **run,
+                mode="executor",
+                extra={
+                    "program": str(program_dir / PROGRAM_NAME),
+                    "inputs": in_specs,
+                    "outputs": out_specs,
+                    "inputs_dir": str(inputs_dir),
+                    "input_sets": len(seeds),
+                },
+                mounts=isolation.Mounts(read_only=(str(program_dir), str(inputs_dir))),
+                on_waiting=may_go,
+                collect=collect if validate else None,
+                file_bytes=max(tensors.byte_size(s) for s in out_specs),
+                on_start=handoff.started,
+            )
+        finally:
+            handoff.settle(handoff.outputs, False)
+            if validate and not handoff.outputs.result():
+                handoff.stop("executor")
+
+    def judge() -> list[dict]:
+        def may_go() -> bool:
+            handoff.settle(handoff.inputs, True)
+            return handoff.outputs.result()
+
+        try:
+            return _run_child(
+                **run,
+                mode="judge",
+                extra={
+                    "seeds": seeds,
+                    "inputs_dir": str(inputs_dir),
+                    "outputs_dir": str(outputs_dir),
+                },
+                mounts=isolation.Mounts(
+                    read_only=(str(outputs_dir),), writable=(str(inputs_dir),)
+                ),
+                on_waiting=may_go,
+                on_start=handoff.started,
+            )
+        finally:
+            handoff.settle(handoff.inputs, False)
+            if not handoff.inputs.result():
+                handoff.stop("judge")
+
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        built = pool.submit(builder)
+        judged = pool.submit(judge) if validate else None
+        executed = pool.submit(executor)
+        wait([built, executed, *([judged] if judged else [])])
+    (program,) = built.result()
+    ran = executed.result()
+    verdict = judged.result() if judged else []
+    if handoff.stopped_by == "judge":  # the others were killed for it
+        return _judge_failed(program, verdict)
+    if program["status"] in FAILURES:
+        return program
+    if not handoff.program.result():
+        return set_error(
+            program,
+            "compile_error",
+            "program() ran, but the builder left no program "
+            f"({PROGRAM_NAME}, a regular file of at most {PROGRAM_CAP // 2**20} MB)",
         )
-        if job["stage"] != "validate" or ran["status"] != "pass":
-            return ran
-        (verdict,) = _run_child(
-            [job],
-            interpreter=interpreter,
-            cache_dir=None,
-            timeout_s=timeout_s,
-            mode="judge",
-            extra={"seeds": seeds},
-            stage_in=staging,
-        )
-        return _merge_verdict(ran, verdict, operator)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+    if not ran:  # told not to go on: the judge failed first
+        return _judge_failed(program, verdict)
+    (ran,) = ran
+    if not validate or ran["status"] != "pass":
+        return ran
+    if not verdict or verdict[0]["status"] not in ("pass", "mismatch"):
+        return _judge_failed(ran, verdict)
+    return _merge_verdict(ran, verdict[0], operator)
 
 
-def _collect_outputs(base: str, staging: str, specs: list[dict], sets: int) -> None:
-    """Copy the outputs the untrusted child wrote, as regular files of the
-    exact expected size, without following anything it could have swapped
-    for a link, a FIFO or a device."""
-    try:
-        out_fd = os.open(
-            os.path.join(base, "home", "out"),
-            os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW,
-        )
-    except OSError:
-        return
-    try:
-        for input_set in range(sets):
-            for index, spec in enumerate(specs):
-                name = tensors.output_name(input_set, index)
-                data = _read_regular(out_fd, name, tensors.byte_size(spec))
-                if data is not None:
-                    Path(staging, name).write_bytes(data)
-    finally:
-        os.close(out_fd)
+def _judge_failed(result: dict, verdict: list[dict]) -> dict:
+    reason = "it stopped"
+    if verdict:
+        reason = (verdict[0].get("error") or {}).get("message") or verdict[0]["status"]
+    failed = set_error(dict(result), "infra_error", "the judge failed: " + reason)
+    failed["error"]["signature"] = error_signature(failed["error"]["message"])
+    return failed
 
 
-def _read_regular(dir_fd: int, name: str, size: int) -> bytes | None:
+def _copy_regular(
+    source: Path, dest: Path, *, size: int | None = None, cap: int | None = None
+) -> bool:
+    """Copy what a sandboxed child left at ``source``: only a regular file
+    (never through a link, a FIFO or a device it could have put there), of
+    exactly ``size`` bytes or at most ``cap``. False when there is none."""
     flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK
     try:
-        fd = os.open(name, flags, dir_fd=dir_fd)
+        fd = os.open(source, flags)
     except OSError:
-        return None
-    try:
+        return False
+    with os.fdopen(fd, "rb") as stream:
         info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or info.st_size != size:
-            return None
-        with os.fdopen(os.dup(fd), "rb") as stream:
-            data = stream.read(size + 1)
-        return data if len(data) == size else None
-    finally:
-        os.close(fd)
+        if not stat.S_ISREG(info.st_mode):
+            return False
+        if (size is not None and info.st_size != size) or (
+            cap is not None and info.st_size > cap
+        ):
+            return False
+        limit = info.st_size
+        with open(dest, "wb") as out:
+            copied = 0
+            while chunk := stream.read(min(2**24, limit + 1 - copied)):
+                copied += len(chunk)
+                if copied > limit:
+                    return False
+                out.write(chunk)
+        os.chmod(dest, 0o644)
+        return copied == limit
 
 
 def _merge_verdict(ran: dict, verdict: dict, operator) -> dict:
-    """The untrusted child's compile evidence with the judge's verdict."""
+    """The executor's evidence (compile, kernel time) with the judge's
+    verdict and reference time."""
     result = dict(ran)
-    timings = dict(ran["timings"])
-    result["timing_trust"] = (
-        "advisory: kernel_ms was measured inside the untrusted child"
-    )
-    if verdict["status"] not in ("pass", "mismatch"):
-        message = (verdict.get("error") or {}).get("message") or verdict["status"]
-        failed = set_error(result, "infra_error", "the judge failed: " + message)
-        failed["error"]["signature"] = error_signature(failed["error"]["message"])
-        return failed
     result["status"] = verdict["status"]
     result["error"] = verdict["error"]
     result["metrics"] = verdict["metrics"]
     result["tolerance"] = verdict["tolerance"]
-    timings["wall_s"] += verdict["timings"]["wall_s"] or 0.0
-    timings["run_s"] = (timings["run_s"] or 0.0) + (verdict["timings"]["run_s"] or 0.0)
-    timings["overhead_s"] = max(
-        0.0, timings["wall_s"] - (timings["compile_s"] or 0.0) - timings["run_s"]
-    )
+    timings = dict(ran["timings"])
     kernel_ms = timings["kernel_ms"]
-    reference_ms = verdict["timings"]["reference_ms"]
     if result["status"] != "pass" or not kernel_ms:
         timings["kernel_ms"] = None
     else:
+        reference_ms = verdict["timings"]["reference_ms"]
         timings["reference_ms"] = reference_ms
         timings["speedup"] = reference_ms / kernel_ms if reference_ms else None
-        shape, dtype = ran["shape"], ran["dtype"]
         timings.update(
             timing.throughput(
-                flops=operator.flops(shape),
-                bytes_moved=operator.bytes_moved(shape, dtype),
+                flops=operator.flops(ran["shape"]),
+                bytes_moved=operator.bytes_moved(ran["shape"], ran["dtype"]),
                 kernel_ms=kernel_ms,
             )
         )
     result["timings"] = timings
+    return result
+
+
+def _account(result: dict, since: float) -> dict:
+    """The whole job's wall time, every child of it included."""
+    timings = result["timings"]
+    timings["wall_s"] = time.perf_counter() - since
+    spent = (timings.get("compile_s") or 0.0) + (timings.get("run_s") or 0.0)
+    timings["overhead_s"] = max(0.0, timings["wall_s"] - spent)
     return result
 
 
@@ -365,16 +544,20 @@ def _run_child(
     timeout_s: float,
     mode: str = "library",
     extra: dict | None = None,
+    mounts: isolation.Mounts = isolation.NO_MOUNTS,
     collect=None,
-    stage_in: str | None = None,
+    on_waiting=None,
+    file_bytes: int | None = None,
+    on_start=None,
 ) -> list[dict]:
     """Run ``jobs`` in one child until they are done or the child dies or
-    hangs. Returns at least one result: the jobs it finished and, if it failed,
-    the failure of the job it was on.
+    hangs. Returns the results of the jobs it finished and, if it failed,
+    the failure of the job it was on; nothing when ``on_waiting`` (asked
+    when the child waits to go on) said no.
 
     The child's HOME is ``BASE/home``; BASE itself stays the supervisor's, so
     the child cannot swap the directory that ``collect(BASE)`` reads after it
-    is gone. ``stage_in`` is copied to ``BASE/inbox`` for the child to read.
+    is gone. ``mounts`` are host paths the child sees besides its own.
     """
     base = tempfile.mkdtemp(prefix="tm-harness-")
     os.chmod(base, 0o755)
@@ -384,7 +567,6 @@ def _run_child(
     shared_cache = cache_dir is not None and mode == "library"
     identity = isolation.library() if shared_cache else isolation.acquire()
     try:
-        # Absolute: the child may bind it into a mount namespace of its own.
         cache = (
             os.path.abspath(cache_dir)
             if shared_cache
@@ -394,16 +576,19 @@ def _run_child(
         limits = Limits(cpu_s=math.ceil(2 * (STARTUP_TIMEOUT_S + sum(timeouts))))
         if any(job["target"]["kind"] != "c" for job in jobs):
             limits = replace(limits, address_space_extra_bytes=None)
-        if mode == "untrusted":
+        if mode in UNTRUSTED_MODES:
             limits = untrusted_limits(limits)
-        spec = {"jobs": jobs, "limits": asdict(limits), "mode": mode, **(extra or {})}
-        if stage_in is not None:
-            inbox = os.path.join(base, "inbox")
-            shutil.copytree(stage_in, inbox)
-            os.chmod(inbox, 0o755)
-            for name in os.listdir(inbox):
-                os.chmod(os.path.join(inbox, name), 0o644)
-            spec["outputs_dir"] = inbox
+        if file_bytes is not None:
+            limits = replace(limits, file_bytes=max(limits.file_bytes, file_bytes))
+        spec = {
+            # Only the builder gets the submitted text.
+            "jobs": [
+                job if mode == "builder" else {**job, "source": None} for job in jobs
+            ],
+            "limits": asdict(limits),
+            "mode": mode,
+            **(extra or {}),
+        }
         spec_path = Path(base, "spec.json")
         spec_path.write_text(json.dumps(spec))
         env = child_environment(
@@ -413,31 +598,90 @@ def _run_child(
             env[DEVICE_LOCK_ENV] = os.path.join(
                 env["TILELANG_CACHE_DIR"], "tilematrix-device.lock"
             )
-        if shared_cache:
             _own_cache(cache, identity)
         identity.give(home)
+        # The builder only calls program(): no toolkit, no GPU.
+        kinds = set() if mode == "builder" else {j["target"]["kind"] for j in jobs}
         child = _Child(
             interpreter,
             spec_path,
-            home,
             env,
             identity,
-            untrusted=mode == "untrusted",
-            cache=cache if shared_cache else None,
+            child_mounts(
+                interpreter,
+                home=home,
+                spec=str(spec_path),
+                trusted=mode not in UNTRUSTED_MODES,
+                kinds=kinds,
+                extra=mounts,
+                cache=cache if shared_cache else None,
+            ),
+            mode=mode,
+            interactive=on_waiting is not None,
         )
+        if on_start is not None:
+            on_start(child)
         try:
             # The child's sandbox and kernel cache are this run's or this
             # host's own: a path in them is named by its file only.
             private = (base, cache, env["TILELANG_CACHE_DIR"])
-            return _supervise(child, jobs, timeouts, spawned, private)
+            results = _supervise(child, jobs, timeouts, spawned, private, on_waiting)
         finally:
             child.kill()
             identity.kill_all()
             if collect is not None:
                 collect(base)
+        for result in results:
+            result["sandbox"] = identity.confinement.describe()
+        return results
     finally:
         identity.release()
         shutil.rmtree(base, ignore_errors=True)
+
+
+def child_mounts(
+    interpreter: str,
+    *,
+    home: str,
+    spec: str,
+    trusted: bool,
+    kinds: set[str],
+    extra: isolation.Mounts = isolation.NO_MOUNTS,
+    cache: str | None = None,
+) -> isolation.Mounts:
+    """What one child sees: its toolchain, the harness code (the operator
+    library, with the references, only where ``trusted``), its spec, its
+    HOME, the shared kernel cache, the toolkits and GPUs of ``kinds``."""
+    code = ["runners/__init__.py", "runners/harness"]
+    if trusted:
+        code.append("runners/kernels")
+    read_only = [
+        *isolation.toolchain_paths(interpreter, protected_paths()),
+        *(os.path.join(REPO_ROOT, path) for path in code),
+        spec,
+        *extra.read_only,
+    ]
+    devices: list[str] = []
+    for kind in sorted(kinds):
+        nodes, paths = isolation.device_mounts(kind)
+        devices += nodes
+        read_only += paths
+    return isolation.Mounts(
+        read_only=tuple(dict.fromkeys(read_only)),
+        writable=(home, *extra.writable),
+        aliases=((cache, isolation.CACHE_POINT),) if cache else (),
+        devices=tuple(devices),
+        workdir=home,
+    )
+
+
+def protected_paths() -> tuple[str, ...]:
+    """Host paths no child may see through a toolchain path that holds them:
+    the service's var/ (database, secret key, server and runner keys)."""
+    found = [os.path.join(REPO_ROOT, "var")]
+    if os.environ.get("TILEMATRIX_VAR_DIR"):
+        found.append(os.path.abspath(os.environ["TILEMATRIX_VAR_DIR"]))
+    return tuple(found)
 
 
 def _own_cache(cache: str, identity: isolation.Identity) -> None:
@@ -447,10 +691,10 @@ def _own_cache(cache: str, identity: isolation.Identity) -> None:
         identity.give(cache)
 
 
-def _supervise(child, jobs, timeouts, spawned, private) -> list[dict]:
+def _supervise(child, jobs, timeouts, spawned, private, on_waiting) -> list[dict]:
     results: list[dict] = []
     toolchain = None
-    current, stage = None, None
+    current, stage, waited = None, None, False
     mark = spawned
     deadline = spawned + STARTUP_TIMEOUT_S
     while True:
@@ -468,10 +712,19 @@ def _supervise(child, jobs, timeouts, spawned, private) -> list[dict]:
             deadline = time.perf_counter() + timeouts[current]
         elif event == "stage" and current is not None:
             stage = message.get("stage") if message.get("stage") in STAGES else stage
+        elif event == "waiting" and current is not None and on_waiting and not waited:
+            waited = True
+            if not on_waiting():
+                return results
+            child.go()
+            deadline = time.perf_counter() + timeouts[current]
         elif event == "result" and current is not None:
-            accepted = _accept(
-                message.get("result"), jobs[current], toolchain, child.untrusted
-            )
+            accepted = _accept(message.get("result"), jobs[current], toolchain, child)
+            # What a builder leaves counts once it has exited, not when
+            # something in it claimed to be done.
+            if child.mode == "builder" and not child.wait_exit(deadline):
+                text = f"the builder did not exit within {timeouts[current]:g}s"
+                accepted = _failed(jobs[current], "timeout", text, stage, toolchain)
             results.append(_finish(accepted, mark, private))
             _progress(results[-1], time.perf_counter() - mark)
             mark = time.perf_counter()
@@ -537,7 +790,7 @@ def _failed(job, status, message, stage, toolchain) -> dict:
     return set_error(result, status, message)
 
 
-def _accept(result: object, job: dict, toolchain: dict, untrusted: bool) -> dict:
+def _accept(result: object, job: dict, toolchain: dict, child: _Child) -> dict:
     """Rebuild the child's result from the job and the fields a result may
     have, so that a confused (or hostile) child cannot change the echo of
     the job or break the schema."""
@@ -548,8 +801,12 @@ def _accept(result: object, job: dict, toolchain: dict, untrusted: bool) -> dict
     except (KeyError, TypeError, ValueError):
         text = "the harness child sent a malformed result"
         # Submitted code can write to the channel: its garbage is its failure.
-        status = "runtime_error" if untrusted else "infra_error"
+        status = "runtime_error" if child.untrusted else "infra_error"
         return _failed(job, status, text, None, toolchain)
+    if child.mode == "builder" and clean["status"] == "infra_error":
+        # The builder's own code never says so: submitted code said it, to
+        # be retried as the runner's fault.
+        clean["status"] = "runtime_error"
     return clean
 
 
@@ -605,14 +862,16 @@ class _Child:
         self,
         interpreter: str,
         spec: Path,
-        home: str,
         env: dict,
         identity: isolation.Identity,
+        mounts: isolation.Mounts,
         *,
-        untrusted: bool,
-        cache: str | None,
+        mode: str,
+        interactive: bool,
     ):
-        self.untrusted = untrusted
+        self.mode = mode
+        self.untrusted = mode in UNTRUSTED_MODES
+        self.wrapped = identity.confinement.level != isolation.NONE
         # -P: the child's own cwd (its HOME) never shadows the harness.
         argv = [
             os.path.abspath(interpreter) if os.sep in interpreter else interpreter,
@@ -622,10 +881,10 @@ class _Child:
             str(spec),
         ]
         self.proc = subprocess.Popen(
-            identity.command(argv, cache=cache),
-            cwd=home,
+            identity.command(argv, mounts),
+            cwd=mounts.workdir,
             env=env,
-            stdin=subprocess.DEVNULL,
+            stdin=subprocess.PIPE if interactive else subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             start_new_session=True,
@@ -670,36 +929,75 @@ class _Child:
                 else:
                     self._keep_output(chunk)
 
+    def go(self) -> None:
+        """Let a child waiting on its stdin go on."""
+        try:
+            self.proc.stdin.write(b"go\n")
+            self.proc.stdin.flush()
+        except OSError:
+            pass  # it is gone; the next message says so
+
+    def wait_exit(self, deadline: float) -> bool:
+        """Whether the child exited by ``deadline``; what it still says is
+        dropped."""
+        while self.proc.poll() is None:
+            remaining = deadline - time.perf_counter()
+            if remaining <= 0:
+                return False
+            if self.next_message(time.perf_counter() + min(remaining, 0.1)) == "eof":
+                try:
+                    self.proc.wait(timeout=remaining)
+                except subprocess.TimeoutExpired:
+                    return False
+        return True
+
     def _keep_output(self, chunk: bytes) -> None:
         # Keep the tail: a crash explains itself last.
         self.output_total += len(chunk)
         self.output += chunk
         del self.output[: max(0, len(self.output) - OUTPUT_CAP)]
 
-    def kill(self) -> None:
-        """Kill the whole process group, the compilers it started included,
-        then reap the child."""
+    def signal_kill(self) -> None:
+        """SIGKILL the whole process group (its sandbox's init with it, which
+        takes every process of the sandbox along); safe from any thread."""
         try:
             os.killpg(self.proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
+
+    def kill(self) -> None:
+        """Kill the whole process group, the compilers it started included,
+        then reap the child."""
+        self.signal_kill()
         self.proc.wait()
-        for stream in (self.proc.stdout, self.proc.stderr):
-            stream.close()
+        for stream in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+            if stream is not None:
+                stream.close()
         self.selector.close()
 
     def cpu_limit_hit(self) -> bool:
-        return self.proc.returncode == -signal.SIGXCPU
+        return self._killed_by() == signal.SIGXCPU
+
+    def _killed_by(self) -> int | None:
+        """The signal that ended the child, if one did: bwrap passes on its
+        command's death by signal N as exit status 128 + N."""
+        code = self.proc.returncode
+        if code is None:
+            return None
+        if code < 0:
+            return -code
+        if self.wrapped and code > 128:
+            return code - 128
+        return None
 
     def describe_exit(self) -> str:
-        code = self.proc.poll()
-        if code is None:
+        if self.proc.poll() is None:
             self.proc.wait()
-            code = self.proc.returncode
-        if code < 0:
-            how = f"killed by {signal.Signals(-code).name}"
-        else:
-            how = f"exit status {code}"
+        number = self._killed_by()
+        try:
+            how = f"killed by {signal.Signals(number).name}"
+        except ValueError:
+            how = f"exit status {self.proc.returncode}"
         tail = "\n".join(self.notes) or self.output[-CRASH_TAIL:].decode(
             errors="replace"
         )

@@ -1,5 +1,6 @@
-"""The sandbox's own guarantees, without compiling anything: what the child's
-environment holds, and a toolchain that cannot start."""
+"""The sandbox's own guarantees: what the child's environment holds, a
+toolchain that cannot start, and what happens on a host that cannot give
+the whole sandbox."""
 
 from __future__ import annotations
 
@@ -7,8 +8,9 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from runners.harness import isolation
 from runners.harness.sandbox import REPO_ROOT, child_environment, run_batch
-from tests.harness.helpers import PLANTED, library_job
+from tests.harness.helpers import PLANTED, library_job, submitted_job
 
 
 def test_the_child_environment_is_an_allow_list(monkeypatch, tmp_path):
@@ -59,3 +61,31 @@ def test_cells_the_kernel_does_not_declare_are_unsupported(cache_dir):
         assert result["status"] == "unsupported"
         assert result["stage_reached"] is None and result["kernel_source"] is None
         assert job["dtype"] in result["error"]["message"]
+
+
+def test_where_the_sandbox_is_missing_library_kernels_run_and_say_so(
+    monkeypatch, tmp_path
+):
+    # This host has the whole sandbox; the double stands for one without
+    # bubblewrap or root, where the child really runs unconfined.
+    missing = isolation.Confinement(
+        isolation.NONE, (isolation.NO_BWRAP, isolation.NO_ROOT)
+    )
+    monkeypatch.setattr(isolation, "confinement", lambda: missing)
+    job = library_job("elementwise_add", {"M": 2, "N": 3})
+    (result,) = run_batch([job], cache_dir=str(tmp_path / "cache"))
+    assert result["status"] == "pass"
+    assert result["sandbox"] == missing.describe()
+    assert result["sandbox"].startswith("none: no working bubblewrap (bwrap)")
+
+
+def test_where_the_sandbox_is_not_whole_submitted_kernels_are_refused(monkeypatch):
+    no_root = isolation.Confinement(isolation.NAMESPACES, (isolation.NO_ROOT,))
+    monkeypatch.setattr(isolation, "confinement", lambda: no_root)
+    (result,) = run_batch([submitted_job("wrong_add")], cache_dir="unused")
+    assert result["status"] == "infra_error"
+    assert result["error"]["message"] == (
+        "this runner does not run submitted kernels: its sandbox is namespaces: "
+        + isolation.NO_ROOT
+    )
+    assert result["sandbox"] == no_root.describe()
