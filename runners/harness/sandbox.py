@@ -345,20 +345,26 @@ def _submitted_children(
     run = dict(jobs=[job], interpreter=interpreter, cache_dir=None, timeout_s=timeout_s)
 
     def builder() -> list[dict]:
-        try:
-            return _run_child(
-                **run,
-                mode="builder",
-                collect=lambda base: handoff.settle(
-                    handoff.program,
-                    _copy_regular(
-                        Path(base, "home", "out", PROGRAM_NAME),
-                        program_dir / PROGRAM_NAME,
-                        cap=PROGRAM_CAP,
-                    ),
-                ),
-                on_start=handoff.started,
+        copied = []
+
+        def collect(base: str) -> None:
+            copied.append(
+                copy_child_file(
+                    base,
+                    ("home", "out", PROGRAM_NAME),
+                    program_dir / PROGRAM_NAME,
+                    cap=PROGRAM_CAP,
+                )
             )
+
+        try:
+            results = _run_child(
+                **run, mode="builder", collect=collect, on_start=handoff.started
+            )
+            # A program left by a builder that then failed is not its program.
+            written = copied == [True] and results[0]["status"] not in FAILURES
+            handoff.settle(handoff.program, written)
+            return results
         finally:
             handoff.settle(handoff.program, False)
             if not handoff.program.result():
@@ -371,21 +377,20 @@ def _submitted_children(
             return not validate or handoff.inputs.result()
 
         def collect(base: str) -> None:
-            out = Path(base, "home", "out")
-            handoff.settle(
-                handoff.outputs,
-                all(
-                    _copy_regular(
-                        out / name, outputs_dir / name, size=tensors.byte_size(spec)
+            # What is missing or malformed is left out: the judge finds
+            # that output never written.
+            for input_set in range(len(seeds)):
+                for index, spec in enumerate(out_specs):
+                    name = tensors.output_name(input_set, index)
+                    copy_child_file(
+                        base,
+                        ("home", "out", name),
+                        outputs_dir / name,
+                        size=tensors.byte_size(spec),
                     )
-                    for input_set in range(len(seeds))
-                    for index, spec in enumerate(out_specs)
-                    for name in [tensors.output_name(input_set, index)]
-                ),
-            )
 
         try:
-            return _run_child(
+            results = _run_child(
                 **run,
                 mode="executor",
                 extra={
@@ -401,6 +406,12 @@ def _submitted_children(
                 file_bytes=max(tensors.byte_size(s) for s in out_specs),
                 on_start=handoff.started,
             )
+            # "pass" from the executor means "outputs written", which only
+            # the judge can check.
+            handoff.settle(
+                handoff.outputs, bool(results) and results[0]["status"] == "pass"
+            )
+            return results
         finally:
             handoff.settle(handoff.outputs, False)
             if validate and not handoff.outputs.result():
@@ -469,15 +480,21 @@ def _judge_failed(result: dict, verdict: list[dict]) -> dict:
     return failed
 
 
-def _copy_regular(
-    source: Path, dest: Path, *, size: int | None = None, cap: int | None = None
+def copy_child_file(
+    base: str,
+    names: tuple[str, ...],
+    dest: Path,
+    *,
+    size: int | None = None,
+    cap: int | None = None,
 ) -> bool:
-    """Copy what a sandboxed child left at ``source``: only a regular file
-    (never through a link, a FIFO or a device it could have put there), of
-    exactly ``size`` bytes or at most ``cap``. False when there is none."""
-    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK
+    """Copy what a sandboxed child left at ``base/names...`` (``base`` is
+    the supervisor's, what is below it the child's): only a regular file,
+    reached through no link, FIFO or device the child could have put on the
+    way, of exactly ``size`` bytes or at most ``cap``. False, and nothing
+    at ``dest``, when there is none."""
     try:
-        fd = os.open(source, flags)
+        fd = _open_below(base, names)
     except OSError:
         return False
     with os.fdopen(fd, "rb") as stream:
@@ -488,16 +505,32 @@ def _copy_regular(
             cap is not None and info.st_size > cap
         ):
             return False
-        limit = info.st_size
+        copied = 0
         with open(dest, "wb") as out:
-            copied = 0
-            while chunk := stream.read(min(2**24, limit + 1 - copied)):
+            while chunk := stream.read(min(2**24, info.st_size + 1 - copied)):
                 copied += len(chunk)
-                if copied > limit:
-                    return False
                 out.write(chunk)
-        os.chmod(dest, 0o644)
-        return copied == limit
+    if copied != info.st_size:  # it changed under us
+        dest.unlink()
+        return False
+    os.chmod(dest, 0o644)
+    return True
+
+
+def _open_below(base: str, names: tuple[str, ...]) -> int:
+    fd = os.open(base, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for name in names[:-1]:
+            inner = os.open(
+                name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd
+            )
+            os.close(fd)
+            fd = inner
+        return os.open(
+            names[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=fd
+        )
+    finally:
+        os.close(fd)
 
 
 def _merge_verdict(ran: dict, verdict: dict, operator) -> dict:

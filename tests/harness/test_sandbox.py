@@ -4,12 +4,18 @@ the whole sandbox."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from pathlib import Path
 
 from runners.harness import isolation
-from runners.harness.sandbox import REPO_ROOT, child_environment, run_batch
+from runners.harness.sandbox import (
+    REPO_ROOT,
+    child_environment,
+    copy_child_file,
+    run_batch,
+)
 from tests.harness.helpers import PLANTED, library_job, submitted_job
 
 
@@ -89,3 +95,35 @@ def test_where_the_sandbox_is_not_whole_submitted_kernels_are_refused(monkeypatc
         + isolation.NO_ROOT
     )
     assert result["sandbox"] == no_root.describe()
+
+
+def test_a_file_a_child_left_is_copied_only_when_regular_and_reached_directly(
+    tmp_path,
+):
+    base = tmp_path / "base"
+    out = base / "home" / "out"
+    out.mkdir(parents=True)
+    (out / "program.json").write_text("{}")
+    names = ("home", "out", "program.json")
+    copy = tmp_path / "copy"
+    assert copy_child_file(str(base), names, copy, cap=16)
+    assert copy.read_text() == "{}"
+    copy.unlink()
+    assert not copy_child_file(str(base), names, copy, cap=1)
+    assert not copy_child_file(str(base), names, copy, size=3)
+    # What the child may put in the way: its out/ as a link to a directory
+    # of the host, the file as a link, or a FIFO that would block a reader.
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "program.json").write_text("secret")
+    shutil.rmtree(out)
+    out.symlink_to(elsewhere)
+    assert not copy_child_file(str(base), names, copy, cap=16)
+    out.unlink()
+    out.mkdir()
+    (out / "program.json").symlink_to(elsewhere / "program.json")
+    assert not copy_child_file(str(base), names, copy, cap=16)
+    (out / "program.json").unlink()
+    os.mkfifo(out / "program.json")
+    assert not copy_child_file(str(base), names, copy, cap=16)
+    assert not copy.exists()

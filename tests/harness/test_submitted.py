@@ -42,6 +42,7 @@ def results(planted_secrets):
             "hang_add", fill={"@SLEEP@": sleeper}, timeout_s=HANG_TIMEOUT_S
         ),
         "segfault": submitted_job("segfault"),
+        "wrong_signature": submitted_job("wrong_signature_add"),
     }
     outcome = run_batch(
         list(jobs.values()), cache_dir="unused-for-submitted", workers=2
@@ -120,3 +121,15 @@ def test_a_crash_is_a_runtime_error_with_capped_output(results):
         f"the kernel process died: killed by {signal.SIGSEGV.name}"
     )
     assert len(message.encode()) <= MESSAGE_CAP + 64
+
+
+def test_a_program_not_taking_the_operators_tensors_is_refused_before_compiling(
+    results,
+):
+    result = results["wrong_signature"]
+    assert result["status"] == "compile_error"
+    assert result["stage_reached"] == "lower"
+    assert result["error"]["message"] == (
+        "ProgramRefused: parameter C is [5, 7] float16; "
+        "the operator passes C as [5, 7] float32"
+    )
