@@ -10,8 +10,9 @@ packages, the harness code; its own writable directory; a private /tmp and
 nodes and driver libraries where the host has them. Nothing else of the host
 exists there: no /var/run and its Unix sockets, no /root, no repository
 var/ (database, keys), no other process (its /proc shows its own PID
-namespace only), no network but a loopback that is down, and so no abstract
-Unix socket of the host either (those belong to a network namespace).
+namespace only), no network but a loopback of its own where nothing
+listens, and so no abstract Unix socket of the host either (those belong to
+a network namespace).
 
 When the supervisor runs as root, the child also drops to a uid of its own
 from ``UID_RANGE`` through setpriv (no supplementary groups, no
@@ -125,10 +126,6 @@ class Identity:
     lock_fd: int | None = None
     exclusive: bool = True
     confinement: Confinement = Confinement(NONE, (NO_BWRAP, NO_ROOT))
-
-    @property
-    def isolated(self) -> bool:
-        return self.uid is not None
 
     def cache_path(self, cache: str) -> str:
         """Where the child sees the shared kernel cache ``cache``."""
