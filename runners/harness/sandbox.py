@@ -70,7 +70,10 @@ OUTPUT_CAP = 16 * 1024
 PROTOCOL_LINE_CAP = 1024 * 1024
 CRASH_TAIL = 2048
 
-# Passed through to the child when set, and nothing else.
+# Passed through to the child when set, and nothing else. Not TVM_LIBRARY_PATH
+# nor TL_TEMPLATE_PATH: importing TileLang sets them in the supervisor to its
+# own install, and a child of another toolchain would load that one's
+# libraries; each child's TileLang sets them to its own.
 ENV_ALLOW = (
     "PATH",
     "LANG",
@@ -93,9 +96,7 @@ ENV_ALLOW = (
     "HIP_VISIBLE_DEVICES",
     "ROCR_VISIBLE_DEVICES",
     "HSA_OVERRIDE_GFX_VERSION",
-    "TVM_LIBRARY_PATH",
     "TVM_NUM_THREADS",
-    "TL_TEMPLATE_PATH",
     "TILELANG_EXECUTION_BACKEND",
     "TILELANG_COMPILE_TIMEOUT_SECONDS",
 )
@@ -688,8 +689,11 @@ def child_mounts(
     code = ["runners/__init__.py", "runners/harness"]
     if trusted:
         code.append("runners/kernels")
+    # The libraries the child's loader is pointed at come with it.
+    library_path = os.environ.get("LD_LIBRARY_PATH", "").split(os.pathsep)
     read_only = [
         *isolation.toolchain_paths(interpreter, protected_paths()),
+        *isolation.bindable(library_path, protected_paths()),
         *(os.path.join(REPO_ROOT, path) for path in code),
         spec,
         *extra.read_only,

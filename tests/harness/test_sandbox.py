@@ -24,6 +24,10 @@ def test_the_child_environment_is_an_allow_list(monkeypatch, tmp_path):
         monkeypatch.setenv(name, value)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "canary-aws-123456")
+    # What importing TileLang sets in the supervisor, pointing at its own
+    # install: a child of another toolchain must find its own.
+    monkeypatch.setenv("TVM_LIBRARY_PATH", "/supervisor/tilelang/lib")
+    monkeypatch.setenv("TL_TEMPLATE_PATH", "/supervisor/tilelang/src")
     env = child_environment(str(tmp_path), str(tmp_path / "cache"))
     assert env["CUDA_VISIBLE_DEVICES"] == "0"
     assert env["HOME"] == str(tmp_path) and env["TMPDIR"].startswith(str(tmp_path))
@@ -33,6 +37,7 @@ def test_the_child_environment_is_an_allow_list(monkeypatch, tmp_path):
     leaked = [v for v in env.values() if "canary" in v]
     assert not leaked
     assert not {"DATABASE_URL", "CELERY_BROKER_URL", "DJANGO_SECRET_KEY"} & set(env)
+    assert not {"TVM_LIBRARY_PATH", "TL_TEMPLATE_PATH"} & set(env)
 
 
 def test_a_toolchain_that_cannot_start_is_an_infra_error_for_every_job(tmp_path):
