@@ -16,7 +16,7 @@ ELEMENT_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
 
 
 def spec_dict(spec) -> dict:
-    """A TensorSpec as the JSON the untrusted child receives."""
+    """A TensorSpec as the JSON a child receives."""
     return {
         "name": spec.name,
         "shape": list(spec.shape),
