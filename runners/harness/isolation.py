@@ -260,7 +260,10 @@ _PROBE = (
 )
 
 
-@functools.cache
+# Asked once per interpreter and process; a failed answer is asked again.
+_TOOLCHAIN_PATHS: dict[str, list[str]] = {}
+
+
 def toolchain_paths(interpreter: str, protected: tuple[str, ...]) -> tuple[str, ...]:
     """What a child of ``interpreter`` needs to start Python and import its
     packages: its prefixes and every directory on its sys.path, asked of the
@@ -269,18 +272,21 @@ def toolchain_paths(interpreter: str, protected: tuple[str, ...]) -> tuple[str, 
     and keys) is never among them."""
     interpreter = os.path.abspath(interpreter)
     found = [os.path.dirname(interpreter)]
-    try:
-        probe = subprocess.run(
-            [interpreter, "-I", "-c", _PROBE],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            env={"PATH": os.environ.get("PATH", os.defpath)},
-        )
-        found += json.loads(probe.stdout)
-    except (OSError, ValueError, TypeError, subprocess.TimeoutExpired):
-        pass  # the child fails to start and says why; its directory is enough
-    return bindable(found, protected)
+    if interpreter not in _TOOLCHAIN_PATHS:
+        try:
+            probe = subprocess.run(
+                [interpreter, "-I", "-c", _PROBE],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                env={"PATH": os.environ.get("PATH", os.defpath)},
+            )
+            answer = json.loads(probe.stdout)
+        except (OSError, ValueError, subprocess.TimeoutExpired):
+            answer = None  # the child fails to start and says why
+        if isinstance(answer, list):
+            _TOOLCHAIN_PATHS[interpreter] = [p for p in answer if isinstance(p, str)]
+    return bindable(found + _TOOLCHAIN_PATHS.get(interpreter, []), protected)
 
 
 def bindable(paths: list[str], protected: tuple[str, ...] = ()) -> tuple[str, ...]:
