@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from runners.harness import isolation
-from runners.harness.sandbox import REPO_ROOT, child_mounts, protected_paths
+from runners.harness.children import REPO_ROOT, child_mounts, protected_paths
 
 SECRETS = (
     "/var/run/postgresql/.s.PGSQL.5432",

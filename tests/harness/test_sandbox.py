@@ -10,12 +10,8 @@ import tempfile
 from pathlib import Path
 
 from runners.harness import isolation
-from runners.harness.sandbox import (
-    REPO_ROOT,
-    child_environment,
-    copy_child_file,
-    run_batch,
-)
+from runners.harness.children import REPO_ROOT, child_environment
+from runners.harness.sandbox import copy_child_file, run_batch
 from tests.harness.helpers import PLANTED, library_job, submitted_job
 
 

@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 from runners.harness import isolation
-from runners.harness.sandbox import REPO_ROOT, run_batch
+from runners.harness.children import REPO_ROOT
+from runners.harness.sandbox import run_batch
 from tests.harness.helpers import processes_with, sleep_token
 from tests.security.helpers import CANARIES, ENV_CANARY, KEY_CANARY, attack_job
 
