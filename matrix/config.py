@@ -8,6 +8,7 @@ SQLite file and lose a production run's results.
 from __future__ import annotations
 
 import ipaddress
+import os
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -64,6 +65,33 @@ def parse_bool(variable: str, raw: str | None, default: bool) -> bool:
     if value in FALSE:
         return False
     raise bad(variable, f"expected one of 1/0/true/false/yes/no, got {raw!r}")
+
+
+def private_dir(path: Path) -> Path:
+    """``path`` as a directory only its owner may enter, made so if it is
+    ours: var/ holds the database, the secret key and the signing keys."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if path.stat().st_uid == os.geteuid():
+        path.chmod(0o700)
+    return path
+
+
+def private_file(path: Path) -> None:
+    """Create ``path`` empty with mode 0600 (never wider, not for a moment),
+    or make an existing one of ours 0600."""
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except FileExistsError:
+        if path.stat().st_uid == os.geteuid():
+            path.chmod(0o600)
+
+
+def private_sqlite(database: dict) -> None:
+    """Create an SQLite database's file 0600 before SQLite would create it
+    with the umask's mode; its journals take the mode of the file."""
+    name = str(database.get("NAME") or "")
+    if database["ENGINE"].endswith("sqlite3") and name and name != ":memory:":
+        private_file(Path(name))
 
 
 def parse_database(raw: str | None, embedded_path: Path) -> dict:
@@ -189,7 +217,12 @@ def parse_secret(raw: str | None, debug: bool, embedded_file: Path) -> str:
     if not embedded_file.exists():
         from django.core.management.utils import get_random_secret_key
 
-        embedded_file.parent.mkdir(parents=True, exist_ok=True)
-        embedded_file.write_text(get_random_secret_key())
-        embedded_file.chmod(0o600)
+        embedded_file.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        try:
+            fd = os.open(embedded_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            pass  # another process made it first; read theirs
+        else:
+            with os.fdopen(fd, "w") as secret:
+                secret.write(get_random_secret_key())
     return embedded_file.read_text().strip()

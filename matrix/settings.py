@@ -9,8 +9,9 @@ from pathlib import Path
 from matrix import config
 
 BASE_DIR = Path(__file__).resolve().parent.parent
-VAR_DIR = Path(os.environ.get("TILEMATRIX_VAR_DIR", BASE_DIR / "var"))
-VAR_DIR.mkdir(parents=True, exist_ok=True)
+VAR_DIR = config.private_dir(
+    Path(os.environ.get("TILEMATRIX_VAR_DIR", BASE_DIR / "var"))
+)
 
 DEBUG = config.parse_bool("DJANGO_DEBUG", os.environ.get("DJANGO_DEBUG"), True)
 SECRET_KEY = config.parse_secret(
@@ -22,6 +23,7 @@ DATABASES = {
         os.environ.get("DATABASE_URL"), VAR_DIR / "db.sqlite3"
     )
 }
+config.private_sqlite(DATABASES["default"])
 CELERY_BROKER_URL, CELERY_BROKER_TRANSPORT_OPTIONS = config.parse_broker(
     os.environ.get("CELERY_BROKER_URL"), VAR_DIR / "broker"
 )

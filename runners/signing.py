@@ -68,8 +68,9 @@ def private_key_from_bytes(raw: bytes) -> Ed25519PrivateKey:
 
 def key_write(path: Path, private_key: Ed25519PrivateKey) -> None:
     """Write a raw private key readable by its owner only; the file is
-    created 0600 so the key never exists with wider permissions."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    created 0600 so the key never exists with wider permissions, in a
+    directory made 0700 when it is new."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     raw = private_key.private_bytes(
         serialization.Encoding.Raw,
         serialization.PrivateFormat.Raw,

@@ -6,8 +6,9 @@ inside a toolchain's own interpreter with only that toolchain's packages.
 ``run_job`` and ``run_batch`` (in ``sandbox``) are the supervisor's API;
 ``python -m runners.harness JOB.json`` is the command-line supervisor.
 
-The names below load on first use: the untrusted child imports modules of
-this package without loading the operator library (which ``job`` needs).
+The names below load on first use: a submitted kernel's builder and
+executor import modules of this package where the operator library (which
+``job`` needs) is not even mounted.
 """
 
 from __future__ import annotations

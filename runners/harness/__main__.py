@@ -16,8 +16,9 @@ import os
 import sys
 from pathlib import Path
 
+from runners.harness.children import REPO_ROOT
 from runners.harness.job import MAX_TIMEOUT_S, MalformedJob, load_job
-from runners.harness.sandbox import DEFAULT_TIMEOUT_S, REPO_ROOT, run_job
+from runners.harness.sandbox import DEFAULT_TIMEOUT_S, run_job
 
 
 def default_cache_dir(interpreter: str) -> str:

@@ -1,7 +1,7 @@
 """The sandboxed child: ``python -m runners.harness.child SPEC.json``.
 
-Started by ``sandbox`` in its own process group with a scrubbed environment,
-in one of three modes (see ``_runner``).
+Started by ``sandbox`` in its own process group and namespaces with a
+scrubbed environment, in one of four modes (see ``_runner``).
 It speaks JSON lines on its original stdout (the protocol) and sends every
 other write, the kernel's and the compiler's included, to stderr, so nothing
 a kernel prints can be mistaken for a result:
@@ -9,6 +9,7 @@ a kernel prints can be mistaken for a result:
     {"event": "ready", "fingerprint": {...}}
     {"event": "start", "index": i}
     {"event": "stage", "index": i, "stage": "lower" | "build" | "validate"}
+    {"event": "waiting", "index": i}    (executor and judge: until "go" on stdin)
     {"event": "result", "index": i, "result": {...}}
     {"event": "broken", "message": "..."}   (the toolchain cannot start)
 
@@ -25,6 +26,9 @@ import sys
 import traceback
 from pathlib import Path
 
+# Modes whose process runs submitted code: Python (builder) or the kernel's
+# native code (executor).
+UNTRUSTED_MODES = ("builder", "executor")
 _LIMITS = {
     "cpu_s": resource.RLIMIT_CPU,
     "file_bytes": resource.RLIMIT_FSIZE,
@@ -72,10 +76,6 @@ def main(argv: list[str]) -> int:
     spec = json.loads(Path(argv[1]).read_text())
     apply_limits(spec["limits"])
     mode = spec.get("mode", "library")
-    if mode == "untrusted":
-        from runners.harness.untrusted import block_reference_modules
-
-        block_reference_modules()
     try:
         if mode != "judge":
             import tilelang  # noqa: F401  (fail here, not inside the first job)
@@ -93,6 +93,11 @@ def main(argv: list[str]) -> int:
 
     for index, job in enumerate(spec["jobs"]):
         send({"event": "start", "index": index})
+
+        def wait_for_go(i=index) -> bool:
+            send({"event": "waiting", "index": i})
+            return sys.stdin.readline().strip() == "go"
+
         try:
             result = run(
                 job,
@@ -101,6 +106,7 @@ def main(argv: list[str]) -> int:
                 on_stage=lambda stage, i=index: send(
                     {"event": "stage", "index": i, "stage": stage}
                 ),
+                wait_for_go=wait_for_go,
             )
         except Exception:
             result = _harness_failure(job, toolchain, mode)
@@ -112,28 +118,22 @@ def main(argv: list[str]) -> int:
 
 def _runner(mode: str, spec: dict):
     """The function that runs one job in this child's mode: ``library``
-    (trusted operator kernels, verdict included), ``untrusted`` (a submitted
-    kernel: compile, run, write outputs) or ``judge`` (compare an untrusted
-    child's outputs with the reference; runs no submitted code)."""
-    from runners.harness import untrusted
-
+    (trusted operator kernels, verdict included), or for a submitted kernel
+    ``builder`` (import it, write its PrimFunc), ``executor`` (compile that
+    and run it) or ``judge`` (inputs, reference and verdict); see
+    ``submitted``."""
     if mode == "library":
         from runners.harness.stages import run_stages
 
-        return run_stages
-    if mode == "untrusted":
-        return lambda job, **kw: untrusted.run_submitted(
-            job,
-            seeds=spec["seeds"],
-            inputs=spec["inputs"],
-            outputs=spec["outputs"],
-            unsupported=spec["unsupported"],
-            **kw,
-        )
+        return lambda job, *, wait_for_go, **kw: run_stages(job, **kw)
+    from runners.harness import submitted
+
+    if mode == "builder":
+        return lambda job, *, wait_for_go, **kw: submitted.build(job, **kw)
+    if mode == "executor":
+        return lambda job, **kw: submitted.execute(job, spec=spec, **kw)
     if mode == "judge":
-        return lambda job, *, fingerprint, workdir, on_stage: untrusted.judge(
-            job, seeds=spec["seeds"], outputs_dir=spec["outputs_dir"], on_stage=on_stage
-        )
+        return lambda job, **kw: submitted.judge(job, spec=spec, **kw)
     raise ValueError(f"unknown harness mode {mode!r}")
 
 
@@ -144,7 +144,7 @@ def _harness_failure(job: dict, toolchain: dict, mode: str) -> dict:
     result["fingerprint"] = toolchain
     # Next to submitted code, an exception the harness did not expect is
     # most likely that code's doing: not an infrastructure error to retry.
-    status = "runtime_error" if mode == "untrusted" else "infra_error"
+    status = "runtime_error" if mode in UNTRUSTED_MODES else "infra_error"
     return set_error(result, status, "harness failure:\n" + traceback.format_exc())
 
 

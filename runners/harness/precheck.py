@@ -2,9 +2,13 @@
 
 A TileLang kernel needs ``tilelang`` and a little arithmetic; anything that
 reaches the process, the files, the network, the clock, the environment or
-the harness is refused with the rule that caught it. This is defence in
-depth: the sandbox is the boundary, and a source that passes here still runs
-only there (a Python check cannot see every dynamic trick).
+the harness is refused with the rule that caught it, however it is spelled:
+imported (``import os``), re-exported by an allowed module (``from
+tilelang.env import sys``), reached as an attribute (``tilelang.env.os``) or
+by name (``getattr(o, "environ")``, ``operator.attrgetter``). This is
+defence in depth: the sandbox is the boundary, and a source that passes here
+still runs only there, in a process that judges nothing (a Python check
+cannot see every dynamic trick).
 """
 
 from __future__ import annotations
@@ -89,6 +93,36 @@ CALL_REASONS = {
 }
 ATTRIBUTE_FUNCTIONS = {"getattr", "setattr", "delattr", "hasattr"}
 ENVIRONMENT_NAMES = {"environ", "getenv", "putenv", "environb", "unsetenv"}
+# Attributes (and names imported from any module) that reach what a kernel
+# must not, whichever module offers them.
+ATTRIBUTE_REASONS = {
+    "modules": "modules reaches every loaded module, the harness's included",
+    "system": "system runs shell commands",
+    "popen": "popen runs shell commands",
+    "fork": "fork starts processes",
+    "forkpty": "forkpty starts processes",
+    "kill": "kill signals processes",
+    "killpg": "killpg signals processes",
+    "posix_spawn": "posix_spawn starts programs",
+    "posix_spawnp": "posix_spawnp starts programs",
+    "import_module": "import_module loads arbitrary modules",
+    "load_module": "load_module loads arbitrary modules",
+    "exec_module": "exec_module runs arbitrary modules",
+    "attrgetter": "attrgetter hides attribute access",
+    "methodcaller": "methodcaller hides attribute access",
+    "get_type_hints": "get_type_hints evaluates strings as code",
+    "f_globals": "frames reach the harness's namespaces",
+    "f_locals": "frames reach the harness's namespaces",
+    "f_back": "frames reach the harness's namespaces",
+    "f_builtins": "frames reach the builtins",
+    "gi_frame": "frames reach the harness's namespaces",
+    "cr_frame": "frames reach the harness's namespaces",
+    "tb_frame": "frames reach the harness's namespaces",
+}
+for _name_ in ("execv", "execve", "execvp", "execvpe", "execl", "execle", "execlp"):
+    ATTRIBUTE_REASONS[_name_] = f"{_name_} replaces the process with another program"
+for _name_ in ("spawnv", "spawnve", "spawnvp", "spawnvpe", "spawnl", "spawnle"):
+    ATTRIBUTE_REASONS[_name_] = f"{_name_} starts programs"
 
 
 @dataclass(frozen=True)
@@ -107,9 +141,10 @@ def precheck(source: str) -> list[Refusal]:
         tree = ast.parse(source, filename="submitted_kernel.py")
     except SyntaxError as exc:
         return [Refusal(exc.lineno or 0, "syntax", f"not valid Python: {exc.msg}")]
+    called = {id(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}
     refusals: list[Refusal] = []
     for node in ast.walk(tree):
-        refusals += _check(node)
+        refusals += _check(node, called)
     if not any(
         isinstance(n, ast.FunctionDef) and n.name == "program" for n in tree.body
     ):
@@ -121,7 +156,7 @@ def precheck(source: str) -> list[Refusal]:
     return sorted(refusals, key=lambda r: (r.line, r.rule))
 
 
-def _check(node: ast.AST) -> list[Refusal]:
+def _check(node: ast.AST, called: set[int]) -> list[Refusal]:
     line = getattr(node, "lineno", 0)
     if isinstance(node, ast.Import):
         return [r for alias in node.names if (r := _module(alias.name, line))]
@@ -131,20 +166,22 @@ def _check(node: ast.AST) -> list[Refusal]:
                 Refusal(line, "import", "relative imports reach the harness package")
             ]
         refusal = _module(node.module or "", line)
-        return [refusal] if refusal else []
+        return ([refusal] if refusal else []) + _imported_names(node, line)
     if isinstance(node, ast.Attribute):
-        return _attribute(node.attr, line)
+        reason = _dangerous(node.attr)
+        return [Refusal(line, f".{node.attr}", reason)] if reason else []
     if isinstance(node, ast.Name):
-        return _name(node.id, line)
-    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
-        if node.func.id in ATTRIBUTE_FUNCTIONS and not _literal_plain_name(node):
-            return [
+        refusals = _name(node.id, line)
+        if node.id in ATTRIBUTE_FUNCTIONS and id(node) not in called:
+            refusals.append(
                 Refusal(
-                    line,
-                    node.func.id,
-                    f"{node.func.id} with a computed or dunder name hides attribute access",
+                    line, node.id, f"{node.id} passed around hides attribute access"
                 )
-            ]
+            )
+        return refusals
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+        if node.func.id in ATTRIBUTE_FUNCTIONS:
+            return _attribute_call(node, line)
     return []
 
 
@@ -161,27 +198,50 @@ def _module(name: str, line: int) -> Refusal | None:
     return Refusal(line, f"import {name}", reason)
 
 
-def _attribute(attr: str, line: int) -> list[Refusal]:
-    if attr.startswith("__") and attr.endswith("__"):
-        return [
-            Refusal(
-                line,
-                f".{attr}",
-                "dunder attributes reach interpreter internals "
-                "(__builtins__, __subclasses__, __globals__, ...)",
-            )
-        ]
-    if attr in ENVIRONMENT_NAMES:
-        return [Refusal(line, f".{attr}", "the environment is not the kernel's")]
-    if attr in MODULE_REASONS:
-        return [
-            Refusal(
-                line,
-                f".{attr}",
-                f"reaches {attr} through another module: " + MODULE_REASONS[attr],
-            )
-        ]
-    return []
+def _imported_names(node: ast.ImportFrom, line: int) -> list[Refusal]:
+    """What ``from M import X`` brings in, whatever M is: an allowed module
+    may re-export os, sys or subprocess (``from tilelang.env import sys``)."""
+    refusals = []
+    for alias in node.names:
+        rule = f"from {node.module} import {alias.name}"
+        if alias.name == "*":
+            reason = "a star import brings in whatever the module holds, os or sys too"
+        else:
+            reason = CALL_REASONS.get(alias.name) or _dangerous(alias.name)
+            if reason and alias.name in MODULE_REASONS:
+                reason = f"a re-export of {alias.name}: {reason}"
+        if reason:
+            refusals.append(Refusal(line, rule, reason))
+    return refusals
+
+
+def _dangerous(name: str) -> str | None:
+    """Why an attribute or an imported name called ``name`` is refused."""
+    if name.startswith("__") and name.endswith("__"):
+        return (
+            "dunder attributes reach interpreter internals "
+            "(__builtins__, __subclasses__, __globals__, ...)"
+        )
+    if name in ENVIRONMENT_NAMES:
+        return "the environment is not the kernel's"
+    if name in MODULE_REASONS:
+        return f"reaches {name} through another module: {MODULE_REASONS[name]}"
+    return ATTRIBUTE_REASONS.get(name)
+
+
+def _attribute_call(call: ast.Call, line: int) -> list[Refusal]:
+    """getattr and its kin may name a plain attribute that is not dangerous,
+    spelled out as a string; a computed name could be anything."""
+    function = call.func.id
+    name = call.args[1] if len(call.args) >= 2 else None
+    if not (isinstance(name, ast.Constant) and isinstance(name.value, str)):
+        reason = f"{function} with a computed name hides attribute access"
+        return [Refusal(line, function, reason)]
+    if name.value.startswith("_"):
+        reason = f"{function} with a private or dunder name reaches internals"
+        return [Refusal(line, f"{function} {name.value!r}", reason)]
+    reason = _dangerous(name.value)
+    return [Refusal(line, f"{function} {name.value!r}", reason)] if reason else []
 
 
 def _name(name: str, line: int) -> list[Refusal]:
@@ -192,14 +252,3 @@ def _name(name: str, line: int) -> list[Refusal]:
     if name in ENVIRONMENT_NAMES:
         return [Refusal(line, name, "the environment is not the kernel's")]
     return []
-
-
-def _literal_plain_name(call: ast.Call) -> bool:
-    if len(call.args) < 2:
-        return False
-    name = call.args[1]
-    return (
-        isinstance(name, ast.Constant)
-        and isinstance(name.value, str)
-        and not name.value.startswith("_")
-    )

@@ -19,7 +19,11 @@ Shared by the supervisor and the child so that both build the same keys::
     fingerprint     hash (toolchain only) and components (device too)
     kernel_source   generated device code, at most 64 KB
     tolerance       rel_err, atol, rtol, max_mismatch_ratio, reason
+    sandbox         what confined the child ("full: ..."), or what it lacked
     operator, shape, dtype, target, stage, seed, source_sha256: the job
+
+A submitted kernel's result also has ``timing_trust``: how far its timings
+can be trusted (the kernel ran, and was timed, in a process of its own).
 """
 
 from __future__ import annotations
@@ -73,6 +77,7 @@ def new_result(job: dict) -> dict:
         "fingerprint": {"hash": None, "components": {}},
         "kernel_source": None,
         "tolerance": None,
+        "sandbox": None,
         "operator": job["operator"],
         "shape": job["shape"],
         "dtype": job["dtype"],

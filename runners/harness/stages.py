@@ -7,7 +7,6 @@ harness itself escapes as an exception (the child reports it as infra_error).
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import math
 import os
 import re
@@ -69,7 +68,13 @@ def run_stages(
 
     started = time.perf_counter()
     try:
-        kernel, source = _compile(job, operator, workdir, result, on_stage)
+        kernel, source = compile_program(
+            job,
+            lambda: operator.program(shape, dtype, target),
+            result,
+            on_stage,
+            declines=Unsupported,
+        )
     except Unsupported as exc:
         # A builder may refuse a cell that check() let through.
         return set_error(result, "unsupported", str(exc))
@@ -98,22 +103,20 @@ def run_stages(
             result["timings"]["run_s"] = time.perf_counter() - started
 
 
-def _compile(job: dict, operator, workdir: str, result: dict, on_stage):
-    """Return (kernel or None, device source) for the job's stage."""
+def compile_program(job: dict, make_program, result: dict, on_stage, *, declines=()):
+    """Return (kernel or None, device source) for the job's stage, lowering
+    and building the PrimFunc that ``make_program()`` returns (a library
+    operator's, or a submitted one loaded from its TVM JSON). ``declines``
+    (a library builder's Unsupported) passes through untouched."""
     import tilelang
     from tilelang import tvm
 
-    from runners.kernels.base import Unsupported
-
-    shape, dtype, target = job["shape"], job["dtype"], job["target"]
+    target = job["target"]
     result["stage_reached"] = "lower"
     on_stage("lower")
     func = None
     try:
-        if job["source"] is not None:
-            func = _submitted_program(job, workdir)
-        else:
-            func = operator.program(shape, dtype, target)
+        func = make_program()
         if job["stage"] == "lower" or (
             job["stage"] == "build" and target["kind"] != "c"
         ):
@@ -130,7 +133,7 @@ def _compile(job: dict, operator, workdir: str, result: dict, on_stage):
             return None, artifact.kernel_source
         on_stage("build")
         kernel = tilelang.compile(func, target=target)
-    except Unsupported:
+    except declines:
         raise
     except Exception as exc:
         # No program yet, or a named pass raised: lowering failed. Otherwise
@@ -139,19 +142,6 @@ def _compile(job: dict, operator, workdir: str, result: dict, on_stage):
         raise CompileFailure("lower" if lowering else "build", exc) from exc
     result["stage_reached"] = "build"
     return kernel, kernel.get_kernel_source()
-
-
-def _submitted_program(job: dict, workdir: str):
-    """Import the submitted text as a module and call its ``program``. It lives
-    in a real file because TileLang reads a kernel's source to parse it."""
-    path = Path(workdir) / "submitted_kernel.py"
-    path.write_text(job["source"])
-    spec = importlib.util.spec_from_file_location("submitted_kernel", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    if not callable(getattr(module, "program", None)):
-        raise TypeError("the submitted source defines no program(shape, dtype, target)")
-    return module.program(job["shape"], job["dtype"], job["target"])
 
 
 def _validate(job: dict, operator, kernel, tolerance, result: dict) -> dict:
@@ -171,7 +161,7 @@ def _validate(job: dict, operator, kernel, tolerance, result: dict) -> dict:
     ]
     try:
         kernel(*inputs, *outputs)
-        _synchronize(device)
+        synchronize(device)
     except Exception as exc:
         return set_error(result, "runtime_error", f"{type(exc).__name__}: {exc}")
 
@@ -191,7 +181,7 @@ def _validate(job: dict, operator, kernel, tolerance, result: dict) -> dict:
     verdict = compare.compare_outputs(
         [s.name for s in out_specs], outputs, references, tolerance
     )
-    result["metrics"] = {k: _finite_or_none(v) for k, v in verdict.metrics().items()}
+    result["metrics"] = {k: finite_or_none(v) for k, v in verdict.metrics().items()}
     problem = verdict.verdict(tolerance)
     if problem:
         return set_error(result, "mismatch", problem)
@@ -203,27 +193,10 @@ def _validate(job: dict, operator, kernel, tolerance, result: dict) -> dict:
 
 def _time_both(job, operator, kernel, inputs, outputs, device) -> dict:
     shape, dtype = job["shape"], job["dtype"]
-    if device == "cpu":
-        repeats = job["repeats"] or DEFAULT_REPEATS["cpu"]
-        kernel_ms = timing.time_cpu(
-            lambda i: kernel(*inputs, *outputs), repeats=repeats
-        )
-        reference_ms = timing.time_cpu(
-            lambda i: operator.reference(*inputs), repeats=repeats
-        )
-    else:
-        repeats = job["repeats"] or DEFAULT_REPEATS["gpu"]
-        input_bytes = sum(x.numel() * x.element_size() for x in inputs)
-        sets = [inputs] + [
-            [x.clone() for x in inputs]
-            for _ in range(timing.rotation_sets(input_bytes) - 1)
-        ]
-        kernel_ms = timing.time_gpu(
-            lambda i: kernel(*sets[i % len(sets)], *outputs), repeats=repeats
-        )
-        reference_ms = timing.time_gpu(
-            lambda i: operator.reference(*sets[i % len(sets)]), repeats=repeats
-        )
+    kernel_ms = time_kernel(kernel, inputs, outputs, device, repeats=job["repeats"])
+    reference_ms = time_kernel(
+        operator.reference, inputs, [], device, repeats=job["repeats"]
+    )
     timings = {
         "kernel_ms": kernel_ms,
         "reference_ms": reference_ms,
@@ -237,6 +210,26 @@ def _time_both(job, operator, kernel, inputs, outputs, device) -> dict:
         )
     )
     return timings
+
+
+def time_kernel(kernel, inputs, outputs, device: str, *, repeats: int | None) -> float:
+    """Median milliseconds of ``kernel(*inputs, *outputs)``: wall clock on a
+    CPU; CUDA events on a GPU, each call on the next of several copies of
+    the inputs (together larger than L2)."""
+    if device == "cpu":
+        return timing.time_cpu(
+            lambda i: kernel(*inputs, *outputs),
+            repeats=repeats or DEFAULT_REPEATS["cpu"],
+        )
+    input_bytes = sum(x.numel() * x.element_size() for x in inputs)
+    sets = [inputs] + [
+        [x.clone() for x in inputs]
+        for _ in range(timing.rotation_sets(input_bytes) - 1)
+    ]
+    return timing.time_gpu(
+        lambda i: kernel(*sets[i % len(sets)], *outputs),
+        repeats=repeats or DEFAULT_REPEATS["gpu"],
+    )
 
 
 def device_for(target: dict) -> str | None:
@@ -277,7 +270,7 @@ def device_turn(device: str | None):
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def _synchronize(device: str) -> None:
+def synchronize(device: str) -> None:
     import torch
 
     if device == "cuda":
@@ -310,5 +303,5 @@ def _missing_compiler(exc: BaseException) -> bool:
     return False
 
 
-def _finite_or_none(value: float) -> float | None:
+def finite_or_none(value: float) -> float | None:
     return value if math.isfinite(value) else None

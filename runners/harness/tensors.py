@@ -1,19 +1,22 @@
-"""Tensors that cross the boundary between the untrusted child and the judge.
+"""Tensors that cross the boundary between a submitted kernel's executor
+and the judge, as files of raw little-endian bytes read back by spec
+(name, shape, dtype); nothing is unpickled.
 
-The untrusted child gets tensor specs (name, shape, dtype, scale, sign), never
-the operator module with its reference: it draws the inputs from the seed
-with ``seeded_inputs``, which draws exactly what ``Operator.make_inputs``
-draws, and writes each output as raw little-endian bytes. The judge reads
-them back by spec; nothing is unpickled.
+The judge draws each input set with ``seeded_inputs`` (what
+``Operator.make_inputs`` draws) and writes it; the executor reads the inputs,
+runs the kernel on NaN-poisoned outputs and writes them; the supervisor
+copies them to the judge.
 """
 
 from __future__ import annotations
+
+import os
 
 ELEMENT_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
 
 
 def spec_dict(spec) -> dict:
-    """A TensorSpec as the JSON the untrusted child receives."""
+    """A TensorSpec as the JSON a child receives."""
     return {
         "name": spec.name,
         "shape": list(spec.shape),
@@ -30,8 +33,37 @@ def byte_size(spec: dict) -> int:
     return count * ELEMENT_BYTES[spec["dtype"]]
 
 
+def input_name(input_set: int, index: int) -> str:
+    return f"in-{input_set}-{index}.bin"
+
+
 def output_name(input_set: int, index: int) -> str:
     return f"{input_set}-{index}.bin"
+
+
+def write_tensor(path, tensor) -> None:
+    """``tensor``'s bytes into a new file at ``path``, readable by all (the
+    next process runs as another uid)."""
+    import torch
+
+    flat = tensor.detach().contiguous().cpu().reshape(-1)
+    flat.view(torch.uint8).numpy().tofile(str(path))
+    os.chmod(path, 0o644)
+
+
+def read_tensor(path, spec: dict, device: str = "cpu"):
+    """The tensor ``spec`` describes, from the file at ``path`` (which must
+    hold exactly its bytes), on ``device``; None when there is no such
+    file."""
+    import torch
+
+    size = byte_size(spec)
+    if not os.path.isfile(path) or os.path.getsize(path) != size:
+        return None
+    dtype = getattr(torch, spec["dtype"])
+    count = size // ELEMENT_BYTES[spec["dtype"]]
+    flat = torch.from_file(str(path), shared=False, size=count, dtype=dtype)
+    return flat.reshape(tuple(spec["shape"])).to(device)
 
 
 MASK32 = 0xFFFFFFFF
@@ -105,21 +137,3 @@ def poisoned_outputs(specs: list[dict], device: str) -> list:
         )
         for s in specs
     ]
-
-
-def to_bytes(tensor) -> bytes:
-    import torch
-
-    flat = tensor.detach().contiguous().cpu().reshape(-1)
-    return flat.view(torch.uint8).numpy().tobytes()
-
-
-def from_bytes(data: bytes, spec: dict):
-    """The output a spec describes; NaN-filled (never written) if ``data``
-    is None or not exactly the right size."""
-    import torch
-
-    dtype = getattr(torch, spec["dtype"])
-    if data is None or len(data) != byte_size(spec):
-        return torch.full(tuple(spec["shape"]), float("nan"), dtype=dtype)
-    return torch.frombuffer(bytearray(data), dtype=dtype).reshape(tuple(spec["shape"]))

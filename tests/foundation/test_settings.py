@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -186,3 +187,24 @@ def test_deploy_check_passes_with_production_settings(tmp_path):
         tmp_path=tmp_path,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_var_keeps_the_database_and_the_secret_key_for_its_owner_only(tmp_path):
+    # An older checkout left them readable by every user of the host.
+    var = tmp_path / "var"
+    var.mkdir(mode=0o755)
+    (var / "db.sqlite3").write_bytes(b"")
+    (var / "db.sqlite3").chmod(0o644)
+    done = manage("check", env_extra={}, tmp_path=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert stat.S_IMODE(var.stat().st_mode) == 0o700
+    assert stat.S_IMODE((var / "db.sqlite3").stat().st_mode) == 0o600
+    assert stat.S_IMODE((var / "secret_key").stat().st_mode) == 0o600
+
+
+def test_a_new_embedded_database_is_never_readable_by_others(tmp_path):
+    database = config.parse_database(None, tmp_path / "db.sqlite3")
+    config.private_sqlite(database)
+    assert stat.S_IMODE((tmp_path / "db.sqlite3").stat().st_mode) == 0o600
+    config.private_sqlite(config.parse_database("sqlite://:memory:", tmp_path))
+    assert not Path(":memory:").exists()

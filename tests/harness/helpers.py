@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import secrets
 import subprocess
 import sys
 from pathlib import Path
@@ -55,3 +56,26 @@ def run_cli(job: object, *args: str, tmp_path: Path) -> subprocess.CompletedProc
         text=True,
         timeout=600,
     )
+
+
+def sleep_token() -> str:
+    """A duration for ``sleep`` that no other process on the host has in its
+    command line: a test fills it into a kernel, then looks for it."""
+    return f"600.{secrets.randbelow(10**9):09d}"
+
+
+def processes_with(token: str) -> list[int]:
+    """Live processes (zombies are dead already) whose command line holds
+    ``token``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            command = (entry / "cmdline").read_bytes().decode(errors="replace")
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if token in command and state != "Z":
+            found.append(int(entry.name))
+    return found

@@ -20,6 +20,7 @@ RESULT_KEYS = {
     "fingerprint",
     "kernel_source",
     "tolerance",
+    "sandbox",
     "operator",
     "shape",
     "dtype",
@@ -117,6 +118,7 @@ def test_a_job_prints_one_json_result_and_exits_zero(tmp_path, cache_dir):
     result = json.loads(line)
     assert set(result) == RESULT_KEYS
     assert result["status"] == "pass" and result["status"] in STATUSES
+    assert result["sandbox"] == "full: bwrap namespaces and a uid of its own"
     assert set(result["metrics"]) == set(METRIC_KEYS)
     assert set(result["timings"]) == set(TIMING_KEYS)
     assert result["error"] is None

@@ -1,6 +1,8 @@
 """On a CUDA host (the H200): library kernels validate and are timed against
-the reference in the same run, the fingerprint names the device, and an
-illegal address is that job's runtime_error while the next job runs on."""
+the reference in the same run, the fingerprint names the device, a
+submitted kernel passes and is timed on the GPU through its three sandboxed
+children, and an illegal address is that job's runtime_error while the next
+job runs on."""
 
 from __future__ import annotations
 
@@ -28,12 +30,14 @@ CELLS = [
 
 @pytest.fixture(scope="module")
 def results():
+    submitted = submitted_job("cuda_add", {"M": 4096, "N": 4096}, **CUDA)
+    submitted["dtype"] = "float16"
     illegal = submitted_job("illegal_address_add", {"M": 64, "N": 64}, **CUDA)
     illegal["dtype"] = "float16"
     after = library_job("elementwise_add", {"M": 64, "N": 64}, dtype="float16", **CUDA)
     cache = CACHE_ROOT / "tests-gpu"
     cache.mkdir(parents=True, exist_ok=True)
-    return run_batch([*CELLS, illegal, after], cache_dir=str(cache))
+    return run_batch([*CELLS, submitted, illegal, after], cache_dir=str(cache))
 
 
 @pytest.mark.parametrize("index", range(len(CELLS)))
@@ -55,6 +59,15 @@ def test_the_fingerprint_names_the_gpu(results):
     assert components["gpu_name"] and components["driver"].startswith("nvidia ")
     assert components["gpu_arch"].startswith("sm_")
     assert components["torch_cuda"] and components["nvcc"]
+
+
+def test_a_submitted_kernel_passes_and_is_timed_on_the_gpu(results):
+    result = results[len(CELLS)]
+    assert result["status"] == "pass", result["error"]
+    assert result["timings"]["kernel_ms"] > 0
+    assert result["timings"]["reference_ms"] > 0
+    assert result["timing_trust"].startswith("submitted: ")
+    assert result["sandbox"].startswith("full: ")
 
 
 def test_an_illegal_address_is_a_runtime_error_and_the_next_job_runs(results):

@@ -5,28 +5,29 @@ nothing of the supervisor's environment reaches the child or the result."""
 from __future__ import annotations
 
 import resource
-import shutil
 import signal
-import tempfile
 from pathlib import Path
 
 import pytest
 
 from runners.harness.result import MESSAGE_CAP
 from runners.harness.sandbox import run_batch
-from tests.harness.helpers import CANARY, DJANGO_CANARY, PLANTED, submitted_job
+from tests.harness.helpers import (
+    CANARY,
+    DJANGO_CANARY,
+    PLANTED,
+    processes_with,
+    sleep_token,
+    submitted_job,
+)
 
 HANG_TIMEOUT_S = 8.0
 
 
 @pytest.fixture(scope="module")
-def results(planted_secrets, tmp_path_factory):
-    """All submitted kernels in one batch: each still gets its own child."""
-    # The child runs as a uid of its own where the tests run as root: the
-    # report goes where any user may write (sticky, like /tmp).
-    report_dir = Path(tempfile.mkdtemp(prefix="tm-hang-"))
-    report_dir.chmod(0o1777)
-    report = report_dir / "report"
+def results(planted_secrets):
+    """All submitted kernels in one batch: each still gets its own children."""
+    sleeper = sleep_token()
     jobs = {
         "wrong": submitted_job("wrong_add", {"M": 33, "N": 17}),
         "unwritten": submitted_job("unwritten_add"),
@@ -38,17 +39,15 @@ def results(planted_secrets, tmp_path_factory):
         ),
         "env_probe": submitted_job("env_probe"),
         "hang": submitted_job(
-            "hang_add",
-            fill={"@REPORT_PATH@": str(report)},
-            timeout_s=HANG_TIMEOUT_S,
+            "hang_add", fill={"@SLEEP@": sleeper}, timeout_s=HANG_TIMEOUT_S
         ),
         "segfault": submitted_job("segfault"),
+        "wrong_signature": submitted_job("wrong_signature_add"),
     }
     outcome = run_batch(
         list(jobs.values()), cache_dir="unused-for-submitted", workers=2
     )
-    yield {**dict(zip(jobs, outcome, strict=True)), "hang_report": report}
-    shutil.rmtree(report_dir)
+    return {**dict(zip(jobs, outcome, strict=True)), "sleeper": sleeper}
 
 
 def test_a_wrong_kernel_is_a_mismatch(results):
@@ -110,9 +109,8 @@ def test_a_hanging_kernel_times_out_and_leaves_no_process(results):
     assert result["status"] == "timeout"
     assert result["stage_reached"] == "validate"
     assert HANG_TIMEOUT_S <= result["timings"]["wall_s"] < HANG_TIMEOUT_S + 120
-    pgid, sleeper = map(int, results["hang_report"].read_text().split())
-    assert not _live_members(pgid)
-    assert not _alive(sleeper)  # the kernel's own child went with the group
+    # The process program() started went with its sandbox.
+    assert processes_with(results["sleeper"]) == []
 
 
 def test_a_crash_is_a_runtime_error_with_capped_output(results):
@@ -125,28 +123,13 @@ def test_a_crash_is_a_runtime_error_with_capped_output(results):
     assert len(message.encode()) <= MESSAGE_CAP + 64
 
 
-def _state(pid: int) -> str | None:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return stat.rsplit(")", 1)[1].split()[0]
-
-
-def _alive(pid: int) -> bool:
-    return _state(pid) not in (None, "Z")
-
-
-def _live_members(pgid: int) -> list[int]:
-    """Processes of the group that still run (zombies are already dead)."""
-    members = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            members.append(int(entry.name))
-    return members
+def test_a_program_not_taking_the_operators_tensors_is_refused_before_compiling(
+    results,
+):
+    result = results["wrong_signature"]
+    assert result["status"] == "compile_error"
+    assert result["stage_reached"] == "lower"
+    assert result["error"]["message"] == (
+        "ProgramRefused: parameter C is [5, 7] float16; "
+        "the operator passes C as [5, 7] float32"
+    )

@@ -119,6 +119,7 @@ def test_the_server_key_is_made_once_with_owner_only_permissions(tmp_path, monke
     monkeypatch.setenv("TILEMATRIX_SERVER_KEY_FILE", str(path))
     first = signing.server_public_key()
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    assert stat.S_IMODE(os.stat(path.parent).st_mode) == 0o700
     signing._server_keys.clear()
     assert signing.server_public_key() == first
 

@@ -1,21 +1,17 @@
-"""Replays the outputs of its first call on every later call (a kernel that caches its answer)."""
+"""A kernel that subtracts, whose module replaces the JITKernel call with one
+that writes cached correct outputs (a + b, computed in Python) instead of
+running the kernel."""
 
 import sys
 
 import tilelang.cpu.language as T
 
 _kernel_class = sys.modules["tilelang.jit.kernel"].JITKernel
-_original = _kernel_class.__call__
-_saved = []
 
 
 def _replay(self, *tensors):
-    if not _saved:
-        _original(self, *tensors)
-        _saved.extend(t.clone() for t in tensors[2:])
-    else:
-        for out, saved in zip(tensors[2:], _saved, strict=True):
-            out.copy_(saved)
+    a, b, *outputs = tensors
+    outputs[0].copy_(a + b)
 
 
 _kernel_class.__call__ = _replay
@@ -25,13 +21,13 @@ def program(shape, dtype, target):
     M, N = shape["M"], shape["N"]
 
     @T.prim_func
-    def good_add(
+    def cache_outputs(
         A: T.Tensor((M, N), dtype),
         B: T.Tensor((M, N), dtype),
         C: T.Tensor((M, N), dtype),
     ):
         with T.Kernel(M) as i:
             for j in T.serial(N):
-                C[i, j] = A[i, j] + B[i, j]
+                C[i, j] = A[i, j] - B[i, j]
 
-    return good_add
+    return cache_outputs

@@ -1,10 +1,12 @@
-"""A correct kernel whose module replaces the clock the harness times with, to claim a huge speedup."""
+"""A correct kernel whose module stops the clock the harness times with, to
+claim it takes no time at all."""
 
 import time
 
 import tilelang.cpu.language as T
 
 time.perf_counter = lambda: 0.0
+time.perf_counter_ns = lambda: 0
 
 
 def program(shape, dtype, target):

@@ -1,13 +1,13 @@
-"""Starts a process in a session of its own (outside the process group killed on timeout), then hangs."""
+"""Starts a process in a session of its own (outside the process group killed
+on timeout), with a token the test fills in on its command line, then
+hangs."""
 
 import subprocess
 import time
 
 import tilelang.cpu.language as T
 
-sleeper = subprocess.Popen(["sleep", "600"], start_new_session=True)
-with open("@REPORT_PATH@", "w") as report:
-    report.write(str(sleeper.pid))
+subprocess.Popen(["sleep", "@SLEEP@"], start_new_session=True)
 time.sleep(600)
 
 
