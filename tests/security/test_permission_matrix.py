@@ -40,6 +40,7 @@ EXPECTED = {
     "matrix": READ,
     "gaps": READ,
     "gaps-run": page(post=SWEEPERS),
+    "gaps-csv": READ,
     "sweep": READ,
     "cell": READ,
     "cell-job": READ,
