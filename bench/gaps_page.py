@@ -130,8 +130,10 @@ def catalogue(device_types: int, shapes: int, served: int) -> dict:
             )
     Shape.objects.bulk_create(rows)
     served_ids = rng.sample(list(Shape.objects.values_list("id", flat=True)), served)
-    for pk in served_ids:
-        Shape.objects.filter(pk=pk).update(served=True, weight=rng.uniform(0.01, 100))
+    served_shapes = list(Shape.objects.filter(pk__in=served_ids))
+    for shape in served_shapes:
+        shape.served, shape.weight = True, rng.uniform(0.01, 100)
+    Shape.objects.bulk_update(served_shapes, ["served", "weight"])
     now = datetime.now(UTC)
     Toolchain.objects.bulk_create(
         Toolchain(
@@ -231,6 +233,11 @@ def fill(cat: dict, results: int, cells_per_toolchain: int) -> dict:
         ) as copy:
             for (shape, dt, tc), (pk, rev, status, sig, when) in latest.items():
                 copy.write_row((shape, dt, tc, rev, pk, status, sig, 0.1, 0.13, when))
+        for model in (ValidationJob, Result):
+            cur.execute(
+                f"SELECT setval(pg_get_serial_sequence('{table(model)}', 'id'), "
+                f"(SELECT coalesce(max(id), 1) FROM {table(model)}))"
+            )
     raw.commit()
     # An open sweep on the current toolchain: 2,000 queued jobs for served
     # cells never run there.
@@ -254,11 +261,6 @@ def fill(cat: dict, results: int, cells_per_toolchain: int) -> dict:
         for s, op, d in todo
     )
     with connection.cursor() as cur:
-        for model in (ValidationJob, Result):
-            cur.execute(
-                f"SELECT setval(pg_get_serial_sequence('{table(model)}', 'id'), "
-                f"(SELECT coalesce(max(id), 1) FROM {table(model)}))"
-            )
         cur.execute("VACUUM ANALYZE")
         cur.execute("CHECKPOINT")
     return {
@@ -323,14 +325,13 @@ def main() -> None:
     runner_online(cat)
     client = Client()
     reviewer_login(client)
-    first = client.get("/gaps/")
-    last_page = first.context["last_page"]
     api = client.get("/api/v1/gaps?limit=100").json()
+    last_page = -(-api["count"] // 100)
     row = {
         "results": args.results,
         **loaded,
-        "gaps": first.context["gap_count"],
-        "run_missing_jobs": first.context["summary"].runnable,
+        "gap_count": api["count"],
+        "run_missing_jobs": api["runnable"],
     }
 
     class ColdDurations:
@@ -381,7 +382,7 @@ def main() -> None:
     Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
     print(
         f"{row['results']:,} results, {row['cells']:,} cells "
-        f"({row['current_cells']:,} on the current toolchain), {row['gaps']:,} gaps, "
+        f"({row['current_cells']:,} on the current toolchain), {row['gap_count']:,} gaps, "
         f"Run missing plans {row['run_missing_jobs']:,} jobs"
     )
     print(

@@ -25,7 +25,7 @@ from matrix.models import (
     ValidationJob,
 )
 from runners import signing
-from runners.models import Runner, compile_queue, validate_queue
+from runners.models import Runner, RunnerToolchain, compile_queue, validate_queue
 
 JOBS_PER_MESSAGE_MIN = 5
 JOBS_PER_MESSAGE_MAX = 25
@@ -115,15 +115,19 @@ class Capabilities:
 
 
 def capabilities_online() -> Capabilities:
-    """Read what the online runners have: three queries."""
-    runners = Runner.objects.online().prefetch_related("device_types", "toolchains")
+    """Read what the online runners have: one query, a row per (toolchain
+    hosted, device type had) of each online runner (None for a runner with
+    no device type)."""
+    hosts = RunnerToolchain.objects.filter(
+        runner__in=Runner.objects.online()
+    ).values_list("toolchain_id", "runner__inventory__nvcc", "runner__device_types")
     validate, hosted, nvcc = set(), set(), set()
-    for runner in runners:
-        tc_ids = {t.pk for t in runner.toolchains.all()}
-        hosted |= tc_ids
-        validate.update((d.pk, t) for d in runner.device_types.all() for t in tc_ids)
-        if runner.has_nvcc:
-            nvcc |= tc_ids
+    for toolchain_id, has_nvcc, device_type_id in hosts:
+        hosted.add(toolchain_id)
+        if has_nvcc:
+            nvcc.add(toolchain_id)
+        if device_type_id is not None:
+            validate.add((device_type_id, toolchain_id))
     return Capabilities(frozenset(validate), frozenset(hosted), frozenset(nvcc))
 
 

@@ -132,6 +132,11 @@ def test_a_cursor_stays_put_while_earlier_gaps_close(
     [
         ({"cursor": "nope"}, "cursor is not one this API gave out"),
         ({"cursor": "WyJOYU4iXQ=="}, "cursor is not one this API gave out"),
+        # A key of the right shape holding NaN, which compares with nothing.
+        (
+            {"cursor": "W05hTiwiYSIsImIiLCJjIiwxLjAsInYiLCJtIiwxXQ=="},
+            "cursor is not one this API gave out",
+        ),
         ({"cursor": "W10=", "offset": 3}, "give a cursor or an offset, not both"),
     ],
 )

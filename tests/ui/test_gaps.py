@@ -157,13 +157,40 @@ def test_the_csv_holds_every_row_of_every_page_in_order(
 def test_the_gaps_page_reads_in_a_fixed_number_of_queries(
     client, results, cpu_runner, django_assert_num_queries, sweeper, small_pages
 ):
+    from django.core.cache import cache
+
     client.force_login(sweeper)
-    client.get(reverse("gaps"))  # job durations are cached a minute
-    # Session, user, permissions (2), toolchains, the online runners with
-    # their device types and toolchains (3), device types, the counts and
-    # one page of rows: however many gaps there are.
-    with django_assert_num_queries(11):
+    client.get(reverse("gaps"))
+    cache.clear()
+    # Session, user, permissions (2), roles, toolchains, what the online
+    # runners host, device types, the data version, the counts, one page of
+    # rows and the job durations: however many gaps.
+    with django_assert_num_queries(12):
         client.get(reverse("gaps"), {"page": 2})
+    # Again at the same data version: the toolchains and device types (kept
+    # for seconds), the counts, the rows, the job durations (and the roles)
+    # come from the cache.
+    with django_assert_num_queries(6):
+        client.get(reverse("gaps"), {"page": 2})
+
+
+def test_a_new_result_a_new_job_or_a_served_shape_shows_on_the_next_view(
+    client, results, cpu_runner, sweeper, toolchains, device_types
+):
+    client.force_login(sweeper)
+    before = client.get(reverse("gaps"), {"backend": "c"}).context
+    first = before["gaps"][0]
+    shape = Shape.objects.get(pk=first.shape_id)
+    record(shape, device_types["c"], toolchains[1], Status.PASS)
+    after = client.get(reverse("gaps"), {"backend": "c"}).context
+    assert after["gap_count"] == before["gap_count"] - 1
+    assert first.shape_id not in {g.shape_id for g in after["gaps"]}
+    client.post(reverse("gaps-run"), {"backend": "c"}, HTTP_HX_REQUEST="true")
+    queued = client.get(reverse("gaps"), {"backend": "c"}).context
+    assert queued["summary"].queued == after["gap_count"]
+    Shape.objects.filter(pk=after["gaps"][0].shape_id).update(served=False)
+    fewer = client.get(reverse("gaps"), {"backend": "c"}).context
+    assert fewer["gap_count"] == after["gap_count"] - 1
 
 
 def test_run_missing_plans_exactly_the_runnable_gaps(
