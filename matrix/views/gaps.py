@@ -210,8 +210,8 @@ def gaps_page(request):
     context = _gaps_context(request, scope, toolchains)
     template = "matrix/gaps.html"
     target = request.htmx.target if request.htmx else None
-    if target in ("gap-list", "run-missing"):
-        template += f"#{target}"
+    if target == "gap-list":
+        template += "#gap-list"
     else:
         # Coming back to gaps already queued shows the sweep running them.
         sweep = _newest_open_sweep(context["summary"])

@@ -268,9 +268,11 @@ def test_no_nvcc_build_is_planned_unless_chosen(
     # Ticking the box shows the plan with builds before anything is queued.
     chosen = client.get(
         reverse("gaps"), {**params, "build": "1"}, HTTP_HX_REQUEST="true",
-        HTTP_HX_TARGET="run-missing",
+        HTTP_HX_TARGET="gap-list",
     )  # fmt: skip
-    assert chosen.content.decode().lstrip().startswith('<section id="run-missing"')
+    assert chosen.content.decode().lstrip().startswith('<div id="gap-list"')
+    # Each row says it too: the missing cells are built.
+    assert chosen.content.decode().count("<td>build</td>") == 9
     # The missing cells are built instead of lowered; the built one is not
     # built again, and the failing ones need the device.
     assert set(preview_rows(chosen)) == {"build"}
