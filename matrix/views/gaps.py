@@ -154,6 +154,8 @@ def _gaps_context(request, scope: gaps.GapScope, toolchains) -> dict:
         "plan_jobs": sum(stage.jobs for stage in preview),
         "plan_time": gaps.duration_text(sum(stage.seconds for stage in preview)),
         "build_stage": build_stage,
+        # Shown where something can be planned now, or only with builds.
+        "offer_run": bool(preview or build_stage) and filters.toolchain is not None,
         "dtypes": Dtype.values,
         "backends": Backend.choices,
         "states": queries.STATE_FILTERS,
@@ -238,6 +240,12 @@ CSV_COLUMNS = (
 )
 
 
+def _csv_text(value: str) -> str:
+    """A catalogue string as a spreadsheet reads it: a device name a runner
+    reported that starts like a formula is quoted, not evaluated."""
+    return "'" + value if value[:1] in ("=", "+", "-", "@", "\t", "\r") else value
+
+
 class _Echo:
     """A file that hands back what is written, for a streamed csv.writer."""
 
@@ -261,11 +269,11 @@ def gaps_csv(request):
             yield writer.writerow(
                 (
                     g.rank,
-                    g.operator,
-                    g.dims_key,
+                    _csv_text(g.operator),
+                    _csv_text(g.dims_key),
                     g.dtype,
                     g.weight,
-                    str(g.device_type),
+                    _csv_text(str(g.device_type)),
                     g.device_type.backend,
                     g.status,
                     g.kind,

@@ -154,6 +154,17 @@ def test_the_csv_holds_every_row_of_every_page_in_order(
     assert rows[0]["url"].startswith("http://testserver/cells/")
 
 
+def test_a_device_name_that_looks_like_a_formula_is_quoted_in_the_csv(
+    client, results, device_types
+):
+    DeviceType.objects.filter(pk=device_types["c"].pk).update(vendor="=HYPERLINK(1)")
+    response = client.get(reverse("gaps-csv"), {"backend": "c"})
+    rows = list(
+        csv.DictReader(io.StringIO(b"".join(response.streaming_content).decode()))
+    )
+    assert rows and all(r["device_type"].startswith("'=HYPERLINK(1)") for r in rows)
+
+
 def test_the_gaps_page_reads_in_a_fixed_number_of_queries(
     client, results, cpu_runner, django_assert_num_queries, sweeper, small_pages
 ):
@@ -288,6 +299,26 @@ def test_no_nvcc_build_is_planned_unless_chosen(
         (JobStage.BUILD, f"compile.tc{toolchains[1].pk}.nvcc")
     }
     assert built.filters["build"] is True
+
+
+def test_a_lowered_cuda_cell_is_offered_only_as_an_nvcc_build(
+    client, results, cpu_runner, sweeper, toolchains, device_types
+):
+    cpu_runner.inventory = {**cpu_runner.inventory, "nvcc": True}
+    cpu_runner.save()
+    record(results["third"], device_types["cuda"], toolchains[1], Status.LOWERED)
+    client.force_login(sweeper)
+    params = {"backend": "cuda", "status": "lowered"}
+    default = client.get(reverse("gaps"), params)
+    body = default.content.decode()
+    # Lowering it again would add nothing; building it would.
+    assert "Nothing here to validate or lower" in body
+    assert 'name="build"' in body and "Run missing (" not in body
+    chosen = client.get(reverse("gaps"), {**params, "build": "1"})
+    assert preview_rows(chosen)["build"][0] == "1"
+    client.post(reverse("gaps-run"), {**params, "build": "1"}, HTTP_HX_REQUEST="true")
+    job = Sweep.objects.get().jobs.get()
+    assert (job.shape_id, job.stage) == (results["third"].pk, JobStage.BUILD)
 
 
 def test_a_failing_cell_without_its_device_is_not_rerun_compile_only(
