@@ -11,9 +11,11 @@ name lacks 'bench' is refused unless --empty-ok: the run empties it), then
 times with Django's test Client in this process, signed in as a reviewer
 (so the page plans Run missing and shows its preview):
 
-- ``gaps``: the page's first page (100 rows), after a new result (nothing
-  of it is cached but a minute of job durations),
+- ``gaps``: the page's first page (100 rows), viewed again at the same
+  data version (counts and rows from the cache),
 - ``gaps-last``: its last page,
+- ``gaps-new``: the first page at a new data version each request, as
+  after a stored result: its counts and rows read from the database,
 - ``gaps-cold``: the first page with the job durations' cache emptied
   before each request,
 - ``api``: GET /api/v1/gaps?limit=100, and ``api-next``: its next page by
@@ -36,6 +38,7 @@ import sys
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from unittest import mock
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from matrix_page import (  # noqa: E402
@@ -344,9 +347,25 @@ def main() -> None:
             cache.delete("gaps:job-durations")
             return self.client.get(url)
 
+    class NewResult:
+        """A new data version before every request, as after a stored
+        result: the counts and the page are read from the database again."""
+
+        def __init__(self, client):
+            self.client = client
+            self.version = 0
+
+        def get(self, url):
+            from matrix import gaps
+
+            self.version += 1
+            with mock.patch.object(gaps, "gaps_version", lambda: (self.version,)):
+                return self.client.get(url)
+
     for label, who, path in (
         ("gaps", client, "/gaps/"),
         ("gaps-last", client, f"/gaps/?page={last_page}"),
+        ("gaps-new", NewResult(client), "/gaps/"),
         ("gaps-cold", ColdDurations(client), "/gaps/"),
         ("api", client, "/api/v1/gaps?limit=100"),
         ("api-next", client, api["next"].split("testserver", 1)[1]),
@@ -388,7 +407,15 @@ def main() -> None:
     print(
         f"{'page':<10} {'p50 ms':>8} {'p95 ms':>8} {'max ms':>8} {'queries':>7} {'KiB':>6}"
     )
-    for label in ("gaps", "gaps-last", "gaps-cold", "api", "api-next", "csv"):
+    for label in (
+        "gaps",
+        "gaps-last",
+        "gaps-new",
+        "gaps-cold",
+        "api",
+        "api-next",
+        "csv",
+    ):
         r = row[label]
         print(
             f"{label:<10} {r['p50_ms']:>8} {r['p95_ms']:>8} {r['max_ms']:>8} "
