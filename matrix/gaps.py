@@ -311,7 +311,7 @@ class GapSummary:
 
     @property
     def runnable(self) -> int:
-        return _jobs(self.plan)
+        return sum(n for per_type in self.plan.values() for n in per_type.values())
 
     @property
     def validating(self) -> int:
@@ -322,21 +322,12 @@ class GapSummary:
         return self.runnable - self.validating
 
     @property
-    def builds(self) -> int:
-        """nvcc builds the build choice plans."""
-        return sum(self.build_plan.get(JobStage.BUILD, {}).values())
-
-    @property
     def reasons(self) -> dict[str, int]:
         """Gaps per reason: the kinds, then "no runner", which overlaps them."""
         reasons = {kind: n for kind, n in self.kinds.items() if n}
         if self.no_runner:
             reasons[NO_RUNNER] = self.no_runner
         return reasons
-
-
-def _jobs(plan: dict[str, dict[int, int]]) -> int:
-    return sum(n for per_type in plan.values() for n in per_type.values())
 
 
 def gap_summary(scope: GapScope) -> GapSummary:
@@ -620,10 +611,6 @@ class StagePlan:
     # Jobs whose estimate comes from measured runs, and how many runs.
     measured_jobs: int
     runs: int
-
-    @property
-    def each(self) -> float:
-        return self.seconds / self.jobs
 
     @property
     def time(self) -> str:
