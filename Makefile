@@ -23,6 +23,10 @@ migrate: install
 
 seed: migrate
 	$(PY) manage.py seed_demo
+	# The other two models the H200 evidence serves, so the Models page
+	# counts each model's own calls (shapes they share included).
+	$(PY) manage.py import_shapes --profile mixtral-8x7b
+	$(PY) manage.py import_shapes --profile qwen2.5-7b
 	# Evidence from real GPUs, through the normal ingest; its toolchain is the
 	# demo's current one. A refusal is shown, not fatal (results older than the
 	# ingest's 90-day window are refused).

@@ -2,8 +2,8 @@
 status counts, worst error and TileLang against the PyTorch reference; per
 served shape its latencies; and the sweep's wall time split.
 
-    python bench/h200_report.py docs/evidence/2026-12-01-h200-served-sweep.evidence.json \\
-        > docs/evidence/2026-12-01-h200-served-sweep.md
+    python bench/h200_report.py docs/evidence/2026-12-02-h200-ab-tilelang-0.1.15.evidence.json \\
+        > docs/evidence/2026-12-02-h200-ab-tilelang-0.1.15.md
 """
 
 from __future__ import annotations
@@ -153,7 +153,7 @@ def main() -> None:
     parser.add_argument("evidence", type=Path)
     args = parser.parse_args()
     data = json.loads(args.evidence.read_text())
-    name = args.evidence.name.split(".")[0]
+    name = args.evidence.name.removesuffix(".evidence.json")
     print(report(data, name), end="")
 
 

@@ -1,17 +1,21 @@
 """The served sweep on a GPU runner host, cold kernel cache then warm.
 
-Runs ``manage.py runner execute-bundle`` on a bundle of server-signed jobs
-twice: first with an empty kernel cache, then again with the cache filled.
-The runner's harness children compile across the host's cores and take the
-GPU in turn to validate and time. Prints a table, writes JSON beside the
-signed results:
+Runs ``manage.py runner execute-bundle`` on each bundle of server-signed
+jobs (one per toolchain for an upgrade A/B) twice: first with an empty
+kernel cache, every bundle in turn, then again with the caches filled. The
+runner's harness children compile across the host's cores and take the GPU
+in turn to validate and time. A bundle of compile-only jobs (``--once``)
+runs once, after the others. Prints a table, writes JSON beside the signed
+results:
 
-    python bench/h200_served_sweep.py --jobs var/h200-runner/jobs.json \\
-        --key-dir var/h200-runner --out "$OUT"
+    python bench/h200_served_sweep.py --key-dir var/h200-runner --out "$OUT" \\
+        --jobs var/h200-runner/jobs-0.1.13.json var/h200-runner/jobs-0.1.15.json \\
+        --once var/h200-runner/jobs-lower.json
 
-The signed results of the cold run (``results.json``) are what comes home and
-is uploaded with ``manage.py runner upload``; ``results-warm.json`` is kept
-for its timings.
+The signed results of each bundle's cold run (``STEM-results.json``) are
+what comes home and is uploaded with ``manage.py runner upload``;
+``STEM-results-warm.json`` repeats every timing, which gives the noise band
+of a comparison between two bundles' results.
 """
 
 from __future__ import annotations
@@ -81,7 +85,8 @@ def summarize(results_file: Path, wall_s: float, workers: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--jobs", type=Path, required=True)
+    parser.add_argument("--jobs", type=Path, nargs="+", required=True)
+    parser.add_argument("--once", type=Path, nargs="*", default=[])
     parser.add_argument("--key-dir", type=Path, required=True)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
@@ -89,23 +94,27 @@ def main() -> None:
     shutil.rmtree(args.key_dir / "kernel-cache", ignore_errors=True)
 
     workers = compile_workers()
-    cold_wall = execute(args.jobs, args.key_dir, args.out / "results.json")
-    cold = summarize(args.out / "results.json", cold_wall, workers)
-    (args.out / "h200_sweep.json").write_text(json.dumps({"cold": cold}) + "\n")
-    warm_wall = execute(args.jobs, args.key_dir, args.out / "results-warm.json")
-    warm = summarize(args.out / "results-warm.json", warm_wall, workers)
-    # The cold run's results come home; the warm run's are kept for its timings.
-    report = {"cold": cold, "warm": warm}
-    (args.out / "h200_sweep.json").write_text(json.dumps(report, indent=1) + "\n")
+    report: dict[str, dict] = {}
+    runs = [(jobs, "cold") for jobs in args.jobs + args.once]
+    runs += [(jobs, "warm") for jobs in args.jobs]
+    for jobs, run in runs:
+        suffix = "" if run == "cold" else "-warm"
+        results = args.out / f"{jobs.stem}-results{suffix}.json"
+        wall = execute(jobs, args.key_dir, results)
+        report.setdefault(jobs.stem, {})[run] = summarize(results, wall, workers)
+        # Rewritten after every run, so a call cut short keeps what ran.
+        (args.out / "h200_sweep.json").write_text(json.dumps(report, indent=1) + "\n")
     print(
-        f"{'run':<6}{'cells':>7}{'wall s':>9}{'compile s':>11}{'gpu s':>8}"
-        f"{'overhead s':>12}  status"
+        f"{'bundle':<16}{'run':<6}{'cells':>7}{'wall s':>9}{'compile s':>11}"
+        f"{'gpu s':>8}{'overhead s':>12}  status"
     )
-    for name, row in report.items():
-        print(
-            f"{name:<6}{row['cells']:>7}{row['wall_s']:>9}{row['compile_s']:>11}"
-            f"{row['gpu_run_s']:>8}{row['overhead_s']:>12}  {row['status']}"
-        )
+    for stem, by_run in report.items():
+        for name, row in by_run.items():
+            print(
+                f"{stem:<16}{name:<6}{row['cells']:>7}{row['wall_s']:>9}"
+                f"{row['compile_s']:>11}{row['gpu_run_s']:>8}{row['overhead_s']:>12}"
+                f"  {row['status']}"
+            )
 
 
 def compile_workers() -> int:

@@ -9,6 +9,13 @@ configuration per cell is what ``tile_config`` in the operator module should
 pick. Prints one table per cell; writes JSON to ``--out``.
 
     python bench/kernel_tune.py [--ops gemm,attention] [--out PATH]
+    python bench/kernel_tune.py --decode [--out PATH]
+
+``--decode`` measures the decode variants instead: gemm at 1, 4 and 16 rows
+against every weight the profiles multiply, row sums over few long rows,
+and checks the float32 kernels at a few shapes; its calls are timed as
+CUDA-graph replays (``gpu_validate.time_graphs_in_turn``), since a kernel
+of a few microseconds timed call by call measures mostly its launch.
 """
 
 from __future__ import annotations
@@ -25,14 +32,17 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gpu_validate import (  # noqa: E402
+    LONG_ROWS,
     TARGET,
     compare,
     copy_bandwidth_gbs,
+    decode_shapes,
     environment,
     gpu_bench_parser,
     poisoned,
     rates,
     rotated,
+    time_graphs_in_turn,
     time_in_turn,
     torch_baseline,
 )
@@ -120,6 +130,81 @@ def plan(ops: list[str]) -> list[dict]:
     return cells
 
 
+# Decode round 1: the tile kernel production ran before (a 64 x 128 tile per
+# block), the CUDA-core gemv and the tensor-core split-K kernel with the
+# cluster ranks tile_config chooses and with twice as many, and the gemv
+# without a cluster.
+TILE_DECODE = {
+    "variant": "tile",
+    "block_m": 64,
+    "block_n": 128,
+    "block_k": 128,
+    "stages": 3,
+    "threads": 128,
+    "panel": 10,
+    "store_via_shared": False,
+}
+LONG_ROWS_CONFIGS = [
+    {},
+    {"ranks": 1},
+    {"ranks": 16},
+    {"threads": 1024, "tile": 16384},
+]
+FLOAT32_CHECKS = [
+    ("gemm", {"M": 77, "N": 1003, "K": 1001}),
+    ("gemm", {"M": 4096, "N": 4096, "K": 4096}),
+    ("gemm", {"M": 1, "N": 4096, "K": 4096}),
+    ("attention", dict(B=1, H=32, HKV=8, S=512, D=128)),
+    ("attention", dict(B=2, H=4, HKV=2, S=77, D=64)),
+    ("attention_causal", dict(B=1, H=32, HKV=8, S=512, D=128)),
+    ("attention_causal", dict(B=2, H=4, HKV=2, S=77, D=64)),
+]
+
+
+def decode_configs(shape: dict) -> list[dict]:
+    """The library's choice, the tile kernel, and each decode variant at its
+    own cluster ranks, twice as many, and (gemv) none."""
+    from runners.kernels.gemm import decode_config, tile_config
+
+    chosen = tile_config(shape, TARGET, "bfloat16")
+    configs = [{}, TILE_DECODE]
+    for variant in ("gemv", "splitk"):
+        config = decode_config(shape, variant)
+        configs.append(config)
+        doubled = config | {"ranks": 2 * config["ranks"]}
+        steps = -(-shape["K"] // config.get("block_k", config.get("unroll", 8)))
+        if doubled["ranks"] <= 8 and steps % doubled["ranks"] == 0:
+            configs.append(doubled)
+        if variant == "gemv" and config["ranks"] > 1:
+            configs.append(config | {"ranks": 1})
+    return [c for i, c in enumerate(configs) if c != chosen or i == 0]
+
+
+def plan_decode() -> list[dict]:
+    cells = [
+        {
+            "op": "gemm",
+            "shape": shape,
+            "dtype": "bfloat16",
+            "configs": decode_configs(shape),
+        }
+        for shape in decode_shapes()
+    ]
+    for shape in LONG_ROWS:
+        for dtype in ("float32", "bfloat16"):
+            cells.append(
+                {
+                    "op": "row_sum",
+                    "shape": shape,
+                    "dtype": dtype,
+                    "configs": LONG_ROWS_CONFIGS,
+                }
+            )
+    for op, shape in FLOAT32_CHECKS:
+        cells.append({"op": op, "shape": shape, "dtype": "float32", "configs": [{}]})
+    return cells
+
+
 def compile_all(cells: list[dict], workers: int) -> None:
     import tilelang
 
@@ -147,9 +232,10 @@ def compile_all(cells: list[dict], workers: int) -> None:
             cell["trials"].append(trial)
 
 
-def measure(cell: dict, copy_gbs: float, rounds: int) -> None:
+def measure(cell: dict, copy_gbs: float, rounds: int, graphs: bool = False) -> None:
     """Check each trial, then time the PyTorch path and every trial in turn,
-    ``rounds`` times over; each keeps its median round."""
+    ``rounds`` times over; each keeps its median round. ``graphs`` times
+    CUDA-graph replays (decode) instead of calls."""
     import torch
 
     op = OPERATORS[cell["op"]]
@@ -177,7 +263,13 @@ def measure(cell: dict, copy_gbs: float, rounds: int) -> None:
         trial["rel_err"] = max(c["rel_err"] for c in checks)
         timed.append(("tl", lambda *x, k=kernel, o=outputs: k(*x, *o), trial))
     del refs
-    times = time_in_turn([fn for _, fn, _ in timed], input_sets, rounds)
+    fns = [fn for _, fn, _ in timed]
+    if graphs:
+        times, captured = time_graphs_in_turn(fns, input_sets, rounds)
+        for (_, _, record), was in zip(timed, captured, strict=True):
+            record["graph"] = was
+    else:
+        times = time_in_turn(fns, input_sets, rounds)
     for (key, _, record), samples in zip(timed, times, strict=True):
         record[f"{key}_rounds_ms"] = samples
         record[f"{key}_ms"] = statistics.median(samples)
@@ -210,9 +302,11 @@ def print_cell(cell: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = gpu_bench_parser(
+    parser = gpu_bench_parser(
         __doc__, "kernel_tune.json", rounds="PyTorch and every trial of a cell"
-    ).parse_args(argv)
+    )
+    parser.add_argument("--decode", action="store_true", help="the decode variants")
+    args = parser.parse_args(argv)
 
     import torch
 
@@ -220,7 +314,10 @@ def main(argv: list[str] | None = None) -> int:
         print("no CUDA device", file=sys.stderr)
         return 2
     started = time.perf_counter()
-    cells = plan([o for o in args.ops.split(",") if o])
+    ops = [o for o in args.ops.split(",") if o]
+    cells = plan_decode() if args.decode else plan(ops)
+    if args.decode and ops:
+        cells = [c for c in cells if c["op"] in ops]
     print(f"{sum(len(c['configs']) for c in cells)} kernels; compiling", flush=True)
     compile_all(cells, args.workers)
     print(f"compiled in {time.perf_counter() - started:.0f} s", flush=True)
@@ -229,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     for cell in cells:
         try:
-            measure(cell, copy_gbs, args.rounds)
+            measure(cell, copy_gbs, args.rounds, graphs=args.decode)
         except Exception:
             cell["error"] = traceback.format_exc()[-1500:]
             print(cell["op"], cell["shape"], cell["error"], flush=True)

@@ -367,7 +367,7 @@ def naive_matrix_page(request):
     filters = queries.MatrixFilters.from_params(request.GET, catalogue.toolchains)
     device_types = queries.device_type_list(filters, catalogue.device_types)
     groups = naive_groups(filters, device_types)
-    context = matrix_context(filters, catalogue, "", ROWS, groups)
+    context = matrix_context(filters, catalogue, [], ROWS, groups)
     return render(request, "matrix/matrix.html", context)
 
 

@@ -14,7 +14,15 @@ reasons every 50 ms (the first fifth of each run, the ramp, left out); the
 rate of each run comes from CUDA events around all its calls. Prints a
 table; writes JSON to ``--out``.
 
-    python bench/sustained_speed.py [--seconds 2] [--rounds 3] [--out PATH]
+``--decode`` runs the decode cells instead: gemm at 1, 4 and 16 rows
+against every weight matrix of the built-in profiles and the 152k-vocabulary
+head, against ``torch.matmul`` (goal 1.0x), and row sums over few long rows
+against ``torch.sum`` (goal 0.9x). A call there lasts microseconds, less
+than the host takes to launch it, so both sides run as CUDA-graph replays
+(as a serving engine runs its decode step), each replay many calls over
+the rotated inputs.
+
+    python bench/sustained_speed.py [--decode] [--seconds 2] [--rounds 3] [--out PATH]
 """
 
 from __future__ import annotations
@@ -30,10 +38,16 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gpu_validate import (  # noqa: E402
+    DECODE_TARGET,
+    LONG_ROWS,
+    LONG_ROWS_TARGET,
     compare,
     compile_cells,
+    decode_shapes,
     environment,
     gpu_bench_parser,
+    graph_calls,
+    graphed,
     make_cells,
     poisoned,
     rotated,
@@ -48,10 +62,13 @@ SAMPLE_MS = 50
 BATCH_S = 0.1  # enqueued between host checks of the time
 
 
-def sustained(fn, input_sets, seconds: float, call_s: float) -> dict:
+def sustained(
+    fn, input_sets, seconds: float, call_s: float, calls_each: int = 1
+) -> dict:
     """Calls of ``fn`` back to back for ``seconds`` while nvidia-smi samples
     the GPU: milliseconds per call from CUDA events around them all, and the
-    median SM clock and power of the steady part."""
+    median SM clock and power of the steady part. A call of ``fn`` that
+    replays a graph makes ``calls_each`` calls."""
     import torch
 
     smi = subprocess.Popen(
@@ -81,15 +98,45 @@ def sustained(fn, input_sets, seconds: float, call_s: float) -> dict:
             continue  # a line cut by the terminate, or a field the driver lacks
     steady = rows[len(rows) // 5 :]
     return {
-        "ms": start.elapsed_time(end) / calls,
-        "calls": calls,
+        "ms": start.elapsed_time(end) / (calls * calls_each),
+        "calls": calls * calls_each,
         "sm_mhz": statistics.median(r[0] for r in steady) if steady else None,
         "power_w": statistics.median(r[1] for r in steady) if steady else None,
         "reasons": dict(Counter(r[2] for r in steady)),
     }
 
 
-def run_cell(cell: dict, seconds: float, rounds: int) -> None:
+def decode_cells() -> list[dict]:
+    """The decode targets: gemm against torch.matmul, few long rows against
+    torch.sum."""
+    cells = [
+        {"op": "gemm", "kind": "decode", "shape": shape, "dtype": dtype}
+        for shape in decode_shapes()
+        for dtype in ("float16", "bfloat16")
+    ]
+    cells += [
+        {"op": "row_sum", "kind": "long_rows", "shape": shape, "dtype": dtype}
+        for shape in LONG_ROWS
+        for dtype in ("float32", "bfloat16")
+    ]
+    return cells
+
+
+def decode_goal(cell: dict) -> float:
+    return DECODE_TARGET if cell["op"] == "gemm" else LONG_ROWS_TARGET
+
+
+def as_graphs(impls: dict, input_sets: list) -> tuple[dict, int]:
+    """Each implementation as a replay of a CUDA graph of ``calls`` calls,
+    where both can be captured; otherwise the calls themselves."""
+    calls = graph_calls(impls["torch"], input_sets)
+    graphs = {name: graphed(fn, input_sets, calls) for name, fn in impls.items()}
+    if any(g is None for g in graphs.values()):
+        return impls, 1
+    return {name: (lambda *_, g=g: g.replay()) for name, g in graphs.items()}, calls
+
+
+def run_cell(cell: dict, seconds: float, rounds: int, graphs: bool = False) -> None:
     import torch
 
     op = OPERATORS[cell["op"]]
@@ -110,6 +157,10 @@ def run_cell(cell: dict, seconds: float, rounds: int) -> None:
         "tl": lambda *x, o=outputs: kernel(*x, *o),
         "torch": torch_baseline(cell["op"]),
     }
+    calls_each = 1
+    if graphs:
+        impls, calls_each = as_graphs(impls, input_sets)
+        cell["graph_calls"] = calls_each
     call_s = {}
     for name, fn in impls.items():  # warm, and how long one call takes
         fn(*inputs)
@@ -121,7 +172,7 @@ def run_cell(cell: dict, seconds: float, rounds: int) -> None:
     cell["runs"] = []
     for n in range(rounds):
         for name in impls if n % 2 == 0 else reversed(list(impls)):
-            run = sustained(impls[name], input_sets, seconds, call_s[name])
+            run = sustained(impls[name], input_sets, seconds, call_s[name], calls_each)
             cell["runs"].append({"impl": name, "round": n} | run)
     by = {name: [r for r in cell["runs"] if r["impl"] == name] for name in impls}
     cell["round_ratios"] = [
@@ -143,6 +194,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = gpu_bench_parser(__doc__, "sustained_speed.json")
     parser.add_argument("--seconds", type=float, default=2.0)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--decode", action="store_true", help="the decode cells, as graph replays"
+    )
     args = parser.parse_args(argv)
 
     import torch
@@ -152,11 +206,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     started = time.perf_counter()
     ops = [o for o in args.ops.split(",") if o]
-    cells = [
-        c
-        for c in make_cells(False, ops)
-        if (target_of(c) or (None, ""))[1] == "speedup"
-    ]
+    if args.decode:
+        cells = [c for c in decode_cells() if not ops or c["op"] in ops]
+    else:
+        cells = [
+            c
+            for c in make_cells(False, ops)
+            if (target_of(c) or (None, ""))[1] == "speedup"
+        ]
     # The served and default lists can name one shape twice: once is enough.
     unique = {(c["op"], json.dumps(c["shape"]), c["dtype"]): c for c in cells}
     cells = list(unique.values())
@@ -171,9 +228,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     for cell in cells:
         if cell.get("status") == "built":
-            run_cell(cell, args.seconds, args.rounds)
+            run_cell(cell, args.seconds, args.rounds, graphs=args.decode)
         torch.cuda.empty_cache()
-        cell["goal"] = target_of(cell)[0]
+        cell["goal"] = decode_goal(cell) if args.decode else target_of(cell)[0]
         cell["met"] = cell.get("ratio", 0) >= cell["goal"]
         shape = ",".join(f"{k}={v}" for k, v in cell["shape"].items())
         print(

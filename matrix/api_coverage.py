@@ -1,18 +1,20 @@
-"""GET /api/v1/matrix and GET /api/v1/gaps: the coverage the matrix and gaps
-pages show, as JSON for scripts, e.g. a CI step that refuses to ship while a
-served cell of its device type has a gap.
+"""GET /api/v1/matrix, /api/v1/gaps and /api/v1/models: the coverage the
+matrix, gaps and models pages show, as JSON for scripts, e.g. a CI step that
+refuses to ship while a served cell of its device type has a gap, or while
+less than 90% of a model's calls run validated TileLang.
 
 Read as the pages are: by a signed-in user with a role, or by anyone where
 anonymous reading is on. Filters are those of the pages, but checked: an
 unknown dtype, backend or status is a 400 naming the allowed ones, an unknown
-operator or toolchain a 404 (the operator's naming the known ones): never
-silently dropped."""
+operator, model, device type or toolchain a 404 (the operator's and model's
+naming the known ones): never silently dropped."""
 
 from __future__ import annotations
 
 from datetime import datetime
 
 from django.conf import settings
+from django.db.models import F
 from django.urls import reverse
 from django.utils.http import urlencode
 from ninja import Field, Query, Router, Schema
@@ -21,6 +23,7 @@ from ninja.errors import HttpError
 from matrix import gaps, queries
 from matrix.api_errors import Problem
 from matrix.models import (
+    ID_MAX,
     Backend,
     Cell,
     DeviceType,
@@ -28,7 +31,10 @@ from matrix.models import (
     KernelRevision,
     Operator,
     Shape,
+    Status,
 )
+from matrix.served_models import model_coverage
+from matrix.serving import serve_speedup_floor, serving_verdict, speedup
 from runners.roles import has_role
 from runners.services import capabilities_online
 
@@ -53,6 +59,13 @@ class CoverageFilters(Schema):
         description="name or fingerprint; default: the current one, as on the pages",
     )
     operator: str | None = None
+    model: str | None = Field(
+        None, description="a served model: a profile or trace name (see /models)"
+    )
+    device: int | None = Field(None, description="a device type id")
+    q: str | None = Field(
+        None, max_length=200, description="text within a shape's dims, e.g. M=1,"
+    )
     dtype: str | None = Field(None, description=", ".join(Dtype.values))
     backend: str | None = Field(None, description=", ".join(Backend.values))
     status: str | None = Field(None, description=", ".join(queries.STATE_FILTERS))
@@ -81,8 +94,20 @@ class CellOut(Schema):
     revision: str | None = Field(description="sha256 of the kernel revision it ran")
     kernel_ms: float | None
     reference_ms: float | None
+    speedup: float | None = Field(
+        description="reference time / kernel time of a pass; above 1 is faster"
+    )
+    serves: str = Field(
+        description="what production runs there: tilelang (passes, fast enough), "
+        "reference (unsupported, failing, or passing but slower) or unvalidated"
+    )
     error_signature: str
-    updated_at: datetime | None
+    updated_at: datetime | None = Field(
+        description="when this server stored the result (an import's time)"
+    )
+    produced_at: datetime | None = Field(
+        description="when the runner signed the result: when it was produced"
+    )
     url: str
 
 
@@ -165,6 +190,18 @@ def _checked(params: CoverageFilters) -> queries.MatrixFilters:
                 404,
                 f"no operator named {params.operator!r}; known: {', '.join(known)}",
             )
+    if params.model and not queries.model_exists(params.model):
+        known = queries.model_names()
+        raise HttpError(
+            404,
+            f"no served model named {params.model!r}; known: "
+            + (", ".join(known) or "none imported yet"),
+        )
+    if params.device is not None and not (
+        0 < params.device <= ID_MAX
+        and DeviceType.objects.filter(pk=params.device).exists()
+    ):
+        raise HttpError(404, f"no device type with id {params.device}")
     filters = queries.MatrixFilters.from_params(
         {
             "toolchain": chosen,
@@ -172,6 +209,10 @@ def _checked(params: CoverageFilters) -> queries.MatrixFilters:
             "backend": params.backend or "",
             "status": params.status or "",
             "served": "1" if params.served else "",
+            "model": params.model or "",
+            "device": str(params.device) if params.device is not None else "",
+            "operator": params.operator or "",
+            "q": params.q or "",
         },
         toolchains,
     )
@@ -207,16 +248,16 @@ def _shape_fields(shape: Shape, device_type, filters) -> dict:
 REFUSED = {code: Problem for code in (400, 401, 403, 404)}
 
 
-@router.get("/matrix", response={200: MatrixOut, **REFUSED}, url_name="coverage_matrix")
-def coverage_matrix(request, params: Query[CoverageFilters]):
-    """Every (shape, device type) cell under the filters for one toolchain,
+def coverage_cells(filters: queries.MatrixFilters) -> list[dict]:
+    """Every (shape, device type) cell under the filters on their toolchain,
     never-run cells included, in the matrix's order (operators by name,
-    served shapes first by weight, device types by backend priority)."""
-    filters = _checked(params)
-    shapes = Shape.objects.filter(filters.shape_q()).select_related("operator")
-    if params.operator:
-        shapes = shapes.filter(operator__name=params.operator)
-    shapes = list(shapes)
+    served shapes first by weight, device types by backend priority): what
+    the API's /matrix pages through and the matrix's CSV export writes."""
+    shapes = list(
+        Shape.objects.filter(filters.shape_q())
+        .select_related("operator")
+        .order_by("operator__name", "-served", "-weight", "dims_key", "dtype")
+    )
     device_types = queries.device_type_list(filters)
     found = {
         (c.shape_id, c.device_type_id): c
@@ -224,7 +265,9 @@ def coverage_matrix(request, params: Query[CoverageFilters]):
             toolchain=filters.toolchain,
             shape__in=[s.pk for s in shapes],
             device_type__in=[d.pk for d in device_types],
-        ).only(
+        )
+        .annotate(issued_at=F("result__receipt__issued_at"))
+        .only(
             "shape_id",
             "device_type_id",
             "revision_id",
@@ -241,6 +284,7 @@ def coverage_matrix(request, params: Query[CoverageFilters]):
             pk__in={c.revision_id for c in found.values()}
         ).values_list("pk", "source_sha256")
     )
+    floor = serve_speedup_floor()
     rows = []
     for shape in shapes:
         for dt in device_types:
@@ -250,27 +294,49 @@ def coverage_matrix(request, params: Query[CoverageFilters]):
                 filters.toolchain_stale
                 or cell.revision_id != current.get(shape.operator_id)
             )
-            if queries.matches(filters.status, status, stale):
-                rows.append((shape, dt, cell, status, stale))
-    page = rows[params.offset : params.offset + params.limit]
+            if not queries.matches(filters.status, status, stale):
+                continue
+            value = (
+                speedup(cell.kernel_ms, cell.reference_ms)
+                if cell is not None and status == Status.PASS
+                else None
+            )
+            rows.append(
+                {
+                    **_shape_fields(shape, dt, filters),
+                    "served": shape.served,
+                    "arch": dt.arch,
+                    "status": status,
+                    "stale": stale,
+                    "revision": revisions.get(cell.revision_id) if cell else None,
+                    "kernel_ms": cell.kernel_ms if cell else None,
+                    "reference_ms": cell.reference_ms if cell else None,
+                    "speedup": value,
+                    "serves": serving_verdict(status, stale, value, floor).outcome,
+                    "error_signature": cell.error_signature if cell else "",
+                    "updated_at": cell.updated_at if cell else None,
+                    "produced_at": (
+                        queries.issued_time(cell.issued_at, cell.updated_at)
+                        if cell
+                        else None
+                    ),
+                    "dims_key": shape.dims_key,
+                }
+            )
+    return rows
+
+
+@router.get("/matrix", response={200: MatrixOut, **REFUSED}, url_name="coverage_matrix")
+def coverage_matrix(request, params: Query[CoverageFilters]):
+    """Every (shape, device type) cell under the filters for one toolchain,
+    never-run cells included, in the matrix's order (operators by name,
+    served shapes first by weight, device types by backend priority)."""
+    filters = _checked(params)
+    rows = coverage_cells(filters)
     return {
         "toolchain": _toolchain(filters),
         "count": len(rows),
-        "cells": [
-            {
-                **_shape_fields(shape, dt, filters),
-                "served": shape.served,
-                "arch": dt.arch,
-                "status": status,
-                "stale": stale,
-                "revision": revisions.get(cell.revision_id) if cell else None,
-                "kernel_ms": cell.kernel_ms if cell else None,
-                "reference_ms": cell.reference_ms if cell else None,
-                "error_signature": cell.error_signature if cell else "",
-                "updated_at": cell.updated_at if cell else None,
-            }
-            for shape, dt, cell, status, stale in page
-        ],
+        "cells": rows[params.offset : params.offset + params.limit],
     }
 
 
@@ -295,7 +361,6 @@ def coverage_gaps(request, params: Query[GapsQuery]):
         filters,
         capabilities_online(),
         {d.pk: d for d in DeviceType.objects.all()},
-        operator=params.operator or "",
     )
     summary = gaps.gap_summary(scope)
     # One row more than asked for says whether there is a next page.
@@ -305,19 +370,15 @@ def coverage_gaps(request, params: Query[GapsQuery]):
     more, page = len(page) > params.limit, page[: params.limit]
     following = None
     if more:
+        # The toolchain by name: the next page stays on the toolchain of
+        # this one, even if another becomes current meanwhile.
         query = {
-            "toolchain": filters.toolchain.name,
-            "operator": params.operator,
-            "dtype": params.dtype,
-            "backend": params.backend,
-            "status": params.status,
+            **filters.as_params(),
             "limit": params.limit,
             "cursor": page[-1].cursor,
         }
         following = request.build_absolute_uri(
-            reverse("api:coverage_gaps")
-            + "?"
-            + urlencode({k: v for k, v in query.items() if v})
+            reverse("api:coverage_gaps") + "?" + urlencode(query)
         )
     return {
         "toolchain": _toolchain(filters),
@@ -344,4 +405,138 @@ def coverage_gaps(request, params: Query[GapsQuery]):
             }
             for g in page
         ],
+    }
+
+
+class ModelFilters(CoverageFilters):
+    pieces: int = Field(
+        10, ge=0, le=1000, description="missing pieces listed per device type"
+    )
+
+
+class OutcomeCalls(Schema):
+    tilelang: float = Field(description="pass, and fast enough against the reference")
+    reference: float = Field(
+        description="falls back: unsupported, failing, or passing but slower"
+    )
+    unvalidated: float = Field(
+        description="never run, stale, only lowered or built, infrastructure error"
+    )
+
+
+class StepOut(Schema):
+    tokens: int = Field(description="tokens in the forward step; 0: not recorded")
+    calls: OutcomeCalls
+    percent: OutcomeCalls
+
+
+class PieceOut(Schema):
+    operator: str
+    dims: dict[str, int]
+    dtype: str
+    calls: float = Field(description="calls per forward step, over its step sizes")
+    status: str
+    serves: str
+    reason: str
+    rerun_helps: bool = Field(description="a fresh run (Run missing) could close it")
+    speedup: float | None
+    url: str
+
+
+class DeviceCoverageOut(Schema):
+    device_type: str
+    device_type_id: int
+    backend: str
+    calls: OutcomeCalls
+    percent: OutcomeCalls
+    steps: list[StepOut]
+    missing: int = Field(description="cells not serving TileLang")
+    pieces: list[PieceOut] = Field(description="the biggest missing pieces first")
+    run_missing_url: str = Field(
+        description="the gaps page with exactly this model's cells on this device"
+    )
+
+
+class ModelOut(Schema):
+    name: str
+    shapes: int
+    calls_per_step: float = Field(
+        description="calls per forward step, summed over the step sizes imported"
+    )
+    tokens: list[int]
+    devices: list[DeviceCoverageOut]
+
+
+class ModelsOut(Schema):
+    toolchain: ToolchainOut
+    speedup_floor: float = Field(
+        description="the lowest reference / kernel time ratio served with TileLang"
+    )
+    models: list[ModelOut]
+
+
+def _outcomes(shares) -> tuple[dict, dict]:
+    return dict(shares.calls), shares.percents
+
+
+@router.get("/models", response={200: ModelsOut, **REFUSED}, url_name="coverage_models")
+def coverage_models(request, params: Query[ModelFilters]):
+    """Per served model (a profile or captured trace) and device type, on one
+    toolchain: its operator calls per forward step that would run validated
+    TileLang, fall back to the reference, or are not validated yet, in all
+    and per step size, with the biggest missing pieces, as the Models page
+    shows them."""
+    filters = _checked(params)
+    models = model_coverage(filters)
+    out = []
+    base = filters.as_params()
+    for model in models:
+        devices = []
+        for device in model.devices:
+            calls, percent = _outcomes(device.shares)
+            devices.append(
+                {
+                    "device_type": str(device.device_type),
+                    "device_type_id": device.device_type.pk,
+                    "backend": device.device_type.backend,
+                    "calls": calls,
+                    "percent": percent,
+                    "steps": [
+                        dict(zip(("calls", "percent"), _outcomes(s), strict=True))
+                        | {"tokens": t}
+                        for t, s in device.steps
+                    ],
+                    "missing": len(device.pieces),
+                    "pieces": [
+                        {
+                            **_shape_fields(p.shape, device.device_type, filters),
+                            "calls": p.calls,
+                            "status": p.status,
+                            "serves": p.verdict.outcome,
+                            "reason": p.verdict.reason,
+                            "rerun_helps": p.verdict.rerun_helps,
+                            "speedup": p.speedup,
+                        }
+                        for p in device.pieces[: params.pieces]
+                    ],
+                    "run_missing_url": reverse("gaps")
+                    + "?"
+                    + urlencode(
+                        {**base, "model": model.name, "device": device.device_type.pk}
+                    ),
+                }
+            )
+        out.append(
+            {
+                "name": model.name,
+                "shapes": model.shape_count,
+                "calls_per_step": model.calls,
+                "tokens": model.tokens,
+                "devices": devices,
+            }
+        )
+    return {
+        "toolchain": _toolchain(filters),
+        "speedup_floor": serve_speedup_floor(),
+        "models": out,
     }

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from functools import cached_property
+
 from django.core.cache import cache
 
 from runners.roles import ADMIN, has_role
@@ -29,3 +31,62 @@ def roles(request) -> dict:
         )
 
     return {"admin_link": admin_link}
+
+
+# The filter forms' choices change with the catalogue only: read at most
+# once per this many seconds for every page and visitor.
+CHOICES_SECONDS = 5
+
+
+def _choices_read() -> dict:
+    """Operators and served models (one query), device types in the
+    matrix's order (one), and the hosts of each toolchain (one)."""
+    from django.db.models import CharField, Value
+
+    from matrix.models import DeviceType, Operator, ServedCall
+    from matrix.queries import MatrixFilters, device_type_list, toolchain_hosts
+
+    names = Operator.objects.annotate(
+        kind=Value("operator", output_field=CharField())
+    ).values_list("kind", "name")
+    sources = ServedCall.objects.annotate(
+        kind=Value("model", output_field=CharField())
+    ).values_list("kind", "source")
+    rows = sorted(names.order_by().union(sources.order_by()))
+    return {
+        "operators": [name for kind, name in rows if kind == "operator"],
+        "models": [name for kind, name in rows if kind == "model"],
+        "device_types": device_type_list(
+            MatrixFilters(None), list(DeviceType.objects.all())
+        ),
+        "toolchain_hosts": toolchain_hosts(),
+    }
+
+
+class FilterChoices:
+    """The values the filter forms offer, read on first use only: a page
+    whose form is cached, or that has none, asks for nothing."""
+
+    @cached_property
+    def _data(self) -> dict:
+        return cache.get_or_set("filter-choices", _choices_read, CHOICES_SECONDS)
+
+    @property
+    def operators(self) -> list[str]:
+        return self._data["operators"]
+
+    @property
+    def models(self) -> list[str]:
+        return self._data["models"]
+
+    @property
+    def device_types(self):
+        return self._data["device_types"]
+
+    @property
+    def toolchain_hosts(self) -> dict[int, list[str]]:
+        return self._data["toolchain_hosts"]
+
+
+def filter_choices(request) -> dict:
+    return {"filter_choices": FilterChoices()}

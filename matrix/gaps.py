@@ -24,6 +24,7 @@ import binascii
 import hashlib
 import json
 import math
+import re
 import statistics
 from dataclasses import dataclass, field
 
@@ -42,6 +43,7 @@ from matrix.models import (
     KernelRevision,
     Operator,
     Result,
+    ServedCall,
     Shape,
     Status,
     ValidationJob,
@@ -74,8 +76,6 @@ class GapScope:
     capabilities: object
     device_types: dict[int, DeviceType]
     build: bool = False
-    # The API's operator filter; the page lists every operator.
-    operator: str = ""
     # gaps_version(), read once per request when a cached read needs it.
     version: tuple | None = None
 
@@ -162,6 +162,7 @@ def _candidates_sql(scope: GapScope) -> tuple[str, list]:
         "revision": KernelRevision._meta.db_table,
         "cell": Cell._meta.db_table,
         "job": ValidationJob._meta.db_table,
+        "served_call": ServedCall._meta.db_table,
     }
     params: list = []
     priority = "CASE d.backend "
@@ -183,9 +184,20 @@ def _candidates_sql(scope: GapScope) -> tuple[str, list]:
     if filters.backend:
         where += " AND d.backend = %s"
         params.append(filters.backend)
-    if scope.operator:
+    if filters.device_type is not None:
+        where += " AND d.id = %s"
+        params.append(filters.device_type.pk)
+    if filters.operator:
         where += " AND o.name = %s"
-        params.append(scope.operator)
+        params.append(filters.operator)
+    if filters.model:
+        where += f" AND s.id IN (SELECT shape_id FROM {table['served_call']} WHERE source = %s)"
+        params.append(filters.model)
+    if filters.text:
+        # As Django's icontains: the text is matched literally.
+        where += " AND UPPER(s.dims_key) LIKE UPPER(%s) ESCAPE '\\'"
+        escaped = re.sub(r"([\\%_])", r"\\\1", filters.text)
+        params.append(f"%{escaped}%")
     status = ""
     if filters.status in (STALE, EMPTY):
         status = " AND g.kind = %s"
@@ -278,7 +290,10 @@ def _cached(scope: GapScope, read: tuple, compute):
             filters.dtype,
             filters.backend,
             filters.status,
-            scope.operator,
+            filters.device_type.pk if filters.device_type else None,
+            filters.operator,
+            filters.model,
+            filters.text,
             scope.version,
         )
     )

@@ -269,6 +269,36 @@ class Shape(models.Model):
         self.dims_key = dims_key(self.dims)
 
 
+class ServedCall(models.Model):
+    """How often one served model calls one shape in a forward step of
+    ``tokens`` tokens. A shape two models call (Llama-3-8B and Mixtral-8x7B
+    share their attention) has a row for each, with each model's own count;
+    ``Shape.source_profile`` keeps only the model that brought it first."""
+
+    source = models.CharField(max_length=80, help_text="the profile or trace")
+    shape = models.ForeignKey(
+        Shape, on_delete=models.CASCADE, related_name="served_calls"
+    )
+    tokens = models.PositiveIntegerField(
+        default=0, help_text="tokens in the forward step; 0: not recorded"
+    )
+    calls = models.FloatField(help_text="calls per forward step")
+
+    class Meta:
+        ordering = ["source", "tokens", "shape"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["source", "shape", "tokens"], name="served_call_unique"
+            ),
+            models.CheckConstraint(
+                condition=Q(calls__gte=0), name="served_call_calls_nonnegative"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.source}: {self.shape} × {self.calls:g} at {self.tokens} tokens"
+
+
 def fingerprint_of(components: dict) -> str:
     return canonical_sha256(components)
 
@@ -294,6 +324,23 @@ class Toolchain(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    def describe(self, hosts=()) -> str:
+        """What the toolchain is, not only its hash: "TileLang 0.1.15 on
+        h200-lab · torch 2.11.0 · driver nvidia 580.159.04 · e6efb837"."""
+        components = self.components or {}
+        parts = [f"TileLang {self.tilelang_version or 'unknown'}"]
+        hosts = list(hosts)
+        if hosts:
+            shown = ", ".join(hosts[:2])
+            more = f" +{len(hosts) - 2}" if len(hosts) > 2 else ""
+            parts[0] += f" on {shown}{more}"
+        if components.get("torch"):
+            parts.append(f"torch {components['torch']}")
+        if components.get("driver"):
+            parts.append(f"driver {components['driver']}")
+        parts.append(self.fingerprint[:8])
+        return " · ".join(parts)
 
 
 class Sweep(models.Model):

@@ -129,3 +129,17 @@ def served_shapes(profile: str, tokens=TOKEN_COUNTS, dtypes=SERVED_DTYPES):
                 merged[key] = merged.get(key, 0.0) + weight
     for (op, dims, dtype), weight in merged.items():
         yield op, dict(dims), dtype, weight
+
+
+def served_calls(profile: str, tokens=TOKEN_COUNTS, dtypes=SERVED_DTYPES):
+    """Yield (operator, dims, dtype, calls, tokens): the calls of one forward
+    step of each token count, identical shapes within a step merged. The
+    rows ``shape_import`` takes to keep each step's counts apart."""
+    for t in tokens:
+        merged: dict[tuple, float] = {}
+        for op, dims, weight in PROFILES[profile].calls(t):
+            for dtype in dtypes:
+                key = (op, tuple(dims.items()), dtype)
+                merged[key] = merged.get(key, 0.0) + weight
+        for (op, dims, dtype), calls in merged.items():
+            yield op, dict(dims), dtype, calls, t

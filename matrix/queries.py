@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from django.db import connection
 from django.db.models import Count, Exists, Max, OuterRef, Q, Subquery
@@ -20,6 +21,7 @@ from matrix.models import (
     BACKEND_PRIORITY,
     EVIDENCE,
     FAILURES,
+    ID_MAX,
     Backend,
     Cell,
     DeviceType,
@@ -27,6 +29,7 @@ from matrix.models import (
     KernelRevision,
     Operator,
     Result,
+    ServedCall,
     Shape,
     Status,
     Toolchain,
@@ -72,7 +75,19 @@ def status_kind(status: str) -> str:
 
 
 # Query-string filters of the pages, in the order their links carry them.
-FILTER_PARAMS = ("toolchain", "dtype", "backend", "status", "served")
+FILTER_PARAMS = (
+    "toolchain",
+    "dtype",
+    "backend",
+    "status",
+    "served",
+    "model",
+    "device",
+    "operator",
+    "q",
+)
+# Shape text longer than any shape key is not a search.
+SEARCH_MAX = 200
 
 
 @dataclass
@@ -87,17 +102,24 @@ class MatrixFilters:
     superseded_by: Toolchain | None = None
     # Filter name -> a value the page does not know and so ignores.
     unknown: dict[str, str] = field(default_factory=dict)
+    # A served model (the source of its calls), one device type, one
+    # operator by name, and text within a shape's key ("M=1,", "4096").
+    model: str = ""
+    device_type: DeviceType | None = None
+    operator: str = ""
+    text: str = ""
 
     @classmethod
     def from_params(cls, params, toolchains: list[Toolchain]) -> MatrixFilters:
         """Read filters from a query string. ``toolchains`` comes from
         ``toolchain_list()``. An unknown value is ignored, so a stale
         bookmark still opens the page, and kept in ``unknown`` so the page
-        can say so."""
+        can say so. A model, device type or operator is looked up only when
+        the query names one: one query each."""
         by_name = {t.name: t for t in toolchains}
         current = current_toolchain(toolchains)
         default = current or (toolchains[0] if toolchains else None)
-        given = {name: params.get(name, "") for name in FILTER_PARAMS}
+        given = {name: str(params.get(name, "")) for name in FILTER_PARAMS}
         allowed = {
             "toolchain": by_name,
             "dtype": Dtype.values,
@@ -109,7 +131,23 @@ class MatrixFilters:
             for name, known in allowed.items()
             if given[name] and given[name] not in known
         }
-        kept = {name: "" if name in unknown else given[name] for name in allowed}
+        device_type = None
+        if given["device"]:
+            device_type = _device_type_named(given["device"])
+            if device_type is None:
+                unknown["device"] = given["device"]
+        if given["model"] and not model_exists(given["model"]):
+            unknown["model"] = given["model"]
+        if (
+            given["operator"]
+            and not Operator.objects.filter(name=given["operator"]).exists()
+        ):
+            unknown["operator"] = given["operator"]
+        text = given["q"].strip()
+        if len(text) > SEARCH_MAX:
+            unknown["q"] = text[:40] + "…"
+            text = ""
+        kept = {name: "" if name in unknown else given[name] for name in given}
         toolchain = by_name.get(kept["toolchain"], default)
         superseded = toolchain is not None and toolchain_superseded(toolchain, current)
         return cls(
@@ -120,6 +158,10 @@ class MatrixFilters:
             served_only=given["served"] in ("1", "on", "true"),
             superseded_by=current if superseded else None,
             unknown=unknown,
+            model=kept["model"],
+            device_type=device_type,
+            operator=kept["operator"],
+            text=text,
         )
 
     @property
@@ -142,13 +184,20 @@ class MatrixFilters:
         for name, value in self.unknown.items():
             if name not in names:
                 continue
+            if name == "q":
+                notes.append(
+                    f"Shape search “{value}” is longer than {SEARCH_MAX} "
+                    "characters: showing every shape instead."
+                )
+                continue
+            label = "device type" if name == "device" else name
             if name != "toolchain":
-                shown = f"showing every {name} instead"
+                shown = f"showing every {label} instead"
             elif self.toolchain is not None:
                 shown = f"showing {self.toolchain} instead"
             else:
                 shown = "no toolchain is registered yet"
-            notes.append(f"Unknown {name} “{value}”: {shown}.")
+            notes.append(f"Unknown {label} “{value}”: {shown}.")
         return notes
 
     def as_params(self) -> dict[str, str]:
@@ -158,6 +207,10 @@ class MatrixFilters:
             "backend": self.backend,
             "status": self.status,
             "served": "1" if self.served_only else "",
+            "model": self.model,
+            "device": str(self.device_type.pk) if self.device_type else "",
+            "operator": self.operator,
+            "q": self.text,
         }
         return {k: v for k, v in params.items() if v}
 
@@ -167,7 +220,34 @@ class MatrixFilters:
             q &= Q(**{f"{prefix}dtype": self.dtype})
         if self.served_only:
             q &= Q(**{f"{prefix}served": True})
+        if self.model:
+            called = ServedCall.objects.filter(source=self.model).values("shape_id")
+            q &= Q(**{f"{prefix}pk__in": called})
+        if self.operator:
+            q &= Q(**{f"{prefix}operator__name": self.operator})
+        if self.text:
+            q &= Q(**{f"{prefix}dims_key__icontains": self.text})
         return q
+
+
+def _device_type_named(text: str) -> DeviceType | None:
+    """The device type a ``device`` filter names by id."""
+    if not (text.isascii() and text.isdigit()) or int(text) > ID_MAX:
+        return None
+    return DeviceType.objects.filter(pk=int(text)).first()
+
+
+def model_exists(source: str) -> bool:
+    return ServedCall.objects.filter(source=source).exists()
+
+
+def model_names() -> list[str]:
+    """Every served model (profile or trace) with calls recorded."""
+    return list(
+        ServedCall.objects.order_by("source")
+        .values_list("source", flat=True)
+        .distinct()
+    )
 
 
 def toolchain_list() -> list[Toolchain]:
@@ -178,9 +258,22 @@ def toolchain_list() -> list[Toolchain]:
     )
     return list(
         Toolchain.objects.only(
-            "id", "name", "is_current", "fingerprint", "tilelang_version"
+            "id", "name", "is_current", "fingerprint", "tilelang_version", "components"
         ).annotate(rolled_out_baseline=Exists(rolled_out))
     )
+
+
+def toolchain_hosts() -> dict[int, list[str]]:
+    """toolchain id -> the names of the runner hosts that host it (a lab's
+    runner whose evidence was imported included). One query."""
+    from runners.models import RunnerToolchain
+
+    hosts: dict[int, list[str]] = {}
+    for toolchain_id, name in RunnerToolchain.objects.order_by(
+        "runner__name"
+    ).values_list("toolchain_id", "runner__name"):
+        hosts.setdefault(toolchain_id, []).append(name)
+    return hosts
 
 
 def current_toolchain(toolchains: list[Toolchain]) -> Toolchain | None:
@@ -226,6 +319,8 @@ def device_type_list(
         device_types = DeviceType.objects.all()
     if filters.backend:
         device_types = [d for d in device_types if d.backend == filters.backend]
+    if filters.device_type is not None:
+        device_types = [d for d in device_types if d.pk == filters.device_type.pk]
     return sorted(
         device_types,
         key=lambda d: (-BACKEND_PRIORITY.get(d.backend, 0), d.vendor, d.model),
@@ -338,6 +433,10 @@ class OperatorRow:
     cells: list[Tally]
     tally: Tally
     cells_html: str = ""
+    # Set by the page: the query its toggle links to, and its shape rows
+    # when it is open.
+    toggle_query: str = ""
+    expanded: dict | None = None
 
 
 @dataclass
@@ -399,6 +498,27 @@ def operator_list(filters: MatrixFilters) -> list[Operator]:
             current_revision_id=Subquery(current),
         )
     )
+
+
+def issued_time(issued_at: str | None, recorded_at: datetime) -> datetime:
+    """When a result was produced: the time its runner signed it (its
+    receipt's ``issued_at``), not when this server stored it, which for
+    imported evidence is the day of the import. ``recorded_at`` stands in
+    for a result that came without a signed envelope."""
+    if issued_at:
+        try:
+            moment = datetime.fromisoformat(issued_at)
+        except ValueError:
+            return recorded_at
+        if moment.tzinfo is not None:
+            return moment
+    return recorded_at
+
+
+def result_time(result: Result) -> datetime:
+    """``issued_time`` of a Result read with ``select_related("receipt")``."""
+    receipt = getattr(result, "receipt", None)
+    return issued_time(receipt.issued_at if receipt else None, result.created_at)
 
 
 def cells_version() -> int | None:

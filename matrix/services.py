@@ -14,6 +14,7 @@ from matrix.models import (
     Dtype,
     KernelRevision,
     Operator,
+    ServedCall,
     Shape,
     Toolchain,
     dims_key,
@@ -134,27 +135,59 @@ def weight_clean(weight) -> float:
     return float(weight)
 
 
+def tokens_clean(tokens) -> int:
+    if isinstance(tokens, bool) or not isinstance(tokens, int):
+        raise ValidationError("tokens must be an integer")
+    if not 0 <= tokens <= DIM_MAX:
+        raise ValidationError(f"tokens must be from 1 to {DIM_MAX} (0: not recorded)")
+    return tokens
+
+
 @transaction.atomic
 def shape_import(*, rows, source_profile: str, served: bool = True) -> int:
-    """Create or update shapes from (operator name, dims, dtype, weight) rows.
-    Every row is validated before the first write."""
+    """Create or update shapes from (operator name, dims, dtype, weight) rows,
+    or (operator name, dims, dtype, calls, tokens) rows: the calls of one
+    forward step of that many tokens. A shape's weight is then the sum of
+    its rows' calls (calls per forward step over the steps imported); rows
+    without tokens each give the weight (the last one wins). Served shapes
+    also record, per model, how often it calls them (``ServedCall``): an
+    import replaces that model's counts for the shapes it names. Every row
+    is validated before the first write."""
     operators = {op.name: op for op in Operator.objects.all()}
     clean = []
-    for i, (name, dims, dtype, weight) in enumerate(rows, start=1):
+    for i, row in enumerate(rows, start=1):
+        name, dims, dtype, weight = row[:4]
         if not isinstance(name, str) or name not in operators:
             raise ValidationError(f"row {i}: unknown operator {name!r}")
         try:
             dims = shape_clean(operator=operators[name], dims=dims, dtype=dtype)
             weight = weight_clean(weight)
+            tokens = tokens_clean(row[4]) if len(row) > 4 else None
         except ValidationError as exc:
             raise ValidationError(
                 f"row {i} ({name}): {'; '.join(exc.messages)}"
             ) from None
-        clean.append((operators[name], dims, dtype, weight))
-    for op, dims, dtype, weight in clean:
+        clean.append((operators[name], dims, dtype, weight, tokens))
+    weights: dict[tuple, float] = {}
+    calls: dict[tuple, dict[int, float]] = {}
+    for op, dims, dtype, weight, tokens in clean:
+        key = (op, dims_key(dims), dtype)
+        steps = calls.setdefault(key, {})
+        if tokens is None:
+            weights[key] = weight
+            steps.clear()
+            steps[0] = weight
+        else:
+            weights[key] = weights.get(key, 0.0) + weight
+            steps[tokens] = steps.get(tokens, 0.0) + weight
+    for op, dims, dtype, _, _ in clean:
+        key = (op, dims_key(dims), dtype)
+        if key not in weights:
+            continue  # a shape named by several rows is written once
+        weight = weights.pop(key)
         shape, created = Shape.objects.get_or_create(
             operator=op,
-            dims_key=",".join(f"{k}={v}" for k, v in dims.items()),
+            dims_key=key[1],
             dtype=dtype,
             defaults={
                 "dims": dims,
@@ -167,6 +200,12 @@ def shape_import(*, rows, source_profile: str, served: bool = True) -> int:
             shape.served, shape.weight = True, weight
             shape.source_profile = shape.source_profile or source_profile
             shape.save(update_fields=["served", "weight", "source_profile"])
+        if served:
+            ServedCall.objects.filter(source=source_profile, shape=shape).delete()
+            ServedCall.objects.bulk_create(
+                ServedCall(source=source_profile, shape=shape, tokens=t, calls=n)
+                for t, n in sorted(calls[key].items())
+            )
     return len(clean)
 
 
@@ -212,7 +251,7 @@ def catalog_seed() -> dict:
         )
     operators = operator_sync_library()
     shape_import(
-        rows=list(profiles.served_shapes("llama-3-8b")), source_profile="llama-3-8b"
+        rows=list(profiles.served_calls("llama-3-8b")), source_profile="llama-3-8b"
     )
     known = {op.name for op in operators}
     cpu_rows = [

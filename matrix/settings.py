@@ -64,6 +64,8 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "axes.middleware.AxesMiddleware",
+    # Last, so its process_exception sees a view's refusal first.
+    "matrix.refusals.RefusalMiddleware",
 ]
 
 ROOT_URLCONF = "matrix.urls"
@@ -81,6 +83,7 @@ TEMPLATES = [
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
                 "matrix.context_processors.roles",
+                "matrix.context_processors.filter_choices",
             ],
         },
     },

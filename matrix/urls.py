@@ -13,6 +13,8 @@ from matrix.views import (
     errors,
     gaps,
     matrix,
+    models,
+    operators,
     runners,
     submissions,
     upgrades,
@@ -20,6 +22,10 @@ from matrix.views import (
 
 urlpatterns = [
     path("", matrix.matrix_page, name="matrix"),
+    path("matrix.csv", matrix.matrix_csv, name="matrix-csv"),
+    path("models/", models.models_page, name="models"),
+    path("models.csv", models.models_csv, name="models-csv"),
+    path("operators/<slug:name>/", operators.operator_page, name="operator"),
     path("gaps/", gaps.gaps_page, name="gaps"),
     path("gaps/run/", gaps.gaps_run, name="gaps-run"),
     path("gaps.csv", gaps.gaps_csv, name="gaps-csv"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from functools import cached_property
 
 from django import forms
 
@@ -33,8 +34,18 @@ class FocusesItsError:
 
 class ToolchainChoiceField(forms.ModelChoiceField):
     def label_from_instance(self, toolchain):
-        # The matrix marks the current toolchain so: the usual baseline.
-        return f"{toolchain.name} (current)" if toolchain.is_current else toolchain.name
+        # Named for what it is (TileLang, host, torch, driver) as on the
+        # matrix, which marks the current toolchain so: the usual baseline.
+        label = (
+            f"{toolchain.name}: {toolchain.describe(self.hosts.get(toolchain.pk, ()))}"
+        )
+        return f"{label} (current)" if toolchain.is_current else label
+
+    @cached_property
+    def hosts(self) -> dict[int, list[str]]:
+        from matrix.queries import toolchain_hosts
+
+        return toolchain_hosts()
 
 
 class ProposalForm(FocusesItsError, forms.Form):

@@ -6,11 +6,19 @@ import json
 
 from django.http import HttpResponse
 from django.shortcuts import get_object_or_404, render
+from django.template.defaultfilters import pluralize
 from django.views.decorators.http import require_GET
 
 from matrix import queries
-from matrix.models import Cell, DeviceType, Result, Shape
-from matrix.views.charts import history_chart
+from matrix.models import Cell, DeviceType, Result, Shape, Status
+from matrix.serving import (
+    serve_speedup_floor,
+    serving_verdict,
+    speed_class,
+    speedup,
+)
+from matrix.views.charts import TimeSeries, speed_scatter, time_chart
+from matrix.views.operators import operator_points
 
 HISTORY = 100
 
@@ -52,12 +60,19 @@ def cell_page(request, shape_id: int, device_type_id: int):
     )
     history = list(
         Result.objects.filter(shape=shape, device_type=device_type)
-        .select_related("toolchain", "revision")
+        .select_related("toolchain", "revision", "receipt__runner")
         .defer("details")
-        .order_by("-created_at")[:HISTORY]
+        .order_by("-id")[:HISTORY]
     )
-    history.reverse()
+    for r in history:
+        r.produced_at = queries.result_time(r)
     result = cell.result if cell else None
+    if result is not None:
+        # The same result as a history row, read with its receipt.
+        listed = next((r for r in history if r.pk == result.pk), None)
+        receipt = getattr(listed, "receipt", None)
+        result.produced_at = listed.produced_at if listed else result.created_at
+        result.signed_by = receipt.runner.name if receipt else ""
     details = result.details if result else {}
     revisions = queries.current_revisions()
     stale = bool(cell) and (
@@ -68,6 +83,9 @@ def cell_page(request, shape_id: int, device_type_id: int):
         if cell and cell.error_signature
         else 0
     )
+    floor = serve_speedup_floor()
+    value = speedup(cell.kernel_ms, cell.reference_ms) if cell else None
+    status = cell.status if cell else queries.EMPTY
     context = {
         "shape": shape,
         "device_type": device_type,
@@ -76,10 +94,16 @@ def cell_page(request, shape_id: int, device_type_id: int):
         "cell": cell,
         "result": result,
         "stale": stale,
-        "label": queries.state_label(cell.status if cell else queries.EMPTY),
-        "kind": queries.status_kind(cell.status if cell else queries.EMPTY),
-        "history": list(reversed(history)),
-        "chart": history_chart(history),
+        "label": queries.state_label(status),
+        "kind": queries.status_kind(status),
+        "speedup": value if status == Status.PASS else None,
+        "speed_class": speed_class(value, floor) if status == Status.PASS else "",
+        "verdict": serving_verdict(status, stale, value, floor),
+        "floor": floor,
+        "history": history,
+        "time_chart": _time_chart(history),
+        "error_chart": _error_chart(history),
+        "shape_chart": _shape_chart(shape, device_type, filters, floor),
         "kernel_source": details.get("kernel_source") or "",
         "tolerance": details.get("tolerance") or {},
         "fingerprint_components": details.get("fingerprint_components") or {},
@@ -88,6 +112,64 @@ def cell_page(request, shape_id: int, device_type_id: int):
         "labels": queries.STATE_LABELS,
     }
     return render(request, "matrix/cell.html", context)
+
+
+def _time_chart(history):
+    timed = [r for r in history if r.kernel_ms is not None]
+    return time_chart(
+        f"Kernel and reference time of {len(timed)} result{pluralize(len(timed))}",
+        "ms",
+        [
+            TimeSeries(
+                "kernel",
+                "kernel",
+                "circle",
+                [(r.produced_at, r.kernel_ms) for r in timed],
+            ),
+            TimeSeries(
+                "reference",
+                "reference",
+                "square",
+                [
+                    (r.produced_at, r.reference_ms)
+                    for r in timed
+                    if r.reference_ms is not None
+                ],
+            ),
+        ],
+    )
+
+
+def _error_chart(history):
+    measured = [r for r in history if r.rel_err is not None]
+    return time_chart(
+        f"Relative error of {len(measured)} result{pluralize(len(measured))}",
+        "",
+        [
+            TimeSeries(
+                "relative error",
+                "error",
+                "circle",
+                [(r.produced_at, r.rel_err) for r in measured],
+            )
+        ],
+    )
+
+
+def _shape_chart(shape: Shape, device_type: DeviceType, filters, floor: float):
+    """Every passing, timed shape of the operator on this device type and
+    toolchain, this one marked: is this shape typical of the kernel?"""
+    if filters.toolchain is None:
+        return None
+    points = operator_points(
+        shape.operator, device_type, filters.toolchain, floor, highlight=shape.pk
+    )
+    return speed_scatter(
+        f"Kernel against reference time across {len(points)} shapes of "
+        f"{shape.operator.name} on {device_type}",
+        points,
+        floor,
+    )
 
 
 @require_GET

@@ -14,12 +14,13 @@ within ``CATALOGUE_SECONDS``.
 
 from __future__ import annotations
 
+import csv
 import hashlib
 from dataclasses import dataclass, field
 
 from django.conf import settings
 from django.core.cache import cache
-from django.http import Http404
+from django.http import Http404, HttpResponse
 from django.shortcuts import render
 from django.template.loader import render_to_string
 from django.utils.http import urlencode
@@ -28,6 +29,7 @@ from django.views.decorators.vary import vary_on_headers
 
 from matrix import queries
 from matrix.models import Backend, DeviceType, Dtype, Operator, Toolchain
+from matrix.serving import serve_speedup_floor
 from matrix.views.matrix_html import (
     backend_headers,
     cell_link_prefix,
@@ -83,7 +85,10 @@ CATALOGUES_KEPT = 32
 
 def catalogue_read(params) -> Catalogue:
     seconds = CATALOGUE_SECONDS if cache_seconds() else 0
-    shape_filters = repr((params.get("dtype", ""), params.get("served", "")))
+    # The filters that change which shapes each operator counts.
+    shape_filters = repr(
+        [params.get(name, "") for name in ("dtype", "served", "model", "operator", "q")]
+    )
     key = "matrix-catalogue:" + hashlib.sha256(shape_filters.encode()).hexdigest()
     digest = cache.get(key) if seconds else None
     found = _catalogues.get((key, digest)) if digest else None
@@ -112,14 +117,13 @@ def matrix_page(request):
     catalogue = catalogue_read(request.GET)
     filters = queries.MatrixFilters.from_params(request.GET, catalogue.toolchains)
     target = (request.htmx.target or "") if request.htmx else ""
-    open_name = request.GET.get("open", "")
+    open_names = list(dict.fromkeys(request.GET.getlist("open")))
     limit = _row_limit(request.GET.get("rows"))
 
     if target.startswith("op-"):
         # One operator's tbody: expanded when `open` names it, else collapsed.
         name = target[3:]
-        opened = open_name if open_name == name else ""
-        context = matrix_context(filters, catalogue, opened, limit)
+        context = matrix_context(filters, catalogue, open_names, limit)
         row = next(
             (r for r in context["summary"].rows if r.operator.name == name), None
         )
@@ -129,9 +133,9 @@ def matrix_page(request):
         return render(request, "matrix/matrix.html#operator-body", context)
 
     # A page naming an unknown filter value says so; it is not cached, so
-    # made-up values cannot fill the cache.
-    if open_name or target or filters.unknown or not cache_seconds():
-        context = matrix_context(filters, catalogue, open_name, limit)
+    # made-up values (and free search text) cannot fill the cache.
+    if open_names or target or filters.unknown or filters.text or not cache_seconds():
+        context = matrix_context(filters, catalogue, open_names, limit)
         template = "matrix/matrix.html"
         if target == "matrix":
             template += "#matrix-table"
@@ -151,7 +155,7 @@ def matrix_page(request):
     )
     content = cache.get(key)
     if content is None:
-        context = matrix_context(filters, catalogue, "", limit)
+        context = matrix_context(filters, catalogue, [], limit)
         content = render_to_string("matrix/matrix.html#page-content", context, request)
         cache.set(key, content, cache_seconds())
     return render(request, "matrix/matrix.html", {"content_html": content})
@@ -165,9 +169,10 @@ def _row_limit(raw: str | None) -> int:
 
 
 def matrix_context(
-    filters, catalogue: Catalogue, open_name: str, limit: int, groups=None
+    filters, catalogue: Catalogue, open_names: list[str], limit: int, groups=None
 ) -> dict:
-    """``groups`` replaces the cell groups read from Cell (for the benchmark's
+    """``open_names``: the operators shown expanded, in the URL's order.
+    ``groups`` replaces the cell groups read from Cell (for the benchmark's
     baseline)."""
     device_types = queries.device_type_list(filters, catalogue.device_types)
     revisions = catalogue.revisions
@@ -176,22 +181,42 @@ def matrix_context(
     summary = queries.matrix_summary(
         filters, device_types, revisions, catalogue.operators, groups
     )
-    expanded = {}
-    query = urlencode(filters.as_params())
+    params = list(filters.as_params().items())
+    query = urlencode(params)
+    prefix = cell_link_prefix()
+    shown = {row.operator.name for row in summary.rows}
     for row in summary.rows:
         row.cells_html = summary_cells(row.cells)
-        if row.operator.name == open_name:
+        name = row.operator.name
+        opened = name in open_names
+        # The toggle keeps every other open operator open.
+        toggled = (
+            [n for n in open_names if n != name] if opened else [*open_names, name]
+        )
+        row.toggle_query = urlencode([*params, *(("open", n) for n in toggled)])
+        if opened:
             rows, left = queries.operator_rows(
                 row.operator, filters, device_types, revisions, limit
             )
-            expanded = {
-                "name": open_name,
+            row.expanded = {
                 "rows": rows,
-                "rows_html": shape_rows(rows, cell_link_prefix(), query),
+                "rows_html": shape_rows(rows, prefix, query),
                 "left": left,
                 # Each "show more" doubles the rows shown, up to MAX_ROWS.
                 "next": min(left, limit, MAX_ROWS - limit),
+                "more_query": urlencode([*params, *(("open", n) for n in open_names)]),
             }
+    known = {op.name for op in catalogue.operators}
+    open_notes = [
+        f"No operator “{name}” to open: "
+        + (
+            "none has that name."
+            if name not in known
+            else "it has no rows under these filters."
+        )
+        for name in open_names
+        if name not in shown
+    ]
     return {
         "filters": filters,
         "toolchains": catalogue.toolchains,
@@ -205,7 +230,66 @@ def matrix_context(
         ),
         "device_headers": device_headers(summary.device_types),
         "column_counts": column_counts(summary.columns),
-        "expanded": expanded,
+        "open_names": [n for n in open_names if n in shown],
+        "open_notes": open_notes,
         "limit": limit,
         "query": query,
+        "speedup_floor": serve_speedup_floor(),
+        "speedup_ceiling": 1 / serve_speedup_floor(),
     }
+
+
+MATRIX_CSV_FIELDS = [
+    "operator",
+    "dims",
+    "dtype",
+    "served",
+    "weight",
+    "device_type",
+    "backend",
+    "status",
+    "stale",
+    "speedup",
+    "serves",
+    "kernel_ms",
+    "reference_ms",
+    "produced_at",
+    "url",
+]
+
+
+@require_GET
+def matrix_csv(request):
+    """Every cell under the page's filters, never-run ones included, as the
+    API's /matrix lists them."""
+    from matrix.api_coverage import coverage_cells
+
+    toolchains = queries.toolchain_list()
+    filters = queries.MatrixFilters.from_params(request.GET, toolchains)
+    response = HttpResponse(content_type="text/csv; charset=utf-8")
+    response["Content-Disposition"] = 'attachment; filename="matrix.csv"'
+    writer = csv.writer(response)
+    writer.writerow(MATRIX_CSV_FIELDS)
+    if filters.toolchain is None:
+        return response
+    for row in coverage_cells(filters):
+        writer.writerow(
+            [
+                row["operator"],
+                row["dims_key"],
+                row["dtype"],
+                int(row["served"]),
+                f"{row['weight']:g}",
+                row["device_type"],
+                row["backend"],
+                row["status"],
+                int(row["stale"]),
+                "" if row["speedup"] is None else f"{row['speedup']:.4g}",
+                row["serves"],
+                "" if row["kernel_ms"] is None else f"{row['kernel_ms']:.6g}",
+                "" if row["reference_ms"] is None else f"{row['reference_ms']:.6g}",
+                row["produced_at"].isoformat() if row["produced_at"] else "",
+                request.build_absolute_uri(row["url"]),
+            ]
+        )
+    return response

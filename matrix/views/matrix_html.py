@@ -17,28 +17,31 @@ from django.urls import reverse
 from django.utils.html import escape
 from django.utils.safestring import SafeString, mark_safe
 
-from matrix.queries import STATE_LABELS, MatrixCell, ShapeRow, Tally, status_kind
+from matrix.models import Status
+from matrix.queries import (
+    EMPTY,
+    STALE,
+    STATE_LABELS,
+    MatrixCell,
+    ShapeRow,
+    Tally,
+    status_kind,
+)
+from matrix.serving import ratio_text, serve_speedup_floor, speed_class
 
-# Bar segments are SVG geometry with presentation attributes: the
-# Content-Security-Policy forbids inline style attributes. The bar's own
-# background (app.css) is the colour of cells never run, so that segment and
-# segments rounded to nothing are left out: the collapsed page carries 250
-# of these bars, and they were most of its bytes.
-BAR_FILL = {
-    "pass": "#1a7f37",
-    "evidence": "#9a6700",
-    "fail": "#cf222e",
-    "unsupported": "#6e7781",
-}
+# Bar segments are SVG geometry with a class that app.css colours (dark mode
+# included): the Content-Security-Policy forbids inline style attributes.
+# The bar's own background is the colour of cells never run, so that segment
+# and segments rounded to nothing are left out: the collapsed page carries
+# 250 of these bars, and they were most of its bytes.
+BAR_KINDS = {"pass", "evidence", "fail", "unsupported"}
 
 
 def summary_bar(t: Tally) -> str:
     rects, x = [], 0
     for kind, pct in t.bar:
-        if pct and kind in BAR_FILL:
-            rects.append(
-                f'<rect x="{x}" width="{pct}" height="4" fill="{BAR_FILL[kind]}"/>'
-            )
+        if pct and kind in BAR_KINDS:
+            rects.append(f'<rect class="s-{kind}" x="{x}" width="{pct}" height="4"/>')
         x += pct
     return (
         '<svg class="bar" viewBox="0 0 100 4" preserveAspectRatio="none" '
@@ -46,22 +49,68 @@ def summary_bar(t: Tally) -> str:
     )
 
 
+def tally_title(t: Tally) -> str:
+    """Every status a tally counts, in the ladder's order, and its stale
+    cells: "16 unsup." as much as "3 pass". Numbers and the fixed labels
+    only: nothing to escape."""
+    parts = [
+        f"{n} {STATE_LABELS.get(status, ('', status, status))[1]}"
+        for status in TALLY_ORDER
+        if (n := t.by_status.get(status))
+    ]
+    if t.stale:
+        parts.append(f"{t.stale} stale")
+    return ", ".join(parts) or "no cells"
+
+
+# Statuses in the order a tooltip lists them: the ladder, then failures,
+# then what is outside the kernel, then never run.
+TALLY_ORDER = [
+    Status.PASS,
+    Status.BUILT,
+    Status.LOWERED,
+    Status.COMPILE_ERROR,
+    Status.MISMATCH,
+    Status.RUNTIME_ERROR,
+    Status.TIMEOUT,
+    Status.INFRA_ERROR,
+    Status.UNSUPPORTED,
+    EMPTY,
+    STALE,
+]
+
+
+def progress_text(t: Tally) -> str:
+    """What a tally reached, as words that do not read as failure: "✓3/16"
+    where cells pass, "16/16 lowered" where a compile-only column lowered
+    them all, "16/16 unsup." where the kernel declares none of them."""
+    if t.passing:
+        return f"✓{t.passing}/{t.total}"
+    if t.evidence:
+        built = t.by_status.get(Status.BUILT, 0)
+        word = "built" if built == t.evidence else "lowered"
+        if built and built != t.evidence:
+            word = "compiled"
+        return f"{t.evidence}/{t.total} {word}"
+    unsupported = t.by_status.get(Status.UNSUPPORTED, 0)
+    if unsupported:
+        return f"{unsupported}/{t.total} unsup."
+    return f"0/{t.total}"
+
+
 def summary_cells(tallies: list[Tally]) -> SafeString:
     parts = []
     for t in tallies:
-        # The pass glyph only where something passes: "✓0/16" read as a pass.
-        passing = f"✓{t.passing}" if t.passing else "0"
         fails = f' <b class="fails">✗{t.failing}</b>' if t.failing else ""
+        unsupported = t.by_status.get(Status.UNSUPPORTED, 0)
+        if unsupported and (t.passing or t.evidence):
+            fails += f' <span class="unsup-n">–{unsupported}</span>'
         stale = f' <span class="stale-n">↻{t.stale}</span>' if t.stale else ""
-        title = (
-            f"{t.passing} pass, {t.evidence} lowered/built, {t.failing} failing, "
-            f"{t.empty} not run, {t.stale} stale"
-        )
         parts.append(
             f'<td class="summary{" has-fail" if t.failing else ""}">'
-            f'<span data-nav tabindex="-1" title="{title}">'
+            f'<span data-nav tabindex="-1" title="{tally_title(t)}">'
             f"{summary_bar(t)}"
-            f"{passing}/{t.total}{fails}{stale}</span></td>"
+            f"{progress_text(t)}{fails}{stale}</span></td>"
         )
     return mark_safe("".join(parts))
 
@@ -93,17 +142,49 @@ def _cell_parts(status: str, stale: bool, dimmed: bool) -> tuple[str, str, str]:
     )
 
 
+SPEED_MARKS = {"faster": "▲", "parity": "≈", "slower": "▼"}
+
+
+def speed_text(value: float, floor: float) -> str:
+    """A pass's speed-up as text with a mark that reads without colour:
+    "▲1.04×" faster, "≈0.98×" within the noise band, "▼0.69×" slower
+    (production keeps the reference there)."""
+    return _speed_parts(ratio_text(value, floor), speed_class(value, floor))[0]
+
+
+@functools.cache
+def _speed_parts(ratio: str, kind: str) -> tuple[str, str, str]:
+    """(the mark and ratio; the ratio and the verdict for the cell's title)
+    for a ratio's text: an expanded operator has thousands of passing cells
+    but few distinct ratios, each built once. Only characters that need no
+    escaping."""
+    mark = (
+        f'<span class="sp sp-{kind}"><span aria-hidden="true">{SPEED_MARKS[kind]}'
+        f"</span>{ratio}</span>"
+    )
+    verdict = "; production keeps the reference" if kind == "slower" else ""
+    return mark, f" · {ratio} the reference&#x27;s speed", verdict
+
+
 def shape_cells(
     shape_id: int, cells: list[MatrixCell], prefix: str, query: str
 ) -> SafeString:
     link = f"{prefix}{shape_id}/"
     query = escape(query)
+    floor = serve_speedup_floor()
     parts = []
     for c in cells:
         head, title, tail = _cell_parts(c.status, c.stale, c.dimmed)
-        speedup = c.speedup
+        speedup = c.speedup if c.status == Status.PASS else None
         if speedup:
-            title = f"{title} · {speedup:.2f}× vs reference"
+            mark, said, verdict = _speed_parts(
+                ratio_text(speedup, floor), speed_class(speedup, floor)
+            )
+            title = (
+                f"{title}{said} ({c.kernel_ms:.3g} ms against "
+                f"{c.reference_ms:.3g} ms){verdict}"
+            )
+            tail = tail.replace("</a>", f" {mark}</a>", 1)
         parts.append(f'{head}{link}{c.device_type_id}/?{query}" title="{title}{tail}')
     return mark_safe("".join(parts))
 
@@ -151,8 +232,7 @@ def device_headers(device_types) -> SafeString:
 def column_counts(columns: list[Tally]) -> SafeString:
     return mark_safe(
         "".join(
-            f'<td class="count" title="{t.failing} failing, {t.empty} not run, '
-            f'{t.stale} stale">{t.passing} / {t.total}</td>'
+            f'<td class="count" title="{tally_title(t)}">{progress_text(t)}</td>'
             for t in columns
         )
     )

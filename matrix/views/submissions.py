@@ -13,6 +13,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from matrix import submissions
 from matrix.gate.forms import FocusesItsError
 from matrix.models import KernelRevision, Operator
+from matrix.refusals import Refused
 
 
 class SubmissionForm(FocusesItsError, forms.Form):
@@ -93,7 +94,9 @@ def submission_page(request, pk: int):
 def submission_review(request, pk: int):
     revision = _get_submission_for_user(request, pk)
     if revision.author_id == request.user.pk:
-        raise PermissionDenied("the author cannot review their own submission")
+        raise Refused(
+            "You wrote this submission, so another reviewer approves or rejects it"
+        )
     if not submissions.can_review(request.user, revision):
         raise PermissionDenied("only reviewers review submissions")
     form = ReviewForm(request.POST)

@@ -20,6 +20,7 @@ from matrix.gate.forms import DecisionForm, ExceptionForm, PolicyForm, ProposalF
 from matrix.gate.models import Approval, BackendException, Policy, UpgradeProposal
 from matrix.models import AuditEvent, Backend
 from matrix.queries import toolchains_online
+from matrix.refusals import Refused
 
 # htmx stops polling on this status.
 STOP_POLLING = 286
@@ -210,7 +211,10 @@ def _form_again(request, proposal: UpgradeProposal, partial: str, **forms):
 def upgrade_decide(request, pk: int):
     proposal = _get_proposal_for_user(request.user, pk)
     if request.user.pk == proposal.proposer_id:
-        raise PermissionDenied("the proposer cannot decide on their own proposal")
+        raise Refused(
+            "You proposed this upgrade, so your decision cannot count: "
+            "another reviewer approves or rejects it"
+        )
     if not services.is_reviewer(request.user):
         raise PermissionDenied("only reviewers decide on upgrades")
     form = DecisionForm(request.POST)
@@ -262,8 +266,8 @@ def upgrade_rollout(request, pk: int):
 def upgrade_exception(request, pk: int):
     proposal = _get_proposal_for_user(request.user, pk)
     if request.user.pk == proposal.proposer_id:
-        raise PermissionDenied(
-            "the proposer cannot grant an exception to their own proposal"
+        raise Refused(
+            "You proposed this upgrade, so another reviewer grants any exception to it"
         )
     if not services.is_reviewer(request.user):
         raise PermissionDenied("only reviewers grant exceptions")

@@ -15,6 +15,11 @@ at the block's diagonal. On CUDA, exp2 is the bare hardware instruction
 (``common.FAST_EXP2``); on Hopper, non-causal attention keeps its queries in
 registers for the score gemm.
 
+float32 (cuda, hip): the same loop with both products on the CUDA cores in
+float32 FMA through shared memory, where the tensor cores would round the
+operands to tf32, a different operator than the float32 reference (and
+than PyTorch's float32 SDPA).
+
 CPU (``c``): one query row per program, scores in a local buffer, float32.
 Metal: no kernel, since TileLang 0.1.15 cannot lower ``T.reduce_*`` there.
 """
@@ -26,7 +31,7 @@ from .common import (
     CPU_DTYPES,
     FAST_EXP2,
     FAST_EXP2_SOURCE,
-    HALF_DTYPES,
+    GPU_DTYPES,
     LOG2E,
     element_size,
     language,
@@ -37,7 +42,9 @@ STALE_MAX_LOG2 = 8.0  # how far (in powers of two) the running max may lag
 CPU_MAX_SEQ = 8192  # the c kernel keeps one row of scores on the stack
 
 
-def tile_config(shape: dict, target: dict, causal: bool = False) -> dict:
+def tile_config(
+    shape: dict, target: dict, causal: bool = False, dtype: str = "float16"
+) -> dict:
     """Tiles, pipeline depth and threads; ``overlap`` runs each KV block's
     softmax while the tensor cores still work on the previous block (Hopper's
     asynchronous wgmma), and ``q_regs`` feeds the score gemm its queries from
@@ -51,7 +58,9 @@ def tile_config(shape: dict, target: dict, causal: bool = False) -> dict:
     B=4 lost 0.7-1.8% with them and keeps them in shared memory (round 14)."""
     S, D = shape["S"], shape["D"]
     hopper = target["kind"] == "cuda" and target.get("arch", "").startswith("sm_90")
-    common = dict(overlap=False, q_regs=False)
+    common = dict(overlap=False, q_regs=False, simt=False)
+    if dtype == "float32":
+        return dict(common, block_m=64, block_n=32, stages=1, threads=256, simt=True)
     if target["kind"] == "hip":
         return dict(common, block_m=128, block_n=64, stages=1, threads=256)
     if S <= 64:
@@ -73,12 +82,13 @@ def gpu_builder(causal: bool):
     def build(shape: dict, dtype: str, target: dict, config: dict | None = None):
         T = language(target)
         B, H, HKV, S, D = (shape[d] for d in DIMS)
-        cfg = {**tile_config(shape, target, causal), **(config or {})}
+        cfg = {**tile_config(shape, target, causal, dtype), **(config or {})}
         block_m, block_n = cfg["block_m"], cfg["block_n"]
         stages, threads = cfg["stages"], cfg["threads"]
         overlap = cfg["overlap"]
         # Only the hand-pipelined loop reads the queries from registers.
         q_regs = cfg["q_regs"] and overlap
+        simt = cfg["simt"]
         scale = D**-0.5 * LOG2E  # softmax in base 2: exp2 is one instruction
         ragged_kv = S % block_n != 0
         neg_inf = -T.infinity("float32")
@@ -238,6 +248,24 @@ def gpu_builder(causal: bool):
                         if kb < kv_blocks:
                             rescale_output(acc, rescale, moved)
                             T.copy(scores, probs)
+                elif simt:
+                    p_tile = T.alloc_shared((block_m, block_n), dtype)
+                    for kb in T.serial(kv_blocks):
+                        T.copy(K[batch, kv, kb * block_n, 0], k_tile)
+                        T.copy(V[batch, kv, kb * block_n, 0], v_tile)
+                        for i, j in T.Parallel(block_m, block_n):
+                            scores[i, j] = 0.0
+                            for d in T.serial(D):
+                                scores[i, j] += q_tile[i, d] * k_tile[j, d]
+                        mask_scores(scores, bx, kb)
+                        online_softmax(
+                            scores, row_max, prev_max, rescale, block_sum, row_sum
+                        )
+                        rescale_output(acc, rescale, moved)
+                        T.copy(scores, p_tile)
+                        for i, d in T.Parallel(block_m, D):
+                            for j in T.serial(block_n):
+                                acc[i, d] += p_tile[i, j] * v_tile[j, d]
                 else:
                     for kb in T.Pipelined(kv_blocks, num_stages=stages):
                         T.copy(K[batch, kv, kb * block_n, 0], k_tile)
@@ -408,7 +436,7 @@ def make_operator(causal: bool) -> Operator:
     return Operator(
         name="attention_causal" if causal else "attention",
         dims=DIMS,
-        dtypes={"cuda": HALF_DTYPES, "hip": HALF_DTYPES, "c": CPU_DTYPES},
+        dtypes={"cuda": GPU_DTYPES, "hip": GPU_DTYPES, "c": CPU_DTYPES},
         builders={
             "cuda": gpu_builder(causal),
             "hip": gpu_builder(causal),

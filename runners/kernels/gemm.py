@@ -1,36 +1,119 @@
 """gemm: C[M, N] = A[M, K] @ B[K, N], row-major, float32 accumulation.
 
-GPU: one block per C tile; K streams through shared memory in a
-multi-stage ``T.Pipelined`` loop (TMA + wgmma on sm_90a, async copies and
-MFMA on gfx942) into a float32 fragment. Tile sizes follow the shape: a
-128x256 tile with 2 consumer warpgroups for large problems, narrower tiles
-when M is small (decode) or when the large tile would leave SMs idle.
-Edges that are not a multiple of the tile are zero-filled on load (zeros add
-nothing to the dot products) and guarded on store; rows whose stride is not
-16-byte aligned (K or N not a multiple of 8 halves) are loaded with guarded
-cp.async instead of TMA, which TileLang decides per buffer.
+GPU, one kernel chosen by shape (``tile_config``):
 
-Float32 is not offered on GPUs: tensor cores would run it as tf32, which is
-a different operator than the float32 reference.
+- ``tile``: one block per C tile; K streams through shared memory in a
+  multi-stage ``T.Pipelined`` loop (TMA + wgmma on sm_90a, async copies and
+  MFMA on gfx942) into a float32 fragment. A 128x256 tile with 2 consumer
+  warpgroups for large problems, narrower tiles when the large tile would
+  leave SMs idle. Edges that are not a multiple of the tile are zero-filled
+  on load (zeros add nothing to the dot products) and guarded on store; rows
+  whose stride is not 16-byte aligned (K or N not a multiple of 8 halves)
+  are loaded with guarded cp.async instead of TMA, which TileLang decides
+  per buffer.
+- ``gemv`` (decode, M <= 4, Hopper): a few rows of A against all of B is a
+  stream of B through the GPU once, so it runs at memory speed or not at
+  all. Each thread loads 16 bytes of a B row (8 columns) from 8 rows at a
+  time and keeps M x 8 float32 sums in registers; the threads of a block
+  split K and add up through warp shuffles and shared memory; where N has
+  too few column tiles to give every SM work, a cluster of blocks splits K
+  further and adds up through distributed shared memory (``cluster``).
+- ``splitk`` (decode, M <= 16, Hopper): the tile kernel with a 16-row tile
+  (tensor-core mma, A zero-filled past M) and K split across a cluster the
+  same way.
+- ``simt`` (float32): the tensor cores would run float32 as tf32, which is
+  not the float32 operator the reference computes (nor what
+  ``torch.matmul`` does by default); a register-tiled CUDA-core kernel does
+  it in float32 FMA, each thread an 8 x 8 block of C.
 """
 
 from __future__ import annotations
 
 from .base import Operator, TensorSpec, Tolerance
-from .common import CPU_DTYPES, HALF_DTYPES, METAL_DTYPES, element_size, language
+from .cluster import CLUSTER_MAX, CLUSTER_SUM_SOURCE, clusters, ranks_for
+from .common import (
+    CPU_DTYPES,
+    GPU_DTYPES,
+    METAL_DTYPES,
+    element_size,
+    language,
+)
 
 H200_SMS = 132
+VEC = 8  # halves in 16 bytes
+DECODE_M = 16
+GEMV_MAX_N, GEMV_MAX_K = 8192, 8192
 
 
-def tile_config(shape: dict, target: dict) -> dict:
-    """Block sizes, pipeline depth, threads, swizzle panel and epilogue for
-    this shape and target (``bench/kernel_tune.py`` measures the options)."""
+def decode_variant(shape: dict, dtype: str, target: dict) -> str | None:
+    """The decode kernel for a few rows of A on Hopper, or None: B's rows
+    must be whole 16-byte vectors (N and K multiples of 8) and its index fit
+    in 32 bits."""
+    M, N, K = shape["M"], shape["N"], shape["K"]
+    if (
+        dtype == "float32"
+        or not clusters(target)
+        or M > DECODE_M
+        or N % VEC
+        or K % VEC
+        or N * K >= 2**31
+    ):
+        return None
+    # Measured on the H200 (bench/kernel_tune.py --decode, round 1 in
+    # docs/evidence/2026-12-02-h200-kernel-tune-decode-1.json, CUDA-graph
+    # replays against torch.matmul): the gemv ran 1.00-1.19x at one row
+    # against the weights up to 6144 columns (K up to 14336), and 0.71-0.92x
+    # at four rows (K up to 4096), where the split-K tile ran 0.5-0.8x; the
+    # split-K tile won at longer K (3584 x 18944: 1.07x) and past 8192
+    # columns (0.91-1.01x at one and four rows, where the gemv ran
+    # 0.62-0.69x), and at sixteen rows everywhere but 4096 and 6144
+    # columns, where it and the tile kernel both stay near 0.7x.
+    if M <= 4 and N <= GEMV_MAX_N and K <= (GEMV_MAX_K if M > 1 else 2 * GEMV_MAX_K):
+        return "gemv"
+    return "splitk"
+
+
+def decode_config(shape: dict, variant: str) -> dict:
+    """A decode variant's knobs, with the cluster ranks that give every SM
+    two blocks where the column tiles alone would not."""
+    N, K = shape["N"], shape["K"]
+    if variant == "gemv":
+        lanes, threads = 4, 256
+        # Sixteen rows of sums in registers leave room for half the loads.
+        unroll = VEC if shape["M"] <= 8 else VEC // 2
+        tiles = -(-N // (lanes * VEC))
+        # A cluster split of K measured slower wherever the columns give a
+        # hundred tiles or more (3584 columns: 0.97x at 8 ranks against
+        # 1.19x at none); a router's few columns need it (8 columns, one
+        # row: 2.5x at 8 ranks, 1.25x at none).
+        ranks = 1
+        if tiles < CLUSTER_MAX:
+            ranks = ranks_for(tiles, 2 * H200_SMS, K // unroll, threads // lanes)
+        return dict(
+            variant="gemv", lanes=lanes, threads=threads, unroll=unroll, ranks=ranks
+        )
+    block_n, block_k, stages = 64, 128, 4
+    ranks = ranks_for(-(-N // block_n), 2 * H200_SMS, -(-K // block_k), stages)
+    return dict(
+        variant="splitk", block_n=block_n, block_k=block_k, stages=stages, ranks=ranks
+    )
+
+
+def tile_config(shape: dict, target: dict, dtype: str = "float16") -> dict:
+    """The variant and its block sizes, pipeline depth, threads, swizzle
+    panel, epilogue and cluster ranks for this shape and target
+    (``bench/kernel_tune.py`` measures the options)."""
     M, N = shape["M"], shape["N"]
-    common = dict(panel=10, store_via_shared=False)
+    common = dict(variant="tile", panel=10, store_via_shared=False)
+    if dtype == "float32" and target["kind"] in ("cuda", "hip"):
+        return dict(variant="simt", block_m=128, block_n=128, block_k=16, threads=256)
     if target["kind"] == "metal":
         return dict(common, block_m=32, block_n=32, block_k=32, stages=0, threads=128)
     if target["kind"] == "hip":
         return dict(common, block_m=128, block_n=128, block_k=32, stages=2, threads=256)
+    decode = decode_variant(shape, dtype, target)
+    if decode:
+        return decode_config(shape, decode)
     if M <= 64:
         return dict(common, block_m=64, block_n=128, block_k=128, stages=3, threads=128)
     big_tiles = -(-M // 128) * -(-N // 256)
@@ -55,12 +138,36 @@ def tile_config(shape: dict, target: dict) -> dict:
 
 
 def build_gpu(shape: dict, dtype: str, target: dict, config: dict | None = None):
+    """``config`` overrides ``tile_config``'s choice (``variant`` and its
+    knobs); ``bench/kernel_tune.py`` measures them."""
+    if config and "variant" in config:
+        cfg = dict(config)  # another variant: none of the chosen one's knobs
+    else:
+        cfg = {**tile_config(shape, target, dtype), **(config or {})}
+    build = {
+        "tile": _build_tile,
+        "gemv": _build_gemv,
+        "splitk": _build_splitk,
+        "simt": _build_simt,
+    }[cfg.pop("variant")]
+    return build(shape, dtype, target, **cfg)
+
+
+def _build_tile(
+    shape: dict,
+    dtype: str,
+    target: dict,
+    *,
+    block_m: int,
+    block_n: int,
+    block_k: int,
+    stages: int,
+    threads: int,
+    panel: int,
+    store_via_shared: bool,
+):
     T = language(target)
     M, N, K = shape["M"], shape["N"], shape["K"]
-    cfg = {**tile_config(shape, target), **(config or {})}
-    block_m, block_n, block_k = cfg["block_m"], cfg["block_n"], cfg["block_k"]
-    stages, threads = cfg["stages"], cfg["threads"]
-    panel, store_via_shared = cfg["panel"], cfg["store_via_shared"]
 
     @T.prim_func
     def gemm(
@@ -93,6 +200,225 @@ def build_gpu(shape: dict, dtype: str, target: dict, config: dict | None = None)
                 T.copy(c_tile, C[by * block_m, bx * block_n])
             else:
                 T.copy(acc, C[by * block_m, bx * block_n])
+
+    return gemm
+
+
+def _build_gemv(
+    shape: dict,
+    dtype: str,
+    target: dict,
+    *,
+    lanes: int,
+    threads: int,
+    ranks: int,
+    unroll: int = VEC,
+):
+    """``lanes`` threads side by side cover ``lanes`` x 8 columns of B (one
+    16-byte load each); the block's other threads take other 8-row chunks of
+    K, ``unroll`` rows a load round (the loads in flight per thread); the
+    cluster's ``ranks`` blocks take equal shares of K's chunks."""
+    T = language(target)
+    M, N, K = shape["M"], shape["N"], shape["K"]
+    block_n = lanes * VEC
+    rows = threads // lanes  # threads along K in a block
+    warps = threads // 32
+    per_rank = -(-(K // unroll) // ranks)
+    rounds = -(-per_rank // rows)
+    outputs = M * block_n
+    share = -(-outputs // ranks)  # outputs each rank adds up over the cluster
+    shuffles = (32 // lanes).bit_length() - 1
+
+    @T.prim_func
+    def gemm(
+        A: T.Tensor((M, K), dtype),
+        B: T.Tensor((K, N), dtype),
+        C: T.Tensor((M, N), dtype),
+    ):
+        with T.ClusterKernel(
+            T.ceildiv(N, block_n) * ranks, cluster_dims=ranks, threads=threads
+        ) as bx:
+            T.import_source(CLUSTER_SUM_SOURCE)
+            tid = T.get_thread_binding(0)
+            tile = bx // ranks
+            rank = bx % ranks
+            col = tile * block_n + tid % lanes * VEC
+            acc = T.alloc_local((M, VEC), "float32")
+            b = T.alloc_local((unroll, VEC), dtype)
+            a = T.alloc_local((M, unroll), dtype)
+            warp_sums = T.alloc_shared((warps, outputs), "float32")
+            part = T.alloc_shared((outputs,), "float32")
+            T.clear(acc)
+            for r in T.serial(rounds):
+                chunk = rank * per_rank + r * rows + tid // lanes
+                if chunk < (rank + 1) * per_rank and chunk * unroll < K and col < N:
+                    # Every load of the round is issued before the first use.
+                    for u in T.unroll(unroll):
+                        for v in T.vectorized(VEC):
+                            b[u, v] = B[chunk * unroll + u, col + v]
+                    for m in T.unroll(M):
+                        for u in T.vectorized(unroll):
+                            a[m, u] = A[m, chunk * unroll + u]
+                    for u in T.unroll(unroll):
+                        for m in T.unroll(M):
+                            for v in T.unroll(VEC):
+                                acc[m, v] += T.cast(a[m, u], "float32") * T.cast(
+                                    b[u, v], "float32"
+                                )
+            # Lanes lanes apart hold the same columns: fold them together.
+            for m in T.unroll(M):
+                for v in T.unroll(VEC):
+                    for s in T.unroll(shuffles):
+                        acc[m, v] += T.shfl_xor(acc[m, v], lanes << s)
+            if tid % 32 < lanes:
+                for m in T.unroll(M):
+                    for v in T.unroll(VEC):
+                        warp_sums[tid // 32, m * block_n + tid % lanes * VEC + v] = acc[
+                            m, v
+                        ]
+            T.sync_threads()
+            for e in T.serial(T.ceildiv(outputs, threads)):
+                if e * threads + tid < outputs:
+                    part[e * threads + tid] = 0.0
+                    for w in T.unroll(warps):
+                        part[e * threads + tid] += warp_sums[w, e * threads + tid]
+            T.call_extern("void", "tm_cluster_sync")
+            for e in T.serial(T.ceildiv(share, threads)):
+                i = rank * share + e * threads + tid
+                if e * threads + tid < share and i < outputs:
+                    if tile * block_n + i % block_n < N:
+                        C[i // block_n, tile * block_n + i % block_n] = T.cast(
+                            T.call_extern(
+                                "float32",
+                                "tm_cluster_sum",
+                                T.address_of(part[0]),
+                                i,
+                                ranks,
+                            ),
+                            dtype,
+                        )
+            T.call_extern("void", "tm_cluster_sync")
+
+    return gemm
+
+
+def _build_splitk(
+    shape: dict,
+    dtype: str,
+    target: dict,
+    *,
+    block_n: int,
+    block_k: int,
+    stages: int,
+    ranks: int,
+):
+    """A 16-row tile (A zero-filled past M) streaming B by TMA, each of the
+    cluster's ``ranks`` blocks over an equal share of K's steps."""
+    T = language(target)
+    M, N, K = shape["M"], shape["N"], shape["K"]
+    block_m = DECODE_M
+    threads = 128
+    share = -(-(M * block_n) // ranks)
+
+    @T.prim_func
+    def gemm(
+        A: T.Tensor((M, K), dtype),
+        B: T.Tensor((K, N), dtype),
+        C: T.Tensor((M, N), dtype),
+    ):
+        with T.ClusterKernel(
+            T.ceildiv(N, block_n) * ranks, cluster_dims=ranks, threads=threads
+        ) as bx:
+            T.import_source(CLUSTER_SUM_SOURCE)
+            tile = bx // ranks
+            # Each rank's equal share of K's steps (tile_config divides them).
+            steps = T.ceildiv(K, block_k) // ranks
+            first = bx % ranks * steps
+            a_tile = T.alloc_shared((block_m, block_k), dtype)
+            b_tile = T.alloc_shared((block_k, block_n), dtype)
+            acc = T.alloc_fragment((block_m, block_n), "float32")
+            part = T.alloc_shared((block_m, block_n), "float32")
+            T.clear(acc)
+            for k in T.Pipelined(steps, num_stages=stages):
+                T.copy(A[0, (first + k) * block_k], a_tile)
+                T.copy(B[(first + k) * block_k, tile * block_n], b_tile)
+                T.gemm(a_tile, b_tile, acc)
+            T.copy(acc, part)
+            T.call_extern("void", "tm_cluster_sync")
+            tid = T.get_thread_binding(0)
+            for e in T.serial(T.ceildiv(share, threads)):
+                i = bx % ranks * share + e * threads + tid
+                if e * threads + tid < share and i < M * block_n:
+                    if tile * block_n + i % block_n < N:
+                        C[i // block_n, tile * block_n + i % block_n] = T.cast(
+                            T.call_extern(
+                                "float32",
+                                "tm_cluster_sum",
+                                T.address_of(part[0, 0]),
+                                i,
+                                ranks,
+                            ),
+                            dtype,
+                        )
+            T.call_extern("void", "tm_cluster_sync")
+
+    return gemm
+
+
+def _build_simt(
+    shape: dict,
+    dtype: str,
+    target: dict,
+    *,
+    block_m: int,
+    block_n: int,
+    block_k: int,
+    threads: int,
+):
+    """Each thread keeps an (8 x 8) block of C in registers and, per step of
+    K, multiplies a column of 8 from the A tile by a row of 8 from the B
+    tile (an outer product: 64 FMAs for 16 shared-memory reads)."""
+    T = language(target)
+    M, N, K = shape["M"], shape["N"], shape["K"]
+    per = 8
+    across = block_n // per  # threads along N
+
+    @T.prim_func
+    def gemm(
+        A: T.Tensor((M, K), dtype),
+        B: T.Tensor((K, N), dtype),
+        C: T.Tensor((M, N), dtype),
+    ):
+        with T.Kernel(
+            T.ceildiv(N, block_n), T.ceildiv(M, block_m), threads=threads
+        ) as (
+            bx,
+            by,
+        ):
+            a_tile = T.alloc_shared((block_m, block_k), dtype)
+            b_tile = T.alloc_shared((block_k, block_n), dtype)
+            acc = T.alloc_local((per, per), dtype)
+            a = T.alloc_local((per,), dtype)
+            b = T.alloc_local((per,), dtype)
+            tid = T.get_thread_binding(0)
+            row = tid // across * per
+            col = tid % across * per
+            T.clear(acc)
+            for k in T.serial(T.ceildiv(K, block_k)):
+                T.copy(A[by * block_m, k * block_k], a_tile)
+                T.copy(B[k * block_k, bx * block_n], b_tile)
+                for kk in T.serial(block_k):
+                    for i in T.unroll(per):
+                        a[i] = a_tile[row + i, kk]
+                    for j in T.vectorized(per):
+                        b[j] = b_tile[kk, col + j]
+                    for i in T.unroll(per):
+                        for j in T.unroll(per):
+                            acc[i, j] += a[i] * b[j]
+            for i in T.unroll(per):
+                for j in T.unroll(per):
+                    if by * block_m + row + i < M and bx * block_n + col + j < N:
+                        C[by * block_m + row + i, bx * block_n + col + j] = acc[i, j]
 
     return gemm
 
@@ -168,8 +494,8 @@ OPERATOR = Operator(
     name="gemm",
     dims=("M", "N", "K"),
     dtypes={
-        "cuda": HALF_DTYPES,
-        "hip": HALF_DTYPES,
+        "cuda": GPU_DTYPES,
+        "hip": GPU_DTYPES,
         "metal": METAL_DTYPES,
         "c": CPU_DTYPES,
     },

@@ -10,7 +10,7 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from matrix import profiles
-from matrix.models import Operator, Shape
+from matrix.models import Operator, ServedCall, Shape
 from runners.capture import trace_module
 from tests.capture.tiny_decoder import build
 
@@ -134,6 +134,79 @@ def test_a_shape_traced_at_several_token_counts_weighs_their_sum(operators, tmp_
     import_shapes("--trace", str(path))
 
     assert shape("gemm", "float16", M=8, N=16, K=32).weight == 5
+
+
+def served_calls(source: str) -> dict:
+    return {
+        (c.shape.operator.name, c.shape.dims_key, c.shape.dtype, c.tokens): c.calls
+        for c in ServedCall.objects.filter(source=source).select_related(
+            "shape__operator"
+        )
+    }
+
+
+def test_two_models_calling_one_shape_each_keep_their_own_count(operators):
+    import_shapes("--profile", "llama-3-8b", "--tokens", "1", "--dtypes", "float16")
+    import_shapes("--profile", "mixtral-8x7b", "--tokens", "1", "--dtypes", "float16")
+
+    # Llama's gate+up projection at one token: once per layer. Mixtral runs
+    # the same shape in each of its 2 active experts per layer.
+    key = ("gemm", "M=1,N=28672,K=4096", "float16", 1)
+    assert served_calls("llama-3-8b")[key] == 32
+    assert served_calls("mixtral-8x7b")[key] == 64
+    # Attention is the same for both: counted for each, though the shape
+    # names only the first model as its source.
+    attention = ("attention_causal", "B=1,H=32,HKV=8,S=1,D=128", "float16", 1)
+    assert served_calls("llama-3-8b")[attention] == 32
+    assert served_calls("mixtral-8x7b")[attention] == 32
+
+
+def test_a_profile_records_each_step_size_apart(operators):
+    import_shapes("--profile", "llama-3-8b", "--tokens", "1,16", "--dtypes", "float16")
+
+    calls = served_calls("llama-3-8b")
+    assert calls[("rmsnorm", "M=1,N=4096", "float16", 1)] == 65
+    assert calls[("rmsnorm", "M=16,N=4096", "float16", 16)] == 65
+    # The shapes' weights stay the calls over every step imported.
+    assert sum(calls.values()) == sum(
+        Shape.objects.served().values_list("weight", flat=True)
+    )
+
+
+def test_importing_a_model_again_replaces_its_counts(operators, tmp_path):
+    gemm = {"operator": "gemm", "dims": {"M": 8, "N": 16, "K": 32}, "dtype": "float16"}
+    path = tmp_path / "trace.json"
+    path.write_text(
+        json.dumps({"model": "m", "calls": [{**gemm, "count": 2, "tokens": 1}]})
+    )
+    import_shapes("--trace", str(path))
+    path.write_text(
+        json.dumps({"model": "m", "calls": [{**gemm, "count": 7, "tokens": 4}]})
+    )
+
+    import_shapes("--trace", str(path))
+
+    assert served_calls("m") == {("gemm", "M=8,N=16,K=32", "float16", 4): 7}
+
+
+def test_a_trace_without_token_counts_records_its_calls_unsplit(operators, tmp_path):
+    gemm = {"operator": "gemm", "dims": {"M": 8, "N": 16, "K": 32}, "dtype": "float16"}
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps({"model": "old", "calls": [{**gemm, "count": 3}]}))
+
+    import_shapes("--trace", str(path))
+
+    assert served_calls("old") == {("gemm", "M=8,N=16,K=32", "float16", 0): 3}
+
+
+def test_a_bad_token_count_is_refused_naming_the_call(operators, tmp_path):
+    path = tmp_path / "trace.json"
+    path.write_text(
+        json.dumps({"model": "m", "calls": [GOOD_CALL, {**GOOD_CALL, "tokens": -1}]})
+    )
+    with pytest.raises(CommandError, match="call 2: tokens must be an integer"):
+        import_shapes("--trace", str(path))
+    assert not Shape.objects.exists() and not ServedCall.objects.exists()
 
 
 GOOD_CALL = {

@@ -88,9 +88,11 @@ def test_half_types_are_refused_on_the_cpu():
         get("softmax").check({"M": 2, "N": 2}, "float16", C)
 
 
-def test_gpu_gemm_refuses_float32_rather_than_running_tf32():
-    with pytest.raises(Unsupported):
-        get("gemm").check({"M": 64, "N": 64, "K": 64}, "float32", CUDA)
+def test_gpu_gemm_and_attention_take_float32():
+    # On the CUDA cores in float32 FMA (tests/kernels/test_decode_variants.py),
+    # not as tf32 on the tensor cores.
+    get("gemm").check({"M": 64, "N": 64, "K": 64}, "float32", CUDA)
+    get("attention").check(dict(B=1, H=2, HKV=1, S=64, D=64), "float32", CUDA)
 
 
 def test_malformed_shapes_are_rejected():

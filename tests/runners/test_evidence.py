@@ -17,8 +17,12 @@ from matrix.models import Cell, JobState, Result, Shape, Sweep, ValidationJob
 from runners.evidence import evidence_import
 from runners.models import Runner
 
+# The lab's newest served sweep on the current toolchain (the candidate of its
+# upgrade A/B; the compile-only file beside it holds no validated cells).
 EVIDENCE = sorted(
-    (Path(__file__).resolve().parents[2] / "docs" / "evidence").glob("*.evidence.json")
+    (Path(__file__).resolve().parents[2] / "docs" / "evidence").glob(
+        "*-h200-ab-tilelang-0.1.15.evidence.json"
+    )
 )[-1]
 
 

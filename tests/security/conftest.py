@@ -75,4 +75,5 @@ def objects(catalog, people):
         "shape_id": shape.pk,
         "device_type_id": device_type.pk,
         "upgrade": proposal.pk,
+        "name": shape.operator.name,
     }

@@ -38,6 +38,10 @@ READ = page(get=WITH_ROLE)
 # owner signs off its exception (nobody here owns one).
 EXPECTED = {
     "matrix": READ,
+    "matrix-csv": READ,
+    "models": READ,
+    "models-csv": READ,
+    "operator": READ,
     "gaps": READ,
     "gaps-run": page(post=SWEEPERS),
     "gaps-csv": READ,
@@ -86,6 +90,7 @@ EXPECTED = {
     # Coverage reads as the pages do.
     "api:coverage_matrix": page(get=WITH_ROLE),
     "api:coverage_gaps": page(get=WITH_ROLE),
+    "api:coverage_models": page(get=WITH_ROLE),
     "api:kernel_create": page(post=AUTHORS),
     "api:kernel_read": page(
         get=SUBMISSION_READERS, hidden_from=WITH_ROLE - SUBMISSION_READERS | {NO_ROLE}

@@ -82,7 +82,7 @@ def test_an_unknown_toolchain_is_named_and_the_current_one_shown(
     )
     body = response.content.decode()
     assert "Unknown toolchain “tl-9”: showing tl-0.1.15 instead." in body
-    assert "Latest result on tl-0.1.15" in body
+    assert "Latest result on TileLang 0.1.15" in body
 
 
 def test_the_job_download_reproduces_the_cell(client, results, device_types):
@@ -117,8 +117,108 @@ def test_it_refuses_post(client, owner, results, device_types):
     assert client.post(url).status_code == 405
 
 
-def test_a_cell_page_stays_within_ten_queries(
+def test_a_cell_page_stays_within_eleven_queries(
     client, results, device_types, django_assert_max_num_queries
 ):
-    with django_assert_max_num_queries(10):
+    # One reads the operator's other shapes for the across-shapes chart,
+    # three the toolchains' hosts and the filter choices (shared by every
+    # page for a few seconds; the cache is empty here).
+    with django_assert_max_num_queries(11):
         client.get(cell_url(results["second"], "cuda", device_types))
+
+
+def receipt_for(result, runner, issued_at: str):
+    from runners.models import Receipt
+
+    return Receipt.objects.create(
+        result=result,
+        runner=runner,
+        nonce=f"n{result.pk}",
+        signature="ab" * 64,
+        issued_at=issued_at,
+    )
+
+
+def test_a_result_shows_when_its_runner_signed_it_not_when_it_was_stored(
+    client, results, device_types, toolchains, cpu_runner
+):
+    """Evidence imported today from a run a day ago reads 'a day ago', with
+    the signed time on hover."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    _, current = toolchains
+    signed = (timezone.now() - timedelta(days=1, hours=2)).replace(microsecond=0)
+    result = record(
+        results["second"],
+        device_types["metal"],
+        current,
+        Status.PASS,
+        kernel_ms=0.5,
+        reference_ms=0.6,
+    )
+    receipt_for(result, cpu_runner, signed.isoformat())
+    page = client.get(cell_url(results["second"], "metal", device_types))
+    body = page.content.decode()
+    stamp = signed.strftime("%Y-%m-%d %H:%M:%S UTC")
+    assert f'title="{stamp}">1 d ago</time>, signed by cpu-host' in body
+    assert "stored here" in body and ">just now</time>" in body
+    # The history lists it by the same time.
+    assert page.context["history"][0].produced_at == signed
+
+
+def test_a_history_of_one_result_is_drawn_as_that_point(client, results, device_types):
+    body = client.get(cell_url(results["top"], "cuda", device_types)).content.decode()
+    # `top` on the H200 has one result, built only: no time to draw.
+    assert "Kernel and reference time" not in body
+    one = client.get(cell_url(results["fourth"], "hip", device_types)).content.decode()
+    chart = one.split('aria-label="Kernel and reference time of 1 result"')[1]
+    chart = chart.split("</svg>")[0]
+    assert chart.count('<circle class="kernel mark"') == 1
+
+
+def test_the_kernel_and_reference_times_share_one_chart(client, results, device_types):
+    body = client.get(cell_url(results["top"], "c", device_types)).content.decode()
+    chart = body.split('aria-label="Kernel and reference time of 3 results"')[1]
+    chart = chart.split("</svg>")[0]
+    # Three kernel points (circles), three reference points (squares).
+    assert chart.count('<circle class="kernel mark"') == 3
+    assert chart.count('<rect class="reference mark"') == 3
+    assert 'polyline class="kernel"' in chart
+
+
+def test_the_cell_is_marked_among_the_operators_shapes(
+    client, results, device_types, toolchains
+):
+    _, current = toolchains
+    cpu = device_types["c"]
+    record(results["third"], cpu, current, Status.PASS, kernel_ms=2.0, reference_ms=1.0)
+    body = client.get(cell_url(results["top"], "c", device_types)).content.decode()
+    scatter = body.split('id="across-shapes"')[1].split("</svg>")[0]
+    # This shape, faster, is the marked circle; the other, slower than the
+    # floor, a downward triangle linking to its own cell.
+    assert scatter.count('class="point faster this"') == 1
+    assert scatter.count('class="point slower"') == 1
+    assert (
+        f'href="/cells/{results["third"].pk}/{cpu.pk}/?toolchain=tl-0.1.15"' in scatter
+    )
+
+
+def test_production_is_said_to_keep_the_reference_for_a_slow_pass(
+    client, results, device_types, toolchains
+):
+    _, current = toolchains
+    record(
+        results["third"],
+        device_types["c"],
+        current,
+        Status.PASS,
+        kernel_ms=2.0,
+        reference_ms=1.0,
+    )
+    body = client.get(cell_url(results["third"], "c", device_types)).content.decode()
+    assert "▼</span>0.50×</span> the reference's speed" in body
+    assert (
+        "the PyTorch reference</strong> here: pass, but 0.50× of the reference" in body
+    )

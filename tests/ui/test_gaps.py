@@ -102,6 +102,32 @@ def test_the_headline_counts_add_up_to_the_rows(client, results, cpu_runner):
     assert response.context["gap_count"] == len(response.context["gaps"]) == total
 
 
+def test_the_gaps_honour_every_filter_of_the_pages(
+    client, results, cpu_runner, device_types
+):
+    from matrix.models import ServedCall
+
+    top = results["top"]
+    ServedCall.objects.create(source="alpha", shape=top, tokens=1, calls=3)
+
+    def listed(**params):
+        response = client.get(reverse("gaps"), params)
+        assert response.context["gap_count"] == len(response.context["gaps"])
+        return response.context["gaps"]
+
+    assert {g.shape_id for g in listed(model="alpha")} == {top.pk}
+    hip = listed(device=device_types["hip"].pk)
+    assert hip and {g.device_type.backend for g in hip} == {"hip"}
+    norms = listed(operator="rmsnorm")
+    assert norms and {g.operator for g in norms} == {"rmsnorm"}
+    # Shape text as the matrix searches it: case aside, literally.
+    decode = listed(q="m=1,")
+    assert decode and all(g.dims_key.startswith("M=1,") for g in decode)
+    assert listed(q="%") == [] and listed(q="_") == []
+    api = client.get("/api/v1/gaps", {"q": "M=1,", "operator": "gemm"}).json()
+    assert api["count"] == len(listed(q="M=1,", operator="gemm")) > 0
+
+
 @pytest.fixture
 def small_pages(monkeypatch):
     monkeypatch.setattr("matrix.views.gaps.PAGE_SIZE", 10)
@@ -175,12 +201,13 @@ def test_the_gaps_page_reads_in_a_fixed_number_of_queries(
     cache.clear()
     # Session, user, permissions (2), roles, toolchains, what the online
     # runners host, device types, the data version, the counts, one page of
-    # rows and the job durations: however many gaps.
-    with django_assert_num_queries(12):
+    # rows, the job durations and the filter form's choices (3): however many
+    # gaps.
+    with django_assert_num_queries(15):
         client.get(reverse("gaps"), {"page": 2})
-    # Again at the same data version: the toolchains and device types (kept
-    # for seconds), the counts, the rows, the job durations (and the roles)
-    # come from the cache.
+    # Again at the same data version: the toolchains and device types and
+    # the form's choices (kept for seconds), the counts, the rows, the job
+    # durations (and the roles) come from the cache.
     with django_assert_num_queries(6):
         client.get(reverse("gaps"), {"page": 2})
 

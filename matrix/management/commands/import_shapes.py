@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 
 from django.core.exceptions import ValidationError
@@ -43,17 +42,19 @@ def comma_list(text: str, option: str, convert=str) -> list:
 
 
 def trace_rows(trace, path: str) -> list[tuple]:
-    """(operator, dims, dtype, weight) per call of a trace, in its order, so
-    shape_import's row N is the trace's call N. A shape called at several
-    token counts gets the sum of its counts: calls per forward, over the
-    token counts traced, as a profile's weights are."""
+    """(operator, dims, dtype, count, tokens) per call of a trace, in its
+    order, so shape_import's row N is the trace's call N. A shape called at
+    several token counts gets the sum of its counts (calls per forward, over
+    the token counts traced, as a profile's weights are), and each model
+    keeps its count per token count. A call that does not say its token
+    count (an older trace) is recorded under 0."""
     if not isinstance(trace, dict) or not isinstance(trace.get("calls"), list):
         raise CommandError(
             f"{path}: not a trace: expected an object with a 'calls' list"
         )
     if not trace["calls"]:
         raise CommandError(f"{path}: the trace has no calls to import")
-    keys, totals = [], Counter()
+    rows = []
     for i, call in enumerate(trace["calls"], start=1):
         if not isinstance(call, dict):
             raise CommandError(f"{path}: call {i} is not an object")
@@ -66,12 +67,15 @@ def trace_rows(trace, path: str) -> list[tuple]:
             )
         if not is_name(call["operator"]):
             raise CommandError(f"{path}: call {i}: operator must be a name")
-        key = json.dumps(
-            [call["operator"], call["dims"], call["dtype"]], sort_keys=True
+        tokens = call.get("tokens", 0)
+        if tokens != 0 and not is_count(tokens):
+            raise CommandError(
+                f"{path}: call {i}: tokens must be an integer from 1 to {COUNT_MAX}"
+            )
+        rows.append(
+            (call["operator"], call["dims"], call["dtype"], call["count"], tokens)
         )
-        keys.append((key, call))
-        totals[key] += call["count"]
-    return [(c["operator"], c["dims"], c["dtype"], totals[key]) for key, c in keys]
+    return rows
 
 
 def trace_unmapped(trace: dict, path: str) -> Counter:
@@ -204,7 +208,7 @@ class Command(BaseCommand):
         if repeated:
             raise CommandError(f"--dtypes: each dtype once; repeated {repeated}")
         return list(
-            profiles.served_shapes(profile, tokens=token_counts, dtypes=dtype_names)
+            profiles.served_calls(profile, tokens=token_counts, dtypes=dtype_names)
         )
 
     def read_trace(self, path: str, name: str | None):
@@ -231,7 +235,7 @@ class Command(BaseCommand):
         operators = {op.name: op for op in Operator.objects.filter(name__in=names)}
         tally: dict[str, Counter] = {}
         seen = set()
-        for op_name, dims, dtype, _ in rows:
+        for op_name, dims, dtype, *_ in rows:
             key = (op_name, dims_key(operators[op_name].clean_dims(dims)), dtype)
             if key in seen:
                 continue

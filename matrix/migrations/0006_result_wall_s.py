@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('matrix', '0004_proposal_state_label_capitalised'),
+        ('matrix', '0005_served_call'),
     ]
 
     operations = [

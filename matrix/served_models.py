@@ -1,0 +1,197 @@
+"""Coverage per served model: of the operator calls a model makes in a
+forward step, weighted by how often it makes them, the share that would run
+validated TileLang on a device type with a toolchain, the share that falls
+back to the PyTorch reference, and the share not validated yet.
+
+A model is the source of its calls: a built-in profile (``llama-3-8b``) or
+a captured trace, as ``import_shapes`` recorded them in ``ServedCall``. Its
+shares are over its calls per forward step, summed over the step sizes
+(token counts) imported, and per step size too. Five queries, whatever the
+number of models, shapes and device types.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from matrix import queries
+from matrix.models import Cell, DeviceType, ServedCall, Shape, Status
+from matrix.serving import (
+    OUTCOMES,
+    TILELANG,
+    Verdict,
+    serve_speedup_floor,
+    serving_verdict,
+    speedup,
+)
+
+
+@dataclass
+class Shares:
+    """Calls per forward step by outcome."""
+
+    calls: dict[str, float] = field(
+        default_factory=lambda: dict.fromkeys(OUTCOMES, 0.0)
+    )
+
+    def add(self, outcome: str, n: float) -> None:
+        self.calls[outcome] += n
+
+    @property
+    def total(self) -> float:
+        return sum(self.calls.values())
+
+    def percent(self, outcome: str) -> float:
+        total = self.total
+        return 100 * self.calls[outcome] / total if total else 0.0
+
+    @property
+    def percents(self) -> dict[str, float]:
+        return {outcome: self.percent(outcome) for outcome in OUTCOMES}
+
+    @property
+    def bar(self) -> list[tuple[str, float]]:
+        """(outcome, percent) for a stacked bar, in the outcomes' order."""
+        return [(o, self.percent(o)) for o in OUTCOMES if self.calls[o]]
+
+
+@dataclass
+class Piece:
+    """One cell of the model on a device type that does not serve TileLang,
+    with the calls per forward step that fall back or wait on it."""
+
+    shape: Shape
+    calls: float
+    status: str
+    verdict: Verdict
+    speedup: float | None
+
+
+@dataclass
+class DeviceCoverage:
+    device_type: DeviceType
+    shares: Shares
+    # (tokens, shares) per step size, smallest first; 0: not recorded.
+    steps: list[tuple[int, Shares]]
+    # Every cell not serving TileLang, the most calls first.
+    pieces: list[Piece]
+
+    @property
+    def rerunnable(self) -> list[Piece]:
+        """The pieces a fresh run could close: never run, stale, failing."""
+        return [p for p in self.pieces if p.verdict.rerun_helps]
+
+
+@dataclass
+class ModelCoverage:
+    name: str
+    shape_count: int
+    calls: float
+    tokens: list[int]
+    devices: list[DeviceCoverage]
+
+
+def _calls(filters: queries.MatrixFilters):
+    calls = ServedCall.objects.all()
+    if filters.model:
+        calls = calls.filter(source=filters.model)
+    shape_q = filters.shape_q("shape__")
+    return calls.filter(shape_q) if shape_q else calls
+
+
+def served_calls(filters: queries.MatrixFilters) -> list[ServedCall]:
+    """The calls under the filters' model, operator, shape text and dtype,
+    with their shapes and operators. One query."""
+    return list(
+        _calls(filters)
+        .select_related("shape__operator")
+        .order_by("source", "tokens", "-calls", "shape_id")
+    )
+
+
+def model_coverage(
+    filters: queries.MatrixFilters,
+    device_types: list[DeviceType] | None = None,
+) -> list[ModelCoverage]:
+    """Each model's coverage on each device type under the filters, on the
+    filters' toolchain. Device types come from ``device_types`` when given
+    (read from the database otherwise)."""
+    floor = serve_speedup_floor()
+    device_types = queries.device_type_list(filters, device_types)
+    calls = served_calls(filters)
+    found: dict[tuple[int, int], tuple] = {}
+    if filters.toolchain is not None and calls and device_types:
+        found = {
+            (s, d): rest
+            for s, d, *rest in Cell.objects.filter(
+                shape_id__in=_calls(filters).values("shape_id"),
+                toolchain=filters.toolchain,
+                device_type_id__in=[d.id for d in device_types],
+            ).values_list(
+                "shape_id",
+                "device_type_id",
+                "status",
+                "revision_id",
+                "kernel_ms",
+                "reference_ms",
+            )
+        }
+    current = queries.current_revisions() if found else {}
+
+    by_model: dict[str, list[ServedCall]] = {}
+    for call in calls:
+        by_model.setdefault(call.source, []).append(call)
+    verdicts: dict[tuple[int, int], tuple[str, Verdict, float | None]] = {}
+    models = []
+    for name, model_calls in by_model.items():
+        shapes = {c.shape_id: c.shape for c in model_calls}
+        per_shape: dict[int, float] = {}
+        for c in model_calls:
+            per_shape[c.shape_id] = per_shape.get(c.shape_id, 0.0) + c.calls
+        tokens = sorted({c.tokens for c in model_calls})
+        devices = []
+        for dt in device_types:
+            shares = Shares()
+            steps = {t: Shares() for t in tokens}
+            for c in model_calls:
+                key = (c.shape_id, dt.id)
+                if key not in verdicts:
+                    verdicts[key] = _verdict(
+                        found.get(key), c.shape, current, filters, floor
+                    )
+                status, verdict, value = verdicts[key]
+                shares.add(verdict.outcome, c.calls)
+                steps[c.tokens].add(verdict.outcome, c.calls)
+            pieces = []
+            for shape_id, n in per_shape.items():
+                status, verdict, value = verdicts[shape_id, dt.id]
+                if verdict.outcome != TILELANG:
+                    pieces.append(Piece(shapes[shape_id], n, status, verdict, value))
+            pieces.sort(
+                key=lambda p: (
+                    -p.calls,
+                    p.shape.operator.name,
+                    p.shape.dims_key,
+                    p.shape.dtype,
+                )
+            )
+            devices.append(DeviceCoverage(dt, shares, list(steps.items()), pieces))
+        models.append(
+            ModelCoverage(
+                name,
+                len(shapes),
+                sum(per_shape.values()),
+                tokens,
+                devices,
+            )
+        )
+    return models
+
+
+def _verdict(hit, shape: Shape, current: dict[int, int], filters, floor: float):
+    if hit is None:
+        return queries.EMPTY, serving_verdict(queries.EMPTY, False, None, floor), None
+    status, revision_id, kernel_ms, reference_ms = hit
+    stale = filters.toolchain_stale or revision_id != current.get(shape.operator_id)
+    value = speedup(kernel_ms, reference_ms) if status == Status.PASS else None
+    return status, serving_verdict(status, stale, value, floor), value

@@ -1,0 +1,128 @@
+"""Filters shared by the pages: a result's time as people read it, and a
+toolchain named for what it is."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from django import template
+from django.utils import timezone
+from django.utils.html import format_html
+
+register = template.Library()
+
+
+def ago(moment: datetime, now: datetime | None = None) -> str:
+    """'just now', '5 min ago', '3 h ago', '2 d ago', '4 mo ago', '1 y ago';
+    'in 5 min' for a time ahead of this server's clock."""
+    now = now or timezone.now()
+    seconds = (now - moment).total_seconds()
+    ahead = seconds < 0
+    seconds = abs(seconds)
+    for size, unit in ((31_536_000, "y"), (2_592_000, "mo"), (86_400, "d")):
+        if seconds >= size:
+            text = f"{int(seconds // size)} {unit}"
+            break
+    else:
+        if seconds >= 3600:
+            text = f"{int(seconds // 3600)} h"
+        elif seconds >= 60:
+            text = f"{int(seconds // 60)} min"
+        else:
+            return "just now"
+    return f"in {text}" if ahead else f"{text} ago"
+
+
+@register.filter
+def when(moment: datetime | None):
+    """A ``<time>`` reading '3 h ago', with the absolute UTC time on hover
+    and in its datetime attribute; an em dash for no time."""
+    if moment is None:
+        return "—"
+    utc = moment.astimezone(UTC)
+    return format_html(
+        '<time datetime="{}" title="{}">{}</time>',
+        utc.isoformat(timespec="seconds").replace("+00:00", "Z"),
+        utc.strftime("%Y-%m-%d %H:%M:%S UTC"),
+        ago(utc),
+    )
+
+
+@register.filter
+def toolchain_label(toolchain, hosts=None) -> str:
+    """The toolchain as its TileLang version, the hosts that run it, torch
+    and driver, and the start of its fingerprint. ``hosts``: toolchain id ->
+    runner names (``queries.toolchain_hosts``)."""
+    if toolchain is None:
+        return "no toolchain"
+    return toolchain.describe((hosts or {}).get(toolchain.pk, ()))
+
+
+def percent_text(value: float) -> str:
+    """A share as a whole percent that never rounds a part to 0% or 100%."""
+    if value <= 0:
+        return "0%"
+    if value < 1:
+        return "<1%"
+    if value >= 100:
+        return "100%"
+    if value > 99:
+        return ">99%"
+    return f"{round(value)}%"
+
+
+@register.filter
+def percent_of(shares, outcome: str) -> str:
+    return percent_text(shares.percent(outcome))
+
+
+@register.filter
+def bar_segments(shares) -> list[tuple[str, str, str]]:
+    """(outcome, x, width) of a stacked bar 100 wide."""
+    segments, x = [], 0.0
+    for outcome, pct in shares.bar:
+        segments.append((outcome, f"{x:.2f}", f"{pct:.2f}"))
+        x += pct
+    return segments
+
+
+@register.filter
+def status_kind(status: str) -> str:
+    from matrix.queries import status_kind as kind
+
+    return kind(status)
+
+
+@register.filter
+def status_text(status: str):
+    """The status as its icon and short text: '✓ pass', '· not run'."""
+    from matrix.queries import state_label
+
+    icon, short, _ = state_label(status)
+    return format_html('<span aria-hidden="true">{}</span> {}', icon, short)
+
+
+@register.filter
+def speed_mark(value: float | None, floor: float):
+    """A speed-up as "▲1.04×", "≈0.98×" or "▼0.69×"; an em dash for none."""
+    from django.utils.safestring import mark_safe
+
+    from matrix.views.matrix_html import speed_text
+
+    if value is None:
+        return "—"
+    return mark_safe(speed_text(value, floor))
+
+
+@register.filter
+def result_speedup(result, floor: float):
+    """A result's speed-up over the reference, marked as in the matrix."""
+    from matrix.serving import speedup
+
+    return speed_mark(speedup(result.kernel_ms, result.reference_ms), floor)
+
+
+@register.filter
+def share_of(part: float, whole: float) -> str:
+    """``part`` as a percent of ``whole``, as the shares read."""
+    return percent_text(100 * part / whole) if whole else "0%"

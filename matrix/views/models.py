@@ -1,0 +1,116 @@
+"""The Models page: how much of each served model's forward step would run
+validated TileLang, per device type, on one toolchain; what falls back to
+the reference; what was never validated; and the biggest missing pieces,
+each linked to its cell, with the way to run the ones a run can close."""
+
+from __future__ import annotations
+
+import csv
+
+from django.http import HttpResponse
+from django.shortcuts import render
+from django.utils.http import urlencode
+from django.views.decorators.http import require_GET
+from django.views.decorators.vary import vary_on_headers
+
+from matrix import queries
+from matrix.models import Backend, Dtype
+from matrix.served_models import model_coverage
+from matrix.serving import OUTCOME_LABELS, OUTCOMES, serve_speedup_floor
+
+PIECES_SHOWN = 15
+PIECES_MAX = 1000
+
+
+def _models_context(request) -> dict:
+    toolchains = queries.toolchain_list()
+    filters = queries.MatrixFilters.from_params(request.GET, toolchains)
+    models = model_coverage(filters)
+    pieces = PIECES_MAX if request.GET.get("pieces") == "all" else PIECES_SHOWN
+    params = filters.as_params()
+    for model in models:
+        for device in model.devices:
+            device.shown = device.pieces[:pieces]
+            # Run missing on the gaps page, for exactly this model's cells
+            # on this device type under these filters.
+            device.gaps_query = urlencode(
+                {
+                    **params,
+                    "model": model.name,
+                    "device": device.device_type.pk,
+                }
+            )
+            device.detail_query = urlencode(
+                {**params, "model": model.name, "device": device.device_type.pk}
+            )
+    device_types = models[0].devices if models else []
+    return {
+        "filters": filters,
+        "toolchains": toolchains,
+        "dtypes": Dtype.values,
+        "backends": Backend.choices,
+        "models": models,
+        "columns": [d.device_type for d in device_types],
+        "detailed": [m for m in models if filters.model or len(models) == 1],
+        "outcomes": [(o, OUTCOME_LABELS[o]) for o in OUTCOMES],
+        "floor": serve_speedup_floor(),
+        "query": urlencode(params),
+        "all_pieces": pieces == PIECES_MAX,
+    }
+
+
+@require_GET
+@vary_on_headers("HX-Request")
+def models_page(request):
+    context = _models_context(request)
+    template = "matrix/models.html"
+    if request.htmx and request.htmx.target == "models-body":
+        template += "#models-body"
+    return render(request, template, context)
+
+
+CSV_FIELDS = [
+    "model",
+    "device_type",
+    "backend",
+    "toolchain",
+    "tokens",
+    "calls_per_step",
+    *(f"{o}_calls" for o in OUTCOMES),
+    *(f"{o}_percent" for o in OUTCOMES),
+]
+
+
+def spreadsheet_safe(value) -> str:
+    """A text cell a spreadsheet will not run as a formula."""
+    text = str(value)
+    return "'" + text if text[:1] in ("=", "+", "-", "@", "\t", "\r") else text
+
+
+@require_GET
+def models_csv(request):
+    """Per model and device type, the calls per forward step by outcome:
+    over every step size imported ('all'), then per step size."""
+    toolchains = queries.toolchain_list()
+    filters = queries.MatrixFilters.from_params(request.GET, toolchains)
+    response = HttpResponse(content_type="text/csv; charset=utf-8")
+    response["Content-Disposition"] = 'attachment; filename="models.csv"'
+    writer = csv.writer(response)
+    writer.writerow(CSV_FIELDS)
+    toolchain = filters.toolchain.name if filters.toolchain else ""
+    for model in model_coverage(filters):
+        for device in model.devices:
+            for tokens, shares in [("all", device.shares), *device.steps]:
+                writer.writerow(
+                    [
+                        spreadsheet_safe(model.name),
+                        str(device.device_type),
+                        device.device_type.backend,
+                        toolchain,
+                        tokens,
+                        f"{shares.total:g}",
+                        *(f"{shares.calls[o]:g}" for o in OUTCOMES),
+                        *(f"{shares.percent(o):.1f}" for o in OUTCOMES),
+                    ]
+                )
+    return response
