@@ -20,7 +20,7 @@ from django.utils.http import urlencode
 from ninja import Field, Query, Router, Schema
 from ninja.errors import HttpError
 
-from matrix import queries
+from matrix import gaps, queries
 from matrix.api_errors import Problem
 from matrix.models import (
     ID_MAX,
@@ -36,6 +36,7 @@ from matrix.models import (
 from matrix.served_models import model_coverage
 from matrix.serving import serve_speedup_floor, serving_verdict, speedup
 from runners.roles import has_role
+from runners.services import capabilities_online
 
 
 def coverage_reader(request):
@@ -116,6 +117,14 @@ class MatrixOut(Schema):
     cells: list[CellOut]
 
 
+class GapsQuery(CoverageFilters):
+    cursor: str | None = Field(
+        None,
+        description="the page after this cursor, as the `next` link of the page "
+        "before gives it: stable while gaps open and close, unlike `offset`",
+    )
+
+
 class GapOut(Schema):
     operator: str
     dims: dict[str, int]
@@ -123,20 +132,35 @@ class GapOut(Schema):
     weight: float
     device_type: str
     backend: str
-    status: str
-    reasons: list[str]
+    status: str = Field(description="a status of the ladder, or empty: never run")
+    kind: str = Field(description=", ".join(gaps.KINDS))
+    reasons: list[str] = Field(
+        description=f"its kind, then {gaps.NO_RUNNER!r} where no online runner "
+        "with the device hosts the toolchain"
+    )
     score: float
     runnable: bool = Field(
-        description="a fresh run would help and a runner would take it now"
+        description="Run missing plans a job for it now: no job is on its way, "
+        "a runner would take it, and the run would add evidence"
     )
+    stage: str | None = Field(
+        description="the stage of that job (validate, build, lower); null: none"
+    )
+    queued: bool = Field(description="a job for it is queued or running already")
     url: str
 
 
 class GapsOut(Schema):
     toolchain: ToolchainOut
-    count: int
-    runnable: int
-    reasons: dict[str, int]
+    count: int = Field(description="gaps under the filters, on every page")
+    runnable: int = Field(description="of them, those Run missing plans a job for")
+    reasons: dict[str, int] = Field(
+        description="gaps per reason: the kinds (missing, stale, failing, not "
+        "validated) add up to count; 'no runner' overlaps them"
+    )
+    next: str | None = Field(
+        description="URL of the next page (a stable cursor); null on the last"
+    )
     gaps: list[GapOut]
 
 
@@ -202,8 +226,8 @@ def _toolchain(filters: queries.MatrixFilters) -> dict:
     return {"name": tc.name, "fingerprint": tc.fingerprint, "current": tc.is_current}
 
 
-def _cell_url(shape, device_type, filters) -> str:
-    url = reverse("cell", args=[shape.pk, device_type.pk])
+def _cell_url(shape_id: int, device_type_id: int, filters) -> str:
+    url = reverse("cell", args=[shape_id, device_type_id])
     return f"{url}?{urlencode({'toolchain': filters.toolchain.name})}"
 
 
@@ -215,7 +239,7 @@ def _shape_fields(shape: Shape, device_type, filters) -> dict:
         "weight": shape.weight,
         "device_type": str(device_type),
         "backend": device_type.backend,
-        "url": _cell_url(shape, device_type, filters),
+        "url": _cell_url(shape.pk, device_type.pk, filters),
     }
 
 
@@ -317,25 +341,67 @@ def coverage_matrix(request, params: Query[CoverageFilters]):
 
 
 @router.get("/gaps", response={200: GapsOut, **REFUSED}, url_name="coverage_gaps")
-def coverage_gaps(request, params: Query[CoverageFilters]):
-    """The served gaps of one toolchain, ranked as the gaps page ranks them:
-    no result, a stale or failing one, or no online runner with the device
-    type and toolchain. An empty list: every served cell passes, current."""
+def coverage_gaps(request, params: Query[GapsQuery]):
+    """The served gaps of one toolchain, ranked and counted as the gaps page
+    ranks and counts them: cells with no result, a stale or failing one, or
+    evidence only (lowered or built). A current pass is never a gap. An
+    empty list: every served cell passes (or is unsupported), current.
+    Follow ``next`` to the last page."""
     filters = _checked(params)
-    gaps = queries.served_gaps(filters)
-    page = gaps[params.offset : params.offset + params.limit]
+    after = None
+    if params.cursor:
+        if params.offset:
+            raise HttpError(400, "give a cursor or an offset, not both")
+        after = gaps.cursor_decode(params.cursor)
+        if after is None:
+            raise HttpError(
+                400, "cursor is not one this API gave out: start from the first page"
+            )
+    scope = gaps.GapScope(
+        filters,
+        capabilities_online(),
+        {d.pk: d for d in DeviceType.objects.all()},
+    )
+    summary = gaps.gap_summary(scope)
+    # One row more than asked for says whether there is a next page.
+    page = gaps.gap_page(
+        scope, limit=params.limit + 1, offset=params.offset, after=after
+    )
+    more, page = len(page) > params.limit, page[: params.limit]
+    following = None
+    if more:
+        # The toolchain by name: the next page stays on the toolchain of
+        # this one, even if another becomes current meanwhile.
+        query = {
+            **filters.as_params(),
+            "limit": params.limit,
+            "cursor": page[-1].cursor,
+        }
+        following = request.build_absolute_uri(
+            reverse("api:coverage_gaps") + "?" + urlencode(query)
+        )
     return {
         "toolchain": _toolchain(filters),
-        "count": len(gaps),
-        "runnable": sum(g.runnable for g in gaps),
-        "reasons": queries.reason_counts(gaps),
+        "count": summary.total,
+        "runnable": summary.runnable,
+        "reasons": summary.reasons,
+        "next": following,
         "gaps": [
             {
-                **_shape_fields(g.shape, g.device_type, filters),
+                "operator": g.operator,
+                "dims": g.dims,
+                "dtype": g.dtype,
+                "weight": g.weight,
+                "device_type": str(g.device_type),
+                "backend": g.device_type.backend,
+                "url": _cell_url(g.shape_id, g.device_type.pk, filters),
                 "status": g.status,
+                "kind": g.kind,
                 "reasons": g.reasons,
                 "score": g.score,
                 "runnable": g.runnable,
+                "stage": g.stage,
+                "queued": g.queued,
             }
             for g in page
         ],

@@ -360,21 +360,39 @@ class Sweep(models.Model):
     def __str__(self) -> str:
         return f"sweep {self.pk}"
 
-    def progress(self) -> dict:
-        """Counts by job state, share finished, and an ETA from the pace so far."""
+    # An ETA follows the pace of the jobs finishing lately, not of the
+    # sweep's whole life: a sweep may wait for a runner before its first job
+    # starts, and a switch from lowering to validation changes the pace.
+    PACE_WINDOW_S = 300
+
+    def progress(self, *, stage_seconds: dict[str, float] | None = None) -> dict:
+        """Counts by job state, share finished, and an ETA: once jobs finish,
+        at the pace of the last ``PACE_WINDOW_S`` (counted from the first
+        job's start, not the sweep's creation); before that, from
+        ``stage_seconds`` (what one job of each stage takes), when given.
+        Two queries at most."""
         from django.utils import timezone
 
-        counts = dict(
-            self.jobs.values_list("state").annotate(n=models.Count("id")).order_by()
-        )
+        now = timezone.now()
+        counts: dict[str, int] = {}
+        unfinished: dict[str, int] = {}
+        rows = self.jobs.values_list("state", "stage").annotate(n=models.Count("id"))
+        for state, stage, n in rows.order_by():
+            counts[state] = counts.get(state, 0) + n
+            if state in (JobState.QUEUED, JobState.RUNNING):
+                unfinished[stage] = unfinished.get(stage, 0) + n
         done = counts.get(JobState.DONE, 0)
         failed = counts.get(JobState.FAILED, 0) + counts.get(JobState.LOST, 0)
         finished = done + failed
         total = self.total or sum(counts.values())
-        elapsed = (timezone.now() - self.created_at).total_seconds()
-        eta = None
+        eta, basis = None, ""
         if 0 < finished < total:
-            eta = elapsed / finished * (total - finished)
+            eta, basis = self._eta_from_pace(now, finished, total), "pace"
+        elif finished == 0 and total and stage_seconds:
+            eta = sum(
+                n * stage_seconds.get(stage, 0.0) for stage, n in unfinished.items()
+            )
+            basis = "estimate"
         return {
             "total": total,
             "done": done,
@@ -384,7 +402,28 @@ class Sweep(models.Model):
             "finished": finished >= total,
             "percent": round(100 * finished / total) if total else 100,
             "eta_s": eta,
+            # "pace": measured on this sweep; "estimate": from durations
+            # measured elsewhere, before any of its jobs finished.
+            "eta_basis": basis,
         }
+
+    def _eta_from_pace(self, now, finished: int, total: int) -> float:
+        from datetime import timedelta
+
+        window_start = now - timedelta(seconds=self.PACE_WINDOW_S)
+        pace = self.jobs.aggregate(
+            first_start=models.Min("started_at"),
+            recent=models.Count("id", filter=Q(finished_at__gte=window_start)),
+        )
+        start = pace["first_start"] or self.created_at
+        since = max(start, window_start)
+        seconds = (now - since).total_seconds()
+        if pace["recent"] and seconds > 0:
+            return (total - finished) * seconds / pace["recent"]
+        # Nothing finished lately: the pace since the first start, which
+        # slows down for as long as nothing finishes.
+        elapsed = max((now - start).total_seconds(), 0.0)
+        return (total - finished) * elapsed / finished
 
 
 class JobQuerySet(models.QuerySet):
@@ -493,6 +532,9 @@ class Result(models.Model):
     max_abs_err = models.FloatField(null=True, blank=True)
     mismatch_ratio = models.FloatField(null=True, blank=True)
     compile_s = models.FloatField(null=True, blank=True)
+    # The job's share of its runner's clock (harness ``timings.wall_s``):
+    # what Run missing's estimates are made of.
+    wall_s = models.FloatField(null=True, blank=True)
     kernel_ms = models.FloatField(null=True, blank=True)
     reference_ms = models.FloatField(null=True, blank=True)
     tflops = models.FloatField(null=True, blank=True)

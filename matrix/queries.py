@@ -1,4 +1,5 @@
-"""Coverage, gap and error-group reads for the pages and the API.
+"""Coverage and error-group reads for the pages and the API (the gaps are in
+``matrix.gaps``).
 
 Every read here goes through ``Cell`` (the latest result per cell) and never
 scans ``Result``: the number of stored results grows without bound, the
@@ -33,7 +34,6 @@ from matrix.models import (
     Status,
     Toolchain,
     UpgradeProposal,
-    ValidationJob,
 )
 
 STALE = "stale"
@@ -710,151 +710,7 @@ def _complete_shapes(filters: MatrixFilters, dt_ids: list[int]):
     )
 
 
-# --- gaps -------------------------------------------------------------------
-
-MISSING = "missing"
-FAILING = "failing"
-NO_RUNNER = "no runner"
-# Reasons a fresh run can fix; a cell whose only problem is that no runner is
-# online gains nothing from being queued again.
-RUNNABLE = {MISSING, STALE, FAILING}
-
-
-@dataclass
-class Gap:
-    shape: Shape
-    device_type: DeviceType
-    reasons: list[str]
-    status: str
-    score: float
-    # Some online runner hosts the toolchain: it validates the cell where it
-    # has the device, and lowers or builds it (compile-only) elsewhere.
-    takeable: bool = True
-    # The toolchain is superseded: a fresh result on it would be stale too.
-    superseded: bool = False
-    # A job for the cell is queued or running already (a sweep, an upgrade
-    # proposal): planning would skip it, so offering it again plans nothing.
-    queued: bool = False
-    # The newest sweep holding that job; None when no sweep does.
-    sweep_id: int | None = None
-
-    @property
-    def runnable(self) -> bool:
-        """A fresh run would change the cell, a runner would take it now,
-        and none is on its way."""
-        return (
-            self.takeable
-            and not self.superseded
-            and not self.queued
-            and bool(RUNNABLE.intersection(self.reasons))
-        )
-
-    @property
-    def compile_only(self) -> bool:
-        """A run would only lower or build it: no online runner has the device."""
-        return NO_RUNNER in self.reasons
-
-    @property
-    def label(self) -> tuple[str, str, str]:
-        return state_label(self.status)
-
-    @property
-    def kind(self) -> str:
-        return status_kind(self.status)
-
-
-def served_gaps(filters: MatrixFilters) -> list[Gap]:
-    """Served cells with no result, a stale or failing one, or no online
-    routable runner with their device type and the chosen toolchain, ranked
-    by served weight × backend priority. Five queries."""
-    from runners.models import Runner
-
-    tc = filters.toolchain
-    device_types = device_type_list(filters)
-    current = KernelRevision.objects.filter(
-        operator=OuterRef("operator"), is_current=True
-    ).values("id")[:1]
-    shapes = list(
-        Shape.objects.served()
-        .filter(filters.shape_q())
-        .select_related("operator")
-        .annotate(current_revision=Subquery(current))
-        .by_weight()
-    )
-    # One row per (online runner hosting the toolchain, device type it has);
-    # a runner with no device types gives one row of None.
-    hosts = []
-    if tc is not None:
-        hosts = list(
-            Runner.objects.online()
-            .filter(toolchains=tc)
-            .values_list("device_types", flat=True)
-        )
-    validators = {d for d in hosts if d is not None}
-    found = {}
-    if tc is not None:
-        found = {
-            (s, d): (status, rev)
-            for s, d, status, rev in Cell.objects.filter(
-                toolchain=tc, shape__served=True, shape__in=[s.id for s in shapes]
-            ).values_list("shape_id", "device_type_id", "status", "revision_id")
-        }
-    # (shape, device type) with an open job -> the newest sweep holding one,
-    # 0 where no sweep does.
-    open_jobs: dict[tuple[int, int], int] = {}
-    if tc is not None:
-        for shape_id, device_type_id, sweep_id in (
-            ValidationJob.objects.open()
-            .filter(toolchain=tc, shape__served=True, shape__in=[s.id for s in shapes])
-            .values_list("shape_id", "device_type_id", "sweep_id")
-        ):
-            key = (shape_id, device_type_id)
-            open_jobs[key] = max(open_jobs.get(key, 0), sweep_id or 0)
-    gaps = []
-    for shape in shapes:
-        for dt in device_types:
-            reasons = []
-            hit = found.get((shape.id, dt.id))
-            if hit is None:
-                status = EMPTY
-                reasons.append(MISSING)
-            else:
-                status, rev = hit
-                if filters.toolchain_stale or rev != shape.current_revision:
-                    reasons.append(STALE)
-                if status in FAILURES:
-                    reasons.append(FAILING)
-            if dt.id not in validators:
-                reasons.append(NO_RUNNER)
-            if not reasons:
-                continue
-            if filters.status and not matches(filters.status, status, STALE in reasons):
-                continue
-            score = shape.weight * BACKEND_PRIORITY.get(dt.backend, 0.1)
-            gaps.append(
-                Gap(
-                    shape,
-                    dt,
-                    reasons,
-                    status,
-                    score,
-                    takeable=bool(hosts),
-                    superseded=filters.toolchain_stale,
-                    queued=(shape.id, dt.id) in open_jobs,
-                    sweep_id=open_jobs.get((shape.id, dt.id)) or None,
-                )
-            )
-    gaps.sort(key=lambda g: (-g.score, g.shape.operator.name, g.shape.dims_key))
-    return gaps
-
-
-def reason_counts(gaps: list[Gap]) -> dict[str, int]:
-    """How many gaps give each reason, the most common first."""
-    counts: dict[str, int] = {}
-    for g in gaps:
-        for reason in g.reasons:
-            counts[reason] = counts.get(reason, 0) + 1
-    return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
+# --- runners -----------------------------------------------------------------
 
 
 def toolchains_online() -> list[Toolchain]:

@@ -28,6 +28,7 @@ urlpatterns = [
     path("operators/<slug:name>/", operators.operator_page, name="operator"),
     path("gaps/", gaps.gaps_page, name="gaps"),
     path("gaps/run/", gaps.gaps_run, name="gaps-run"),
+    path("gaps.csv", gaps.gaps_csv, name="gaps-csv"),
     path("sweeps/<int:pk>/", gaps.sweep_page, name="sweep"),
     path("cells/<int:shape_id>/<int:device_type_id>/", cells.cell_page, name="cell"),
     path(

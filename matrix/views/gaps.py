@@ -1,23 +1,31 @@
-"""Ranked gaps, "Run missing", and a sweep's live progress."""
+"""Ranked gaps, paged and downloadable; "Run missing" with its preview; and a
+sweep's live progress."""
 
 from __future__ import annotations
 
+import csv
+
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.core.cache import cache
 from django.core.exceptions import PermissionDenied
 from django.db import transaction
-from django.http import HttpResponse
+from django.http import HttpResponse, StreamingHttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
+from django.utils.html import escape
 from django.utils.http import urlencode
+from django.utils.safestring import SafeString, mark_safe
 from django.views.decorators.http import require_GET, require_POST
 from django.views.decorators.vary import vary_on_headers
 
-from matrix import queries
-from matrix.models import Backend, DeviceType, Dtype, Shape, Sweep
-from runners.services import sweep_plan
+from matrix import gaps, queries
+from matrix.models import Backend, DeviceType, Dtype, JobStage, Shape, Sweep
+from runners.services import capabilities_online, sweep_plan
 
-SHOWN = 500
+PAGE_SIZE = gaps.PAGE_SIZE
+# Page links shown around the current one, besides the first and the last.
+PAGE_LINKS_AROUND = 3
 # htmx stops polling when a response carries this status.
 STOP_POLLING = 286
 
@@ -27,18 +35,82 @@ def can_run_sweeps(user) -> bool:
     return user.is_authenticated and user.has_perm("matrix.add_sweep")
 
 
-def _gaps_context(request):
-    toolchains = queries.toolchain_list()
-    filters = queries.MatrixFilters.from_params(request.GET or request.POST, toolchains)
-    gaps = queries.served_gaps(filters)
-    runnable = [g for g in gaps if g.runnable]
-    queued = [g for g in gaps if g.queued]
-    # Every gap shares the toolchain, so either all are takeable or none is:
-    # then point at the toolchains the online runners do host. On a
-    # superseded toolchain no runner would help: the page says so instead.
+# A new toolchain, device type or rolled-out upgrade shows within this long,
+# as on the matrix page; the gaps themselves follow the data version.
+CATALOGUE_S = 5
+
+
+def _catalogue(*, fresh: bool) -> tuple[list, dict[int, DeviceType]]:
+    """The toolchains and the device types by id; read again when ``fresh``
+    (a page that plans work reads what is there now)."""
+    found = None if fresh else cache.get("gaps:catalogue")
+    if found is None:
+        device_types = {d.pk: d for d in DeviceType.objects.all()}
+        found = (queries.toolchain_list(), device_types)
+        cache.set("gaps:catalogue", found, CATALOGUE_S)
+    return found
+
+
+def _scope(params, *, fresh: bool = False) -> tuple[gaps.GapScope, list]:
+    """The gap list the query string or form names, and the toolchains."""
+    toolchains, device_types = _catalogue(fresh=fresh)
+    filters = queries.MatrixFilters.from_params(params, toolchains)
+    scope = gaps.GapScope(
+        filters,
+        capabilities_online(),
+        device_types,
+        build=params.get("build") == "1",
+    )
+    return scope, toolchains
+
+
+def _page_number(raw) -> int:
+    try:
+        return max(1, int(raw))
+    except (TypeError, ValueError):
+        return 1
+
+
+def _page_links(page: int, last: int) -> list[int | None]:
+    """Page numbers to link, None where a run of them is left out."""
+    shown = {1, last, *range(page - PAGE_LINKS_AROUND, page + PAGE_LINKS_AROUND + 1)}
+    links: list[int | None] = []
+    for n in sorted(n for n in shown if 1 <= n <= last):
+        if links and n - links[-1] > 1:
+            links.append(None)
+        links.append(n)
+    return links
+
+
+def _gaps_context(request, scope: gaps.GapScope, toolchains) -> dict:
+    filters = scope.filters
+    query = urlencode(filters.as_params())
+    summary = gaps.gap_summary(scope)
+    last_page = max(1, -(-summary.total // PAGE_SIZE))
+    page = min(_page_number(request.GET.get("page")), last_page)
+    offset = (page - 1) * PAGE_SIZE
+    rows = gaps.gap_page(scope, limit=PAGE_SIZE, offset=offset) if summary.total else []
+    can_run = can_run_sweeps(request.user)
+    # What Run missing would plan, with the time it takes, and what the
+    # build choice would plan instead where a runner with nvcc could.
+    preview, build_stage = [], None
+    if can_run and (summary.plan or summary.build_plan):
+        durations = gaps.job_durations()
+        plan = summary.build_plan if scope.build else summary.plan
+        preview = gaps.plan_preview(plan, durations, scope.device_types)
+        if scope.nvcc:
+            with_builds = gaps.plan_preview(
+                summary.build_plan, durations, scope.device_types
+            )
+            build_stage = next(
+                (s for s in with_builds if s.stage == JobStage.BUILD), None
+            )
+    # No online runner hosts the toolchain: point at those the online
+    # runners do host. On a superseded toolchain no runner would help: the
+    # page says so instead.
     unhosted = (
-        bool(gaps)
-        and not gaps[0].takeable
+        bool(summary.total)
+        and not scope.hosted
         and filters.toolchain is not None
         and filters.superseded_by is None
     )
@@ -59,27 +131,37 @@ def _gaps_context(request):
     # With no gaps, "every served cell passes" is only true when there are
     # served cells and device types to place them on.
     catalogue_missing = []
-    if not gaps:
+    if not summary.total:
         if not Shape.objects.served().exists():
             catalogue_missing.append("shapes")
-        if not DeviceType.objects.exists():
+        if not scope.device_types:
             catalogue_missing.append("device types")
     return {
         "filters": filters,
         "toolchains": toolchains,
-        "gaps": gaps[:SHOWN],
-        "gap_count": len(gaps),
-        "runnable": runnable,
-        "queued": queued,
-        # Run missing validates these, and only lowers or builds the rest.
-        "validating": sum(not g.compile_only for g in runnable),
-        "compile_only": sum(g.compile_only for g in runnable),
-        "reasons": list(queries.reason_counts(gaps).items()),
+        "summary": summary,
+        "kinds": [(kind, n) for kind, n in summary.kinds.items() if n],
+        "gaps": rows,
+        "rows_html": gap_rows_html(rows, query),
+        "gap_count": summary.total,
+        "page": page,
+        "last_page": last_page,
+        "page_links": _page_links(page, last_page),
+        "first_row": offset + 1,
+        "last_row": offset + len(rows),
+        "build": scope.build,
+        "preview": preview,
+        "plan_jobs": sum(stage.jobs for stage in preview),
+        "plan_time": gaps.duration_text(sum(stage.seconds for stage in preview)),
+        "build_stage": build_stage,
+        # Shown where something can be planned now, or only with builds.
+        "offer_run": bool(preview or build_stage) and filters.toolchain is not None,
         "dtypes": Dtype.values,
         "backends": Backend.choices,
         "states": queries.STATE_FILTERS,
-        "query": urlencode(filters.as_params()),
-        "can_run": can_run_sweeps(request.user),
+        "query": query,
+        "list_query": urlencode({**filters.as_params(), "page": page}),
+        "can_run": can_run,
         "unhosted": unhosted,
         "catalogue_missing": catalogue_missing,
         "hosted": hosted,
@@ -89,6 +171,36 @@ def _gaps_context(request):
     }
 
 
+def gap_rows_html(rows: list[gaps.Gap], query: str) -> SafeString:
+    """The table's rows, built in Python: through the template engine a
+    page of 100 rows cost a few thousand variable lookups, most of a view's
+    time. Every catalogue string (operator, shape key, device name) is
+    escaped."""
+    cell = reverse("cell", args=[0, 0]).replace("/0/0/", "/{}/{}/")
+    parts = []
+    for g in rows:
+        icon, short, _ = g.label
+        stale = " stale" if g.stale else ""
+        if g.queued:
+            run = "job queued"
+        elif g.stage:
+            run = g.stage
+        else:
+            run = '<span class="muted">—</span>'
+        url = cell.format(g.shape_id, g.device_type.pk)
+        parts.append(
+            f"<tr><td>{g.rank}</td><td>{escape(g.operator)}</td>"
+            f'<th scope="row"><a href="{url}?{escape(query)}">'
+            f"{escape(g.dims_key)} {escape(g.dtype)}</a></th>"
+            f"<td>{escape(g.device_type)}</td>"
+            f'<td class="c k-{g.status_kind}{stale}"><span aria-hidden="true">'
+            f"{icon}</span> {escape(short)}</td>"
+            f"<td>{escape(', '.join(g.reasons))}</td><td>{run}</td>"
+            f"<td>{g.score:.2f}</td></tr>"
+        )
+    return mark_safe("\n".join(parts))
+
+
 def _query_with(filters, **changed) -> str:
     return urlencode({**filters.as_params(), **changed})
 
@@ -96,38 +208,138 @@ def _query_with(filters, **changed) -> str:
 @require_GET
 @vary_on_headers("HX-Request")
 def gaps_page(request):
-    context = _gaps_context(request)
+    scope, toolchains = _scope(request.GET)
+    context = _gaps_context(request, scope, toolchains)
     template = "matrix/gaps.html"
-    if request.htmx and request.htmx.target == "gap-list":
+    target = request.htmx.target if request.htmx else None
+    if target == "gap-list":
         template += "#gap-list"
     else:
         # Coming back to gaps already queued shows the sweep running them.
-        sweep = _open_sweep_for(context["queued"])
+        sweep = _newest_open_sweep(context["summary"])
         if sweep is not None:
             context.update(_progress_context(sweep))
-            context["queued_elsewhere"] = any(
-                g.sweep_id != sweep.pk for g in context["queued"]
-            )
     return render(request, template, context)
+
+
+CSV_COLUMNS = (
+    "rank",
+    "operator",
+    "dims",
+    "dtype",
+    "weight",
+    "device_type",
+    "backend",
+    "status",
+    "gap",
+    "no_runner",
+    "job_queued",
+    "run_missing_stage",
+    "score",
+    "url",
+)
+
+
+def _csv_text(value: str) -> str:
+    """A catalogue string as a spreadsheet reads it: a device name a runner
+    reported that starts like a formula is quoted, not evaluated."""
+    return "'" + value if value[:1] in ("=", "+", "-", "@", "\t", "\r") else value
+
+
+class _Echo:
+    """A file that hands back what is written, for a streamed csv.writer."""
+
+    def write(self, value: str) -> str:
+        return value
+
+
+@require_GET
+def gaps_csv(request):
+    """Every gap under the page's filters, in its order, as CSV."""
+    scope, _ = _scope(request.GET)
+    if scope.filters.toolchain is None:
+        return HttpResponse("no toolchain has reported yet\n", status=404)
+    query = urlencode({"toolchain": scope.filters.toolchain.name})
+    writer = csv.writer(_Echo())
+
+    def lines():
+        yield writer.writerow(CSV_COLUMNS)
+        for g in gaps.gaps_all(scope):
+            cell = reverse("cell", args=[g.shape_id, g.device_type.pk])
+            yield writer.writerow(
+                (
+                    g.rank,
+                    _csv_text(g.operator),
+                    _csv_text(g.dims_key),
+                    g.dtype,
+                    g.weight,
+                    _csv_text(str(g.device_type)),
+                    g.device_type.backend,
+                    g.status,
+                    g.kind,
+                    int(g.no_runner),
+                    int(g.queued),
+                    g.stage or "",
+                    f"{g.score:.4g}",
+                    request.build_absolute_uri(f"{cell}?{query}"),
+                )
+            )
+
+    response = StreamingHttpResponse(lines(), content_type="text/csv; charset=utf-8")
+    name = f"gaps-{scope.filters.toolchain.name}.csv"
+    response["Content-Disposition"] = f'attachment; filename="{name}"'
+    return response
+
+
+def _run_refusal(scope: gaps.GapScope) -> str:
+    """Why Run missing cannot be carried out under these filters, in one
+    sentence; empty when it can."""
+    filters = scope.filters
+    for name, value in filters.unknown.items():
+        return f"Unknown {name} “{value}”: nothing was planned."
+    if filters.toolchain is None:
+        return "No toolchain is registered yet, so there is nothing to run."
+    if filters.superseded_by is not None:
+        return (
+            f"{filters.toolchain} is superseded by {filters.superseded_by}: a fresh "
+            "result on it would be stale too, so nothing was planned."
+        )
+    if not scope.hosted:
+        return (
+            f"No online runner hosts {filters.toolchain}, so nothing was planned: "
+            "these cells wait for a runner with that toolchain to come online."
+        )
+    if scope.build and not scope.nvcc:
+        return (
+            f"No online runner with nvcc hosts {filters.toolchain}, so nothing was "
+            "planned: run without “build with nvcc” to lower these cells instead."
+        )
+    return ""
 
 
 @login_required
 @require_POST
 def gaps_run(request):
-    """Plan one sweep for exactly the runnable gaps under the posted filters
-    that have no job queued or running yet."""
+    """Plan one sweep for exactly the gaps under the posted filters that Run
+    missing offers (see GapScope.stage), none of them with a job queued or
+    running yet; or say in one sentence why nothing was planned."""
     if not can_run_sweeps(request.user):
         raise PermissionDenied("running sweeps needs the matrix.add_sweep permission")
-    context = _gaps_context(request)
-    filters = context["filters"]
-    cells = [(g.shape, g.device_type, filters.toolchain) for g in context["runnable"]]
+    scope, _ = _scope(request.POST, fresh=True)
+    refusal = _run_refusal(scope)
     sweep = None
-    if filters.toolchain is not None and cells:
-        sweep = _plan_new_work(
-            cells=cells, created_by=request.user, filters=filters.as_params()
-        )
+    if not refusal:
+        toolchain = scope.filters.toolchain
+        cells = [(s, d, toolchain.pk) for s, d in gaps.runnable_cells(scope)]
+        if cells:
+            filters = scope.filters.as_params()
+            if scope.build:
+                filters["build"] = True
+            sweep = _plan_new_work(
+                cells=cells, created_by=request.user, filters=filters, build=scope.build
+            )
     if sweep is None:
-        return _nothing_new_to_run(request, context)
+        return _nothing_new_to_run(request, scope, refusal)
     if not request.htmx:
         return redirect("sweep", sweep.pk)
     response = _render_progress(request, sweep, focus=True)
@@ -136,23 +348,32 @@ def gaps_run(request):
     return response
 
 
-def _plan_new_work(*, cells, created_by, filters: dict) -> Sweep | None:
+def _plan_new_work(*, cells, created_by, filters: dict, build: bool) -> Sweep | None:
     """A sweep of the cells that can get a new job; None, and no sweep
     saved, when none can: mostly because each has one queued or running
     already (a second click, a second tab)."""
     with transaction.atomic():
-        sweep = sweep_plan(cells=cells, created_by=created_by, filters=filters)
+        sweep = sweep_plan(
+            cells=cells, created_by=created_by, filters=filters, build=build
+        )
         if sweep.total:
             return sweep
         transaction.set_rollback(True)
     return None
 
 
-def _nothing_new_to_run(request, context) -> HttpResponse:
-    """Point at the sweep already working on these gaps, or say there is
-    nothing to run."""
-    sweep = _open_sweep_for(context["queued"])
+def _nothing_new_to_run(request, scope: gaps.GapScope, refusal: str) -> HttpResponse:
+    """Say why nothing was planned: the refusal, the sweep already working
+    on these gaps, or that none can be run."""
+    sweep = None
+    reason = refusal
+    if not reason:
+        summary = gaps.gap_summary(scope)
+        sweep = _newest_open_sweep(summary)
+        if sweep is None:
+            reason = _nothing_to_run(summary)
     if request.htmx:
+        context = {"reason": reason}
         if sweep is not None:
             context.update(_progress_context(sweep))
         return render(request, "matrix/gaps.html#nothing-to-run", context)
@@ -162,16 +383,26 @@ def _nothing_new_to_run(request, context) -> HttpResponse:
             f"Nothing new to plan: these cells are already queued in sweep {sweep.pk}.",
         )
         return redirect("sweep", sweep.pk)
-    messages.info(request, "Nothing to run: no gap here that a fresh run would close.")
-    return redirect(f"{reverse('gaps')}?{context['query']}")
+    messages.info(request, reason)
+    query = urlencode(scope.filters.as_params())
+    return redirect(f"{reverse('gaps')}?{query}")
 
 
-def _open_sweep_for(queued) -> Sweep | None:
-    """The newest sweep with a queued or running job for one of these gaps."""
-    sweep_ids = {g.sweep_id for g in queued if g.sweep_id}
-    if not sweep_ids:
+def _nothing_to_run(summary: gaps.GapSummary) -> str:
+    if not summary.total:
+        return "Nothing to run: there are no gaps under these filters."
+    return (
+        f"Nothing to run: the {summary.total} gap{'s' if summary.total != 1 else ''} "
+        "under these filters need a runner with their device type, as a "
+        "compile-only run would add nothing to them."
+    )
+
+
+def _newest_open_sweep(summary: gaps.GapSummary) -> Sweep | None:
+    """The newest sweep with a queued or running job for one of the gaps."""
+    if not summary.newest_sweep:
         return None
-    return Sweep.objects.filter(pk=max(sweep_ids)).first()
+    return Sweep.objects.filter(pk=summary.newest_sweep).first()
 
 
 def _get_sweep_for_user(request, pk: int) -> Sweep:
@@ -185,7 +416,9 @@ def _progress_context(sweep: Sweep) -> dict:
     # are not filters. In the pages' own order: PostgreSQL's jsonb returns
     # keys sorted, SQLite as written.
     links = [(k, sweep.filters[k]) for k in queries.FILTER_PARAMS if k in sweep.filters]
-    return {"sweep": sweep, "p": sweep.progress(), "links_query": urlencode(links)}
+    progress = sweep.progress(stage_seconds=gaps.job_durations().per_stage())
+    progress["eta"] = gaps.duration_text(progress["eta_s"])
+    return {"sweep": sweep, "p": progress, "links_query": urlencode(links)}
 
 
 @require_GET

@@ -31,7 +31,9 @@ from runners.services.liveness import (
     silent_cutoff,
 )
 from runners.services.planning import (
+    Capabilities,
     bundle_plan,
+    capabilities_online,
     cells_select,
     job_budget_s,
     job_chunks,
@@ -55,9 +57,11 @@ from runners.services.requests import (
 )
 
 __all__ = [
+    "Capabilities",
     "Conflict",
     "bundle_abandon",
     "bundle_plan",
+    "capabilities_online",
     "cells_select",
     "heartbeat_envelope",
     "heartbeat_interval_s",

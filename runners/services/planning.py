@@ -25,7 +25,7 @@ from matrix.models import (
     ValidationJob,
 )
 from runners import signing
-from runners.models import Runner, compile_queue, validate_queue
+from runners.models import Runner, RunnerToolchain, compile_queue, validate_queue
 
 JOBS_PER_MESSAGE_MIN = 5
 JOBS_PER_MESSAGE_MAX = 25
@@ -86,20 +86,59 @@ class Route:
     queue: str
 
 
-def routes_for(*, pairs: set[tuple[int, int]]) -> dict[tuple[int, int], Route]:
+@dataclass(frozen=True)
+class Capabilities:
+    """What the online runners can take now."""
+
+    # (device type, toolchain) pairs some online runner validates on.
+    validate: frozenset[tuple[int, int]]
+    # Toolchains some online runner hosts: it lowers their cells for any device.
+    hosted: frozenset[int]
+    # Toolchains some online runner with nvcc hosts: it builds cuda cells.
+    nvcc: frozenset[int]
+
+    def stage_for(
+        self, *, device_type_id: int, toolchain_id: int, backend: str, build: bool
+    ) -> str | None:
+        """The stage a job for this cell would run to, None when no online
+        runner hosts the toolchain. Without the device, a cell is lowered:
+        an nvcc build of a cuda cell costs many times a lowering (15 to 34 s
+        against about 2 on a laptop) and is planned only when ``build`` asks
+        for it."""
+        if (device_type_id, toolchain_id) in self.validate:
+            return JobStage.VALIDATE
+        if toolchain_id not in self.hosted:
+            return None
+        if build and backend == Backend.CUDA and toolchain_id in self.nvcc:
+            return JobStage.BUILD
+        return JobStage.LOWER
+
+
+def capabilities_online() -> Capabilities:
+    """Read what the online runners have: one query, a row per (toolchain
+    hosted, device type had) of each online runner (None for a runner with
+    no device type)."""
+    hosts = RunnerToolchain.objects.filter(
+        runner__in=Runner.objects.online()
+    ).values_list("toolchain_id", "runner__inventory__nvcc", "runner__device_types")
+    validate, hosted, nvcc = set(), set(), set()
+    for toolchain_id, has_nvcc, device_type_id in hosts:
+        hosted.add(toolchain_id)
+        if has_nvcc:
+            nvcc.add(toolchain_id)
+        if device_type_id is not None:
+            validate.add((device_type_id, toolchain_id))
+    return Capabilities(frozenset(validate), frozenset(hosted), frozenset(nvcc))
+
+
+def routes_for(
+    *, pairs: set[tuple[int, int]], build: bool = False
+) -> dict[tuple[int, int], Route]:
     """Where the jobs of each (device type, toolchain) go: validation on a
     runner that has the device, else compile-only work any runner hosting the
-    toolchain may take."""
-    runners = list(
-        Runner.objects.online().prefetch_related("device_types", "toolchains")
-    )
-    can_validate, nvcc_hosts = set(), set()
-    for runner in runners:
-        tc_ids = {t.pk for t in runner.toolchains.all()}
-        for d in runner.device_types.all():
-            can_validate.update((d.pk, t) for t in tc_ids)
-        if runner.has_nvcc:
-            nvcc_hosts.update(tc_ids)
+    toolchain may take: lowering, or with ``build`` an nvcc build of a cuda
+    cell where a runner with nvcc hosts the toolchain."""
+    capabilities = capabilities_online()
     backends = dict(
         DeviceType.objects.filter(pk__in={d for d, _ in pairs}).values_list(
             "id", "backend"
@@ -107,16 +146,15 @@ def routes_for(*, pairs: set[tuple[int, int]]) -> dict[tuple[int, int], Route]:
     )
     routes = {}
     for d, t in pairs:
-        if (d, t) in can_validate:
-            routes[d, t] = Route(
-                JobStage.VALIDATE, validate_queue(device_type_id=d, toolchain_id=t)
-            )
-        elif backends.get(d) == Backend.CUDA and t in nvcc_hosts:
-            routes[d, t] = Route(
-                JobStage.BUILD, compile_queue(toolchain_id=t, nvcc=True)
-            )
+        stage = capabilities.stage_for(
+            device_type_id=d, toolchain_id=t, backend=backends.get(d, ""), build=build
+        )
+        if stage == JobStage.VALIDATE:
+            queue = validate_queue(device_type_id=d, toolchain_id=t)
         else:
-            routes[d, t] = Route(JobStage.LOWER, compile_queue(toolchain_id=t))
+            stage = stage or JobStage.LOWER
+            queue = compile_queue(toolchain_id=t, nvcc=stage == JobStage.BUILD)
+        routes[d, t] = Route(stage, queue)
     return routes
 
 
@@ -293,16 +331,19 @@ def jobs_insert(jobs: list[ValidationJob]) -> list[ValidationJob]:
 
 
 @transaction.atomic
-def sweep_plan(*, cells: Iterable, created_by=None, filters=None) -> Sweep:
+def sweep_plan(
+    *, cells: Iterable, created_by=None, filters=None, build: bool = False
+) -> Sweep:
     """Plan one job per cell without an open job, route it, and enqueue it
     on commit. ``cells`` holds (shape, device type, toolchain) as objects or
-    ids."""
+    ids. ``build``: cuda cells no online runner has the device for are built
+    with nvcc where a runner has it, rather than lowered (see routes_for)."""
     wanted = list(dict.fromkeys(_ids(cells)))
     sweep = Sweep.objects.create(created_by=created_by, filters=filters or {})
     if not wanted:
         return sweep
     todo, objects = _plannable(wanted)
-    routes = routes_for(pairs={(d, t) for _, d, t in todo})
+    routes = routes_for(pairs={(d, t) for _, d, t in todo}, build=build)
     jobs = jobs_insert(
         [
             _job(

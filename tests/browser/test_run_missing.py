@@ -76,7 +76,7 @@ def test_register_a_runner_then_run_missing_cells_to_real_results(chromium, clus
         runnable = page.locator("table.gaps tbody tr").count()
         assert runnable == 2
         page.once("dialog", lambda dialog: dialog.accept())
-        page.click("text=Run missing")
+        page.click("button:has-text('Run missing')")
         progress = page.wait_for_selector("#sweep-slot .sweep")
         assert progress.query_selector("progress") is not None
         page.wait_for_selector(

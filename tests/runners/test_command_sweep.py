@@ -113,3 +113,26 @@ def test_an_empty_filter_value_is_refused_not_taken_for_every_cell(cpu_runner, o
     with pytest.raises(CommandError, match=f"{option}: must not be empty"):
         sweep(option, "", "--no-wait")
     assert not Sweep.objects.exists() and not ValidationJob.objects.exists()
+
+
+def test_sweep_lowers_cuda_cells_and_builds_them_only_with_build(register):
+    from .conftest import cpu_inventory
+
+    inventory = cpu_inventory()
+    inventory["nvcc"] = True
+    register(inventory=inventory)
+    sweep("--operator", "softmax", "--device-type", "cuda", "--no-wait")
+    assert set(ValidationJob.objects.values_list("stage", flat=True)) == {
+        JobStage.LOWER
+    }
+    ValidationJob.objects.update(state="done")
+    sweep("--operator", "softmax", "--device-type", "cuda", "--build", "--no-wait")
+    built = Sweep.objects.order_by("pk").last()
+    assert built.filters["build"] is True
+    assert set(built.jobs.values_list("stage", flat=True)) == {JobStage.BUILD}
+
+
+def test_build_without_an_nvcc_host_is_refused_and_plans_nothing(cpu_runner):
+    with pytest.raises(CommandError, match="--build: no runner with nvcc is online"):
+        sweep("--operator", "softmax", "--device-type", "cuda", "--build", "--no-wait")
+    assert not Sweep.objects.exists()

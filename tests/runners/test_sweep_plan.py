@@ -41,14 +41,27 @@ def test_cells_with_no_runner_for_the_device_are_lowered_on_the_compile_queue(
     assert (job.stage, job.queue) == (JobStage.LOWER, f"compile.tc{toolchain.pk}")
 
 
-def test_cuda_cells_are_built_where_a_runner_has_nvcc(register, cpu_cells):
+def test_cuda_cells_are_lowered_unless_builds_are_asked_for(register, cpu_cells):
     inventory = cpu_inventory()
     inventory["nvcc"] = True
     register(inventory=inventory)
     h200 = DeviceType.objects.get(model="H200")
     toolchain = Toolchain.objects.get()
-    job = services.sweep_plan(cells=[(cpu_cells()[0][0], h200, toolchain)]).jobs.get()
+    cell = (cpu_cells()[0][0], h200, toolchain)
+    # An nvcc build costs many times a lowering: never the default.
+    job = services.sweep_plan(cells=[cell]).jobs.get()
+    assert (job.stage, job.queue) == (JobStage.LOWER, f"compile.tc{toolchain.pk}")
+    ValidationJob.objects.update(state=JobState.DONE)
+    job = services.sweep_plan(cells=[cell], build=True).jobs.get()
     assert (job.stage, job.queue) == (JobStage.BUILD, f"compile.tc{toolchain.pk}.nvcc")
+
+
+def test_builds_asked_for_without_an_nvcc_host_are_lowered(cpu_runner, cpu_cells):
+    h200 = DeviceType.objects.get(model="H200")
+    toolchain = Toolchain.objects.get()
+    cell = (cpu_cells()[0][0], h200, toolchain)
+    job = services.sweep_plan(cells=[cell], build=True).jobs.get()
+    assert job.stage == JobStage.LOWER
 
 
 @pytest.mark.parametrize("health", [Runner.Health.MAINTENANCE, Runner.Health.RETIRED])

@@ -68,13 +68,19 @@ FORMS = [
     ("upgrade-exception", "upgrade", REVIEWER, fields_of(ExceptionForm)),
     ("upgrade-policy", None, SUPERUSER, fields_of(PolicyForm)),
     ("runner-health", "runner-health", RUNNER_ADMIN, ["health"]),
-    ("gaps-run", None, RUNNER_ADMIN, ["toolchain", "operator", "backend", "dtype"]),
+    (
+        "gaps-run",
+        None,
+        RUNNER_ADMIN,
+        ["toolchain", "operator", "backend", "dtype", "status", "build"],
+    ),
     ("login", None, None, ["username", "password"]),
 ]
 # Filter forms read from the query string.
 QUERIES = [
     ("matrix", ["toolchain", "operator", "backend", "dtype", "served", "open"]),
-    ("gaps", ["toolchain", "operator", "backend", "dtype", "kind"]),
+    ("gaps", ["toolchain", "operator", "backend", "dtype", "status", "page", "build"]),
+    ("gaps-csv", ["toolchain", "backend", "dtype", "status"]),
     ("errors", ["toolchain"]),
     ("submissions", ["page"]),
 ]

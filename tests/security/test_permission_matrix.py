@@ -44,6 +44,7 @@ EXPECTED = {
     "operator": READ,
     "gaps": READ,
     "gaps-run": page(post=SWEEPERS),
+    "gaps-csv": READ,
     "sweep": READ,
     "cell": READ,
     "cell-job": READ,

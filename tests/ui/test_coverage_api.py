@@ -76,15 +76,82 @@ def test_the_matrix_pages_through_the_cells(reader, results):
 
 
 def test_the_gaps_are_the_gaps_pages_in_its_order(reader, results, cpu_runner):
-    shown = reader.get(reverse("gaps")).context["gaps"]
+    shown = reader.get(reverse("gaps")).context
     body = reader.get(GAPS).json()
-    assert body["count"] == len(shown)
-    assert [(g["url"], g["reasons"]) for g in body["gaps"]] == [
-        (f"/cells/{g.shape.pk}/{g.device_type.pk}/?toolchain=tl-0.1.15", g.reasons)
-        for g in shown
+    assert body["count"] == shown["gap_count"] == len(shown["gaps"])
+    assert [(g["url"], g["reasons"], g["stage"]) for g in body["gaps"]] == [
+        (
+            f"/cells/{g.shape_id}/{g.device_type.pk}/?toolchain=tl-0.1.15",
+            g.reasons,
+            g.stage,
+        )
+        for g in shown["gaps"]
     ]
-    assert body["runnable"] == sum(g.runnable for g in shown)
-    assert body["reasons"]["no runner"] == sum("no runner" in g.reasons for g in shown)
+    assert body["runnable"] == shown["summary"].runnable
+    assert body["reasons"]["no runner"] == sum(g.no_runner for g in shown["gaps"])
+    # The kinds add up to the count; "no runner" overlaps them.
+    kinds = ("missing", "stale", "failing", "not validated")
+    assert sum(body["reasons"][k] for k in kinds) == body["count"]
+    assert body["next"] is None
+
+
+def test_the_next_link_pages_through_every_gap_once(reader, results, cpu_runner):
+    whole = reader.get(GAPS).json()
+    url, seen, pages = f"{GAPS}?limit=7", [], 0
+    while url:
+        page = reader.get(url).json()
+        assert page["count"] == whole["count"]
+        seen += page["gaps"]
+        pages += 1
+        url = page["next"]
+        if url:
+            assert url.startswith("http://testserver/api/v1/gaps?")
+            assert "toolchain=tl-0.1.15" in url and "limit=7" in url
+    assert seen == whole["gaps"] and pages == -(-whole["count"] // 7)
+
+
+def test_a_cursor_stays_put_while_earlier_gaps_close(
+    reader, results, cpu_runner, toolchains
+):
+    from tests.ui.conftest import record
+
+    first = reader.get(GAPS, {"limit": 5, "backend": "c"}).json()
+    # The first gap listed passes now: an offset would skip a row.
+    top = first["gaps"][0]
+    shape = Shape.objects.get(
+        operator__name=top["operator"], dtype=top["dtype"], dims=top["dims"]
+    )
+    record(shape, DeviceType.objects.get(backend="c"), toolchains[1], "pass")
+    second = reader.get(first["next"]).json()
+    whole = reader.get(GAPS, {"backend": "c"}).json()["gaps"]
+    assert second["gaps"] == whole[4:9]
+
+
+@pytest.mark.parametrize(
+    ("params", "says"),
+    [
+        ({"cursor": "nope"}, "cursor is not one this API gave out"),
+        ({"cursor": "WyJOYU4iXQ=="}, "cursor is not one this API gave out"),
+        # A key of the right shape holding NaN, which compares with nothing.
+        (
+            {"cursor": "W05hTiwiYSIsImIiLCJjIiwxLjAsInYiLCJtIiwxXQ=="},
+            "cursor is not one this API gave out",
+        ),
+        ({"cursor": "W10=", "offset": 3}, "give a cursor or an offset, not both"),
+    ],
+)
+def test_a_bad_cursor_is_refused_in_one_sentence(reader, results, params, says):
+    response = reader.get(GAPS, params)
+    assert response.status_code == 400
+    assert says in response.json()["detail"]
+
+
+def test_the_schema_declares_paging(reader):
+    schema = reader.get("/api/v1/openapi.json").json()
+    operation = schema["paths"]["/api/v1/gaps"]["get"]
+    assert "cursor" in {p["name"] for p in operation["parameters"]}
+    gaps_out = schema["components"]["schemas"]["GapsOut"]["properties"]
+    assert {"next", "count", "runnable", "reasons", "gaps"} <= set(gaps_out)
 
 
 def test_a_covered_device_type_has_no_gaps(reader, results, cpu_runner):

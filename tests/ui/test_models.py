@@ -118,7 +118,7 @@ def test_run_missing_opens_the_gaps_of_exactly_that_model_and_device(
     link = f"{reverse('gaps')}?{alpha.gaps_query}"
     assert f"model=alpha&device={device_types['cuda'].pk}" in link
     gaps = client.get(link).context["gaps"]
-    listed = {(g.shape.pk, g.device_type.pk) for g in gaps}
+    listed = {(g.shape_id, g.device_type.pk) for g in gaps}
     alpha_cells = {
         (s.pk, device_types["cuda"].pk)
         for s in Shape.objects.filter(served_calls__source="alpha")

@@ -8,6 +8,7 @@ import time
 from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 
+from matrix.gaps import job_durations
 from matrix.management.commands._options import not_empty
 from matrix.models import Backend, DeviceType, Operator, Toolchain
 from runners import services
@@ -95,17 +96,42 @@ def filter_options_add(parser) -> None:
     )
 
 
+def build_refusal(toolchain: str | None) -> str:
+    """Why --build cannot be carried out: no online runner with nvcc hosts
+    the chosen toolchain (or, without one, any current or hosted one)."""
+    capabilities = services.capabilities_online()
+    toolchains = Toolchain.objects.filter(pk__in=capabilities.nvcc)
+    if toolchain:
+        toolchains = toolchains.filter(name=toolchain)
+    if toolchains.exists():
+        return ""
+    where = f" hosts {toolchain}" if toolchain else " is online"
+    return f"--build: no runner with nvcc{where}, so no cuda cell can be built"
+
+
 class Command(BaseCommand):
     help = "Plan and enqueue validation jobs for a set of cells, then wait for them."
 
     def add_arguments(self, parser):
         filter_options_add(parser)
         parser.add_argument(
+            "--build",
+            action="store_true",
+            help="build cuda cells with nvcc where no online runner has the device "
+            "but one with nvcc hosts the toolchain (default: lower them, far "
+            "quicker)",
+        )
+        parser.add_argument(
             "--no-wait", action="store_true", help="return once enqueued"
         )
         parser.add_argument(
             "--timeout", type=float, default=3600, help="seconds to wait"
         )
+
+    def _check_build(self, filters: dict) -> None:
+        refusal = build_refusal(filters.get("toolchain"))
+        if refusal:
+            raise CommandError(refusal + "; leave it out to lower them instead")
 
     def handle(self, *args, **options):
         # Written so that NaN is refused too: it compares false to anything.
@@ -118,8 +144,14 @@ class Command(BaseCommand):
         if not cells:
             self.stdout.write(f"nothing to plan: {nothing_chosen(filters)}")
             return
+        if options["build"]:
+            self._check_build(filters)
         with transaction.atomic():
-            sweep = services.sweep_plan(cells=cells, filters=filters)
+            sweep = services.sweep_plan(
+                cells=cells,
+                filters={**filters, "build": True} if options["build"] else filters,
+                build=options["build"],
+            )
             if not sweep.total:
                 # An empty sweep would only clutter the sweeps list.
                 transaction.set_rollback(True)
@@ -143,8 +175,9 @@ class Command(BaseCommand):
             )
         if options["no_wait"]:
             return
+        stage_seconds = job_durations().per_stage()
         deadline = time.monotonic() + options["timeout"]
-        progress = sweep.progress()
+        progress = sweep.progress(stage_seconds=stage_seconds)
         while not progress["finished"]:
             self.stdout.write("\r" + bar(progress), ending="")
             self.stdout.flush()
@@ -154,7 +187,7 @@ class Command(BaseCommand):
                     f"sweep {sweep.pk} not finished after {options['timeout']:.0f} s"
                 )
             time.sleep(1)
-            progress = sweep.progress()
+            progress = sweep.progress(stage_seconds=stage_seconds)
         self.stdout.write("\r" + bar(progress))
         self.stdout.write(
             f"sweep {sweep.pk} finished: {progress['done']} done, {progress['failed']} failed"
