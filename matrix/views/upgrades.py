@@ -3,9 +3,12 @@ in words, decisions, backend exceptions, rollout and the policy."""
 
 from __future__ import annotations
 
+from urllib.parse import urlencode
+
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied, ValidationError
+from django.core.paginator import Paginator
 from django.db.models import CharField, Q
 from django.db.models.functions import Cast
 from django.shortcuts import get_object_or_404, redirect, render
@@ -15,15 +18,15 @@ from django.views.decorators.vary import vary_on_headers
 from django_htmx.http import HttpResponseClientRedirect
 
 from matrix.gate import services
-from matrix.gate.diff import Change
+from matrix.gate.diff import CellDiff, Change
 from matrix.gate.forms import DecisionForm, ExceptionForm, PolicyForm, ProposalForm
+from matrix.gate.manifest import manifest_choice
 from matrix.gate.models import Approval, BackendException, Policy, UpgradeProposal
 from matrix.models import AuditEvent, Backend
 from matrix.queries import toolchains_online
 
 # htmx stops polling on this status.
 STOP_POLLING = 286
-REASONS_SHOWN = 50
 
 
 def _get_proposal_for_user(user, pk: int) -> UpgradeProposal:
@@ -91,49 +94,132 @@ def upgrade_new(request):
 
 @login_required
 @require_GET
-@vary_on_headers("HX-Request")
+@vary_on_headers("HX-Request", "HX-Target")
 def upgrade_page(request, pk: int):
     proposal = _get_proposal_for_user(request.user, pk)
+    if request.htmx and request.htmx.target == "diff-rows":
+        policy = Policy.current()
+        return render(
+            request,
+            "gate/detail.html#diff-rows",
+            {"proposal": proposal, **_rows_context(request, proposal, policy)},
+        )
     context = _detail_context(request, proposal)
     if request.htmx:
-        # The gate status polls while collecting; ingest re-evaluates it.
+        # The gate status polls while collecting or while a re-evaluation
+        # that new results asked for is pending.
         response = render(request, "gate/detail.html#gate-status", context)
-        if proposal.state != UpgradeProposal.State.COLLECTING:
+        if not context["polling"]:
             response.status_code = STOP_POLLING
         return response
     return render(request, "gate/detail.html", context)
 
 
+class RowFilter:
+    """The diff rows a page lists: changed rows first, then by the diff's
+    order; narrowed by change, operator, backend, or to the cells that
+    block under the policy. A value the diff does not have narrows to
+    nothing rather than being ignored."""
+
+    KEYS = ("change", "operator", "backend", "blocking")
+
+    def __init__(self, query):
+        self.values = {key: query.get(key, "") for key in self.KEYS}
+        self.values["blocking"] = "1" if self.values["blocking"] == "1" else ""
+
+    def apply(self, rows):
+        change, operator, backend, blocking = (self.values[k] for k in self.KEYS)
+        if change:
+            rows = rows.filter(change=change)
+        if operator:
+            rows = rows.filter(operator=operator)
+        if backend:
+            rows = rows.filter(backend=backend)
+        if blocking:
+            rows = rows.blocking()
+        return rows
+
+    @property
+    def active(self) -> bool:
+        return any(self.values.values())
+
+    @property
+    def encoded(self) -> str:
+        """The filters as a query string, for the pages of the same list."""
+        return urlencode({k: v for k, v in self.values.items() if v})
+
+
+def _rows_context(request, proposal: UpgradeProposal, policy: Policy) -> dict:
+    """One page of the stored diff's rows, with what the manifest would
+    serve for each under the policy."""
+    rows_filter = RowFilter(request.GET)
+    rows = rows_filter.apply(proposal.diff_rows.only(*ROW_COLUMNS)).changed_first()
+    page = Paginator(rows, ROWS_PER_PAGE).get_page(request.GET.get("page"))
+    candidate = proposal.candidate.name
+    for row in page:
+        row.serves = manifest_choice(
+            CellDiff.from_row(row),
+            toolchain=candidate,
+            speed_budget=policy.speed_budget,
+        )
+    return {
+        "rows_page": page,
+        "rows_filter": rows_filter,
+        "changes": [(c, Change.LABELS[c]) for c in Change.ORDER],
+    }
+
+
+# The columns the rows list shows or the manifest preview reads.
+ROW_COLUMNS = [
+    "id",
+    "proposal_id",
+    "shape_id",
+    "device_type_id",
+    "rank",
+    "position",
+    *(
+        name
+        for name in CellDiff.__dataclass_fields__
+        if name not in ("shape_id", "device_type_id", "device_type")
+    ),
+    "device_type_label",
+    "perf_step",
+    "blocking_rule",
+]
+ROWS_PER_PAGE = 50
+
+
 def _detail_context(
     request, proposal: UpgradeProposal, *, decision_form=None, exception_form=None
 ) -> dict:
-    """The page's context; a form passed in is a bound one that failed, shown
-    again with its errors and what the user typed."""
-    diff = services.proposal_diff(proposal=proposal)
+    """The page's context, read from the stored diff; a form passed in is a
+    bound one that failed, shown again with its errors and what the user
+    typed."""
     policy = Policy.current()
     reviewer = services.is_reviewer(request.user, policy)
     is_proposer = request.user.pk == proposal.proposer_id
+    jobs = services.proposal_jobs_in_flight(proposal=proposal)
+    summary = proposal.summary or {}
     collecting = proposal.state == UpgradeProposal.State.COLLECTING
-    jobs = services.proposal_jobs_in_flight(proposal=proposal) if collecting else None
-    reasons = proposal.blocking_reasons or []
     return {
         "proposal": proposal,
-        # A wide upgrade can have hundreds; the verdict must stay in reach.
-        "reasons_shown": reasons[:REASONS_SHOWN],
-        "reasons_left": max(len(reasons) - REASONS_SHOWN, 0),
+        "polling": collecting or proposal.reevaluation_pending,
+        "reasons": proposal.blocking_reasons or [],
+        "blocking_count": proposal.diff_rows.blocking().count(),
+        "missing_not_required": 0
+        if policy.require_candidate_results
+        else summary.get("served_missing", 0),
         "device_types": proposal.device_types.all(),
-        "diff": diff,
-        "summary": diff.summary,
-        "changes": [(c, Change.LABELS[c]) for c in Change.ORDER],
-        "by_operator": diff.grouped("operator"),
-        "by_backend": diff.grouped("backend"),
-        "stale": proposal.diff_digest != diff.digest,
+        "summary": summary,
+        "by_operator": sorted((summary.get("by_operator") or {}).items()),
+        "by_backend": sorted((summary.get("by_backend") or {}).items()),
+        **_rows_context(request, proposal, policy),
         "approvals": proposal.approvals.select_related("reviewer"),
         "exceptions": proposal.exceptions.select_related("granted_by", "signed_off_by"),
         "events": _proposal_events(proposal),
         "policy": policy,
         "jobs": jobs,
-        "hosted": toolchains_online() if jobs and jobs.stalled else [],
+        "hosted": toolchains_online() if jobs.stalled else [],
         "can_decide": reviewer and not is_proposer,
         "can_grant_exception": reviewer and not is_proposer,
         "is_proposer": is_proposer,

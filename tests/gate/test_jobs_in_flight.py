@@ -3,12 +3,9 @@ named by the runner they lack, on the page and in a refused approval."""
 
 from __future__ import annotations
 
-import hashlib
-
 import pytest
 from django.core.exceptions import ValidationError
 from django.urls import reverse
-from django.utils import timezone
 
 from matrix.gate.services import (
     proposal_approve,
@@ -16,23 +13,8 @@ from matrix.gate.services import (
     proposal_open,
 )
 from matrix.models import JobStage, ValidationJob
-from runners.models import Runner, RunnerToolchain, compile_queue, validate_queue
-
-
-def online_runner(name, *, device_types, toolchains, nvcc=False):
-    runner = Runner.objects.create(
-        name=name,
-        public_key=hashlib.sha256(name.encode()).hexdigest(),  # one key a runner
-        state=Runner.State.ONLINE,
-        last_heartbeat=timezone.now(),
-        inventory={"nvcc": nvcc},
-    )
-    runner.device_types.set(device_types)
-    for toolchain in toolchains:
-        RunnerToolchain.objects.create(
-            runner=runner, toolchain=toolchain, interpreter="/usr/bin/python3"
-        )
-    return runner
+from runners.models import compile_queue, validate_queue
+from tests.gate.conftest import online_runner
 
 
 @pytest.fixture
@@ -64,7 +46,10 @@ def test_the_page_names_the_jobs_no_online_runner_can_take(
     assert "6 validation jobs on its served cells are queued or running" in body
     stalled = body.split('id="stalled-jobs"', 1)[1].split("</div>", 1)[0]
     assert "2 of them wait on queues no online" in stalled
-    assert f"<li>{STALLED}</li>" in stalled
+    assert (
+        f"<li>{STALLED}: a runner that hosts tilelang-0.1.13 would run them</li>"
+        in stalled
+    )
     assert "Online runners host tilelang-0.1.15." in stalled
 
 

@@ -12,6 +12,7 @@ are answered in process."""
 from __future__ import annotations
 
 import os
+import re
 import sys
 import time
 from datetime import timedelta
@@ -48,7 +49,9 @@ REPO = Path(__file__).resolve().parents[2]
 TOOLCHAIN_0113 = Path(
     os.environ.get("TM_TOOLCHAIN_0113", REPO / "var" / "toolchains" / "tilelang-0.1.13")
 )
-# A handful of served CPU cells: softmax is the known difference.
+# A handful of served CPU cells: softmax is the known difference (it does
+# not compile on c with 0.1.13), elementwise_add one that keeps up with
+# PyTorch on c.
 SERVED = [
     ("softmax", {"M": 64, "N": 256}),
     ("softmax", {"M": 7, "N": 33}),
@@ -58,7 +61,7 @@ REPEATS = 3
 
 
 @pytest.fixture
-def runner(db, tmp_path, monkeypatch, server_http):
+def runner(db, tmp_path, monkeypatch, server_http, control_worker):
     python_0113 = TOOLCHAIN_0113 / "bin" / "python"
     assert python_0113.exists(), (
         f"no TileLang 0.1.13 toolchain: run scripts/make-toolchain-venv 0.1.13 "
@@ -108,9 +111,10 @@ def runner(db, tmp_path, monkeypatch, server_http):
     )
 
     def deliver(envelopes):
-        outcomes = services.results_ingest(envelopes=envelopes)
+        # Ingest marks the proposals these results touch; once it commits,
+        # the control worker re-evaluates them.
+        outcomes = control_worker(services.results_ingest, envelopes=envelopes)
         assert [o.status for o in outcomes] == ["stored"] * len(envelopes), outcomes
-        # Ingest itself re-evaluates the proposals these results touch.
 
     monkeypatch.setattr(host, "results_send", deliver)
     return config
@@ -176,7 +180,8 @@ def test_softmax_gates_the_upgrade_both_ways(runner, people, admin_user):
     for row in rows.values():
         print(
             f"  {row.label}: {row.baseline_status} -> {row.candidate_status} "
-            f"({row.change_label}) ratio={row.ratio} band={row.band}"
+            f"({row.change_label}) ratio={row.ratio} band={row.band} "
+            f"speed={row.speed} speed_band={row.speed_band}"
         )
     softmax = [r for (op, _), r in rows.items() if op == "softmax"]
     assert [(r.baseline_status, r.candidate_status) for r in softmax] == [
@@ -198,12 +203,22 @@ def test_softmax_gates_the_upgrade_both_ways(runner, people, admin_user):
     forward.refresh_from_db()
     assert forward.state == UpgradeProposal.State.APPROVED
     manifest = manifest_for(toolchain=new)
+    served = {
+        (e["operator"], e["shape_rule"]["dims"]["M"]): e for e in manifest["entries"]
+    }
+    # Right and fast: softmax now passes on c, but its scalar loop is far
+    # slower than torch.softmax on this CPU, so production keeps the
+    # reference there and says why; elementwise_add passes and keeps up.
     softmax_sha = Operator.objects.get(name="softmax").current_revision.source_sha256
-    assert {
-        (e["operator"], e["choice"], e["kernel_sha256"])
-        for e in manifest["entries"]
-        if e["operator"] == "softmax"
-    } == {("softmax", "tilelang", softmax_sha)}
+    for m in (64, 7):
+        entry = served["softmax", m]
+        assert (entry["choice"], entry["kernel_sha256"]) == ("reference", softmax_sha)
+        assert re.fullmatch(
+            rf"pass on {re.escape(new.name)}, but 0\.\d\d× of the reference",
+            entry["reason"],
+        ), entry["reason"]
+    add = served["elementwise_add", 64]
+    assert add["choice"] == "tilelang", add["reason"]
     production_dispatch_on_this_host(manifest, cpu)
 
     # The reverse needs no new jobs: both toolchains' results are fresh.
@@ -227,9 +242,11 @@ def test_softmax_gates_the_upgrade_both_ways(runner, people, admin_user):
 
 def production_dispatch_on_this_host(manifest, cpu):
     """What production on this host does with the approved manifest: its own
-    toolchain's fingerprint and the library's softmax revision select the
-    TileLang kernel for the validated shape, and its output is softmax; a
-    shape nobody validated takes the reference."""
+    toolchain's fingerprint and the library's revisions select the TileLang
+    kernel for the validated, fast elementwise_add shape (and its output is
+    the sum); softmax, validated but slower than PyTorch, takes the
+    reference with the manifest's reason, and so does a shape nobody
+    validated."""
     import tilelang
     import torch
 
@@ -244,27 +261,39 @@ def production_dispatch_on_this_host(manifest, cpu):
         manifest,
         device_type=str(cpu),
         toolchain_fingerprint=host_toolchain_fingerprint(),
-        kernel_revisions=library_revisions("softmax"),
+        kernel_revisions=library_revisions("elementwise_add", "softmax"),
     )
     validated = {"M": 64, "N": 256}
     target = {"kind": "c"}
     kernel = tilelang.compile(
-        OPERATORS["softmax"].program(validated, "float32", target), target=target
+        OPERATORS["elementwise_add"].program(validated, "float32", target),
+        target=target,
     )
     ran = []
 
-    def with_tilelang(x):
+    def with_tilelang(a, b):
         ran.append("tilelang")
-        out = torch.full_like(x, float("nan"))
-        kernel(x, out)
+        out = torch.full_like(a, float("nan"))
+        kernel(a, b, out)
         return out
 
-    def with_reference(x):
+    def with_reference(*args):
         ran.append("reference")
-        return torch.softmax(x, dim=-1)
+        return args[0] + args[1] if len(args) == 2 else torch.softmax(args[0], -1)
 
-    x = torch.randn(64, 256, generator=torch.Generator().manual_seed(7))
+    generator = torch.Generator().manual_seed(7)
+    a, b = (torch.randn(64, 256, generator=generator) for _ in range(2))
     out = dispatcher.call(
+        "elementwise_add",
+        validated,
+        "float32",
+        tilelang=with_tilelang,
+        reference=with_reference,
+        args=(a, b),
+    )
+    torch.testing.assert_close(out, a + b)
+    x = torch.randn(64, 256, generator=generator)
+    dispatcher.call(
         "softmax",
         validated,
         "float32",
@@ -272,17 +301,18 @@ def production_dispatch_on_this_host(manifest, cpu):
         reference=with_reference,
         args=(x,),
     )
-    torch.testing.assert_close(out, torch.softmax(x, dim=-1))
+    decision = dispatcher.decide("softmax", validated, "float32")
+    assert "of the reference" in decision.reason
     unvalidated = torch.randn(32, 256)
     dispatcher.call(
-        "softmax",
+        "elementwise_add",
         {"M": 32, "N": 256},
         "float32",
         tilelang=with_tilelang,
         reference=with_reference,
-        args=(unvalidated,),
+        args=(unvalidated, unvalidated),
     )
-    assert ran == ["tilelang", "reference"]
+    assert ran == ["tilelang", "reference", "reference"]
 
 
 def waive_cpu_timings(proposal, *, granted_by, signed_by):

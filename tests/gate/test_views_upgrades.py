@@ -17,7 +17,8 @@ from matrix.gate.services import (
     proposal_reject,
     proposal_rollout,
 )
-from matrix.models import Status
+from matrix.models import Shape, Status
+from tests.gate.conftest import online_runner
 
 
 @pytest.fixture
@@ -243,6 +244,7 @@ def test_an_admin_saves_a_new_policy_version(client, admin_user, world):
             "require_candidate_results": "on",
             "perf_budget": "0.05",
             "perf_budgets": '{"gemm": 0.02}',
+            "speed_budget": "0.1",
             "required_approvals": "3",
             "reviewer_group": "reviewer",
             "backend_owners": '{"c": ["reviewer3"]}',
@@ -255,6 +257,7 @@ def test_an_admin_saves_a_new_policy_version(client, admin_user, world):
         (1, 2),
     ]
     assert Policy.current().perf_budgets == {"gemm": 0.02}
+    assert Policy.current().speed_budget == 0.1
 
 
 def test_the_policy_form_refuses_bad_json(client, admin_user, world):
@@ -264,6 +267,7 @@ def test_the_policy_form_refuses_bad_json(client, admin_user, world):
         {
             "perf_budget": "0.05",
             "perf_budgets": "{gemm",
+            "speed_budget": "0",
             "required_approvals": "2",
             "reviewer_group": "reviewer",
             "backend_owners": "{}",
@@ -339,6 +343,7 @@ def test_the_list_page_runs_a_fixed_number_of_queries(
 
 def test_the_gate_status_polls_while_collecting_and_stops_after(client, world):
     world.green(world.old)
+    online_runner("cpu-host", device_types=[world.cpu], toolchains=[world.new])
     proposal = proposal_open(
         baseline=world.old,
         candidate=world.new,
@@ -353,7 +358,7 @@ def test_the_gate_status_polls_while_collecting_and_stops_after(client, world):
     assert body.lstrip().startswith('<section id="gate-status"')
     assert 'hx-trigger="every 2s"' in body
     assert f'href="/sweeps/{proposal.sweeps.get().pk}/"' in body
-    assert response["Vary"] == "HX-Request, Cookie"
+    assert response["Vary"] == "HX-Request, HX-Target, Cookie"
     # The sweep's page links back to the proposal that planned it.
     sweep_page = client.get(url("sweep", proposal.sweeps.get())).content.decode()
     assert (
@@ -513,6 +518,7 @@ POLICY_POST = {
     "require_candidate_results": "on",
     "perf_budget": "0.05",
     "perf_budgets": "{}",
+    "speed_budget": "0",
     "required_approvals": "2",
     "reviewer_group": "reviewer",
     "backend_owners": "{}",
@@ -523,6 +529,8 @@ POLICY_POST = {
     "field,typed,error",
     [
         ("perf_budget", "-1", "must not be negative"),
+        ("speed_budget", "-0.1", "must not be negative"),
+        ("speed_budget", "fast", "Enter a number."),
         ("required_approvals", "0", "must be at least 1"),
         (
             "backend_owners",
@@ -553,16 +561,69 @@ def test_the_policy_form_says_what_is_wrong_with_a_field(
     assert Policy.objects.count() == 1
 
 
-def test_a_long_list_of_blocking_cells_shows_the_first_50_and_a_count(
-    client, world, proposal
+@pytest.fixture
+def many_missing(world):
+    """120 more served shapes, none run on the candidate, and no runner
+    online to run them: 122 served cells blocked as missing."""
+    softmax = world.shapes["softmax"].operator
+    for n in range(120):
+        Shape.objects.create(
+            operator=softmax,
+            dims={"M": n + 1, "N": 512},
+            dtype="float32",
+            served=True,
+            weight=1.0,
+        )
+    world.green(world.old)
+    return proposal_open(
+        baseline=world.old,
+        candidate=world.new,
+        device_types=[world.cpu],
+        by=world.owner,
+    )
+
+
+def test_many_blocking_cells_are_summarised_above_the_decision_form(
+    client, world, many_missing
 ):
-    lines = [f"served cell op{i} has no candidate result" for i in range(120)]
-    UpgradeProposal.objects.filter(pk=proposal.pk).update(blocking_reasons=lines)
     client.force_login(world.reviewers[0])
-    body = client.get(url("upgrade", proposal)).content.decode()
+    body = client.get(url("upgrade", many_missing)).content.decode()
     reasons = body.split('id="blocking-reasons">')[1].split("</ul>")[0]
-    assert "served cell op49 has" in reasons and "served cell op50 has" not in reasons
-    assert "and 70 more" in reasons
+    assert reasons.count("<li>") == 3
+    assert (
+        "<li>122 served cells have no candidate result: gemm[M=64,N=64,K=64] "
+        "float32 on x86-64 CPU · c; softmax[M=1,N=512] float32 on x86-64 CPU · c; "
+        "softmax[M=10,N=512] float32 on x86-64 CPU · c and 119 more</li>"
+    ) in reasons
+    assert "no online runner can produce the missing results" in reasons
+    assert "List the 122 blocking cells" in body
+    # What a reviewer acts on comes before the diff's tables.
+    assert body.index('id="decision-form"') < body.index('id="summary-heading"')
+
+
+def test_the_blocking_cells_are_listed_a_page_at_a_time(client, world, many_missing):
+    client.force_login(world.reviewers[0])
+    page = url("upgrade", many_missing)
+    first = client.get(page, {"blocking": "1"}).content.decode()
+    assert first.count('data-blocking="missing"') == 50
+    assert "Cells 1–50 of 122" in first
+    last = client.get(
+        page,
+        {"blocking": "1", "page": "3"},
+        headers={"HX-Request": "true", "HX-Target": "diff-rows"},
+    ).content.decode()
+    assert last.lstrip().startswith('<div id="diff-rows">')
+    assert last.count('data-blocking="missing"') == 22
+    assert "Cells 101–122 of 122" in last
+
+
+def test_the_proposal_page_runs_a_fixed_number_of_queries(
+    client, world, many_missing, django_assert_max_num_queries
+):
+    client.force_login(world.reviewers[0])
+    with django_assert_max_num_queries(24):
+        response = client.get(url("upgrade", many_missing))
+    assert response.status_code == 200
 
 
 def test_the_form_says_why_its_choices_are_empty(client, people):
