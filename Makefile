@@ -28,6 +28,9 @@ seed: migrate
 	# ingest's 90-day window are refused).
 	-$(PY) manage.py evidence import --current-if-none docs/evidence/*.evidence.json
 	$(PY) manage.py ensure_admin
+	# Demo reviewers (passwords printed once), and an upgrade proposal for
+	# every A/B an evidence file holds (TileLang 0.1.13 -> 0.1.15 on the CPU).
+	$(PY) manage.py demo_upgrade docs/evidence/*.evidence.json
 
 run: seed
 	scripts/run-dev

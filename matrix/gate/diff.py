@@ -351,10 +351,10 @@ def _speed_measure(row: CellDiff, cand: dict, history: tuple[list, list]) -> Non
     row.candidate_ms = cand["kernel_ms"]
     row.reference_ms = cand["reference_ms"]
     kernels = timing_samples(cand["kernel_ms_samples"], kernels)
+    # perf(a, b) is b / a: here reference / TileLang, the speed.
     measured = perf(kernels, references)
     if measured:
-        slowdown, row.speed_band = measured
-        row.speed = 1 / slowdown
+        row.speed, row.speed_band = measured
 
 
 def _timing_history(cells: list[dict]) -> dict[int, tuple[list, list]]:

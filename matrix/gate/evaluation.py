@@ -58,12 +58,17 @@ class StalledJobs:
     @property
     def wanted(self) -> str:
         """The runner that would take them (a job's queue follows from its
-        stage: runners.services.routes_for)."""
+        stage: runners.services.routes_for), and, for compile-only jobs,
+        the one a pass needs."""
+        validating = f"a runner with {self.device_type} that hosts {self.toolchain}"
         if self.stage == JobStage.VALIDATE:
-            return f"a runner with {self.device_type} that hosts {self.toolchain}"
-        if self.stage == JobStage.BUILD:
-            return f"a runner with nvcc that hosts {self.toolchain}"
-        return f"a runner that hosts {self.toolchain}"
+            return validating
+        compiling = (
+            f"a runner with nvcc that hosts {self.toolchain}"
+            if self.stage == JobStage.BUILD
+            else f"a runner that hosts {self.toolchain}"
+        )
+        return f"{compiling}, compile-only ({self.stage}); a pass needs {validating}"
 
 
 def jobs_phrase(count: int) -> str:

@@ -19,6 +19,12 @@ ENTRIES_PER_STATEMENT = 500
 Choice = ManifestEntry.Choice
 
 
+def times(speed: float) -> str:
+    """A speed ratio as people read it: two decimals, or two significant
+    figures where two decimals would say 0.00."""
+    return f"{speed:.2f}×" if speed >= 0.1 else f"{speed:.2g}×"
+
+
 def manifest_choice(row: CellDiff, *, toolchain: str, speed_budget: float):
     """TileLang only where the candidate passed and its kernel is no slower
     than the PyTorch reference on that cell, beyond the noise band, than the
@@ -32,11 +38,11 @@ def manifest_choice(row: CellDiff, *, toolchain: str, speed_budget: float):
     if row.slower_than_reference(speed_budget):
         return (
             Choice.REFERENCE,
-            f"pass on {toolchain}, but {row.speed:.2f}× of the reference",
+            f"pass on {toolchain}, but {times(row.speed)} of the reference",
         )
     return (
         Choice.TILELANG,
-        f"validated: pass on {toolchain}, {row.speed:.2f}× of the reference",
+        f"validated: pass on {toolchain}, {times(row.speed)} of the reference",
     )
 
 

@@ -20,7 +20,7 @@ from django_htmx.http import HttpResponseClientRedirect
 from matrix.gate import services
 from matrix.gate.diff import CellDiff, Change
 from matrix.gate.forms import DecisionForm, ExceptionForm, PolicyForm, ProposalForm
-from matrix.gate.manifest import manifest_choice
+from matrix.gate.manifest import manifest_choice, times
 from matrix.gate.models import Approval, BackendException, Policy, UpgradeProposal
 from matrix.models import AuditEvent, Backend
 from matrix.queries import toolchains_online
@@ -162,6 +162,7 @@ def _rows_context(request, proposal: UpgradeProposal, policy: Policy) -> dict:
             toolchain=candidate,
             speed_budget=policy.speed_budget,
         )
+        row.speed_shown = times(row.speed) if row.speed is not None else ""
     return {
         "rows_page": page,
         "rows_filter": rows_filter,
