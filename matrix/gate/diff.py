@@ -14,9 +14,8 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import statistics
 from collections import defaultdict
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 
 from django.db.models import F, Q
 from django.db.models.fields.json import KeyTransform
@@ -135,7 +134,7 @@ class CellDiff:
 
     def row_fields(self) -> dict:
         """The stored row's fields (``DiffRow``), but for its place."""
-        values = asdict(self)
+        values = {name: getattr(self, name) for name in FIELD_NAMES}
         values["device_type_label"] = values.pop("device_type")
         values["baseline_status"] = self.baseline_status or ""
         values["candidate_status"] = self.candidate_status or ""
@@ -148,12 +147,15 @@ class CellDiff:
     def from_row(cls, row) -> CellDiff:
         """A stored row read back."""
         values = {}
-        for f in fields(cls):
-            source = "device_type_label" if f.name == "device_type" else f.name
-            values[f.name] = getattr(row, source)
+        for name in FIELD_NAMES:
+            source = "device_type_label" if name == "device_type" else name
+            values[name] = getattr(row, source)
         values["baseline_status"] = row.baseline_status or None
         values["candidate_status"] = row.candidate_status or None
         return cls(**values)
+
+
+FIELD_NAMES = tuple(f.name for f in fields(CellDiff))
 
 
 def summary_of(rows) -> dict:
@@ -195,6 +197,16 @@ class Diff:
         return summary_of(self.rows)
 
 
+def median(samples) -> float:
+    """statistics.median, for the few samples a cell has, without its
+    checks: a large diff takes hundreds of thousands."""
+    ordered = sorted(samples)
+    middle = len(ordered) // 2
+    if len(ordered) % 2:
+        return ordered[middle]
+    return (ordered[middle - 1] + ordered[middle]) / 2
+
+
 def noise(samples: list[float]) -> float | None:
     """The relative spread of repeat timings, as a robust standard deviation
     (1.4826 x the median absolute deviation, over the median): one stalled
@@ -203,8 +215,8 @@ def noise(samples: list[float]) -> float | None:
     samples = [s for s in samples if s]
     if len(samples) < 2:
         return None
-    centre = statistics.median(samples)
-    mad = statistics.median(abs(s - centre) for s in samples)
+    centre = median(samples)
+    mad = median([abs(s - centre) for s in samples])
     return MAD_TO_SIGMA * mad / centre
 
 
@@ -221,7 +233,7 @@ def perf(baseline: list[float], candidate: list[float]) -> tuple[float, float] |
     """The candidate / baseline ratio of medians and its noise band."""
     if not baseline or not candidate:
         return None
-    base_ms, cand_ms = statistics.median(baseline), statistics.median(candidate)
+    base_ms, cand_ms = median(baseline), median(candidate)
     if base_ms <= 0 or cand_ms <= 0:
         return None
     base_noise = noise(baseline)

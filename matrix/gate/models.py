@@ -210,7 +210,7 @@ class UpgradeProposal(models.Model):
 
 class DiffRowQuerySet(models.QuerySet):
     def changed_first(self):
-        return self.order_by("rank", "position")
+        return self.order_by("sort_key")
 
     def blocking(self):
         return self.exclude(blocking_rule="")
@@ -231,8 +231,10 @@ class DiffRow(models.Model):
     the proposal page, the policy and the manifest read these rows, never
     the matrix itself. ``rank`` puts changed rows first, served before
     unserved; ``position`` is the diff's own order (operator, dtype, dims,
-    device type); ``blocking_rule`` names the policy rule the row fails
-    (``regression``, ``missing`` or ``slower``), set at each evaluation."""
+    device type); ``sort_key`` is both in one number, so a page goes on from
+    the last row shown (a cursor) rather than skipping rows;
+    ``blocking_rule`` names the policy rule the row fails (``regression``,
+    ``missing`` or ``slower``), set at each evaluation."""
 
     proposal = models.ForeignKey(
         UpgradeProposal, on_delete=models.CASCADE, related_name="diff_rows"
@@ -245,6 +247,7 @@ class DiffRow(models.Model):
     )
     position = models.PositiveIntegerField()
     rank = models.PositiveSmallIntegerField()
+    sort_key = models.BigIntegerField()
     operator = models.CharField(max_length=60)
     dtype = models.CharField(max_length=10)
     dims_key = models.CharField(max_length=200)
@@ -283,7 +286,7 @@ class DiffRow(models.Model):
     objects = DiffRowQuerySet.as_manager()
 
     class Meta:
-        ordering = ["rank", "position"]
+        ordering = ["sort_key"]
         constraints = [
             models.UniqueConstraint(
                 fields=["proposal", "shape", "device_type"],
@@ -292,7 +295,7 @@ class DiffRow(models.Model):
         ]
         indexes = [
             models.Index(
-                fields=["proposal", "rank", "position"], name="diff_row_changed_first"
+                fields=["proposal", "sort_key"], name="diff_row_changed_first"
             ),
         ]
 

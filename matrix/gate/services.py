@@ -361,32 +361,36 @@ DIFF_ROW_FIELDS = [
     "device_type_label",
     "perf_step",
     "rank",
+    "sort_key",
 ]
+# sort_key = rank x SORT_STRIDE + position: changed rows first, each rank
+# in the diff's order.
+SORT_STRIDE = 10**9
 
 
 def _diff_store(*, proposal: UpgradeProposal, diff: Diff, computed_at, actor) -> int:
     """Write the rows of ``diff`` that differ from the stored ones and drop
     those no longer in it; returns how many were written. A new digest
     voids the decisions given on the old one."""
+    # Rows as tuples of DIFF_ROW_FIELDS, compared whole: a large diff has
+    # tens of thousands of rows, most of them unchanged.
     wanted = {}
     for position, row in enumerate(diff.rows):
-        wanted[row.shape_id, row.device_type_id] = {
-            **row.row_fields(),
-            "position": position,
-        }
+        values = row.row_fields()
+        values["position"] = position
+        values["sort_key"] = values["rank"] * SORT_STRIDE + position
+        wanted[row.shape_id, row.device_type_id] = tuple(
+            values[name] for name in DIFF_ROW_FIELDS
+        )
     stored = {
-        (values["shape_id"], values["device_type_id"]): values
-        for values in proposal.diff_rows.values("pk", *DIFF_ROW_FIELDS)
+        (values[1], values[2]): values
+        for values in proposal.diff_rows.values_list("pk", *DIFF_ROW_FIELDS)
     }
-
-    def same(old, new) -> bool:
-        return old is not None and all(old[n] == new[n] for n in DIFF_ROW_FIELDS)
-
-    gone = [old["pk"] for key, old in stored.items() if not same(old, wanted.get(key))]
+    gone = [old[0] for key, old in stored.items() if old[1:] != wanted.get(key)]
     written = [
-        DiffRow(proposal=proposal, **new)
+        DiffRow(proposal=proposal, **dict(zip(DIFF_ROW_FIELDS, new, strict=True)))
         for key, new in wanted.items()
-        if not same(stored.get(key), new)
+        if key not in stored or stored[key][1:] != new
     ]
     for i in range(0, len(gone), ROWS_PER_STATEMENT):
         DiffRow.objects.filter(pk__in=gone[i : i + ROWS_PER_STATEMENT]).delete()
@@ -425,12 +429,14 @@ def _evaluation_apply(
     proposal.state = state
     proposal.policy = ev.policy
     proposal.blocking_reasons = ev.reasons_summarised
+    proposal.summary = {**proposal.summary, "blocking": len(ev.blockers)}
     proposal.evaluated_at = timezone.now()
     proposal.save(
         update_fields=[
             "state",
             "policy",
             "blocking_reasons",
+            "summary",
             "evaluated_at",
             "approved_at",
         ]

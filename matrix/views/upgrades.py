@@ -3,12 +3,12 @@ in words, decisions, backend exceptions, rollout and the policy."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from urllib.parse import urlencode
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied, ValidationError
-from django.core.paginator import Paginator
 from django.db.models import CharField, Q
 from django.db.models.functions import Cast
 from django.shortcuts import get_object_or_404, redirect, render
@@ -104,15 +104,15 @@ def upgrade_page(request, pk: int):
             "gate/detail.html#diff-rows",
             {"proposal": proposal, **_rows_context(request, proposal, policy)},
         )
-    context = _detail_context(request, proposal)
     if request.htmx:
         # The gate status polls while collecting or while a re-evaluation
         # that new results asked for is pending.
+        context = _detail_context(request, proposal, rows=False)
         response = render(request, "gate/detail.html#gate-status", context)
         if not context["polling"]:
             response.status_code = STOP_POLLING
         return response
-    return render(request, "gate/detail.html", context)
+    return render(request, "gate/detail.html", _detail_context(request, proposal))
 
 
 class RowFilter:
@@ -143,6 +143,22 @@ class RowFilter:
     def active(self) -> bool:
         return any(self.values.values())
 
+    def count_in(self, summary: dict) -> int | None:
+        """How many rows a single filter lists, from the counts stored with
+        the diff; None where they do not say (two filters at once)."""
+        given = [key for key in self.KEYS if self.values[key]]
+        if not given:
+            return summary.get("cells")
+        if len(given) > 1:
+            return None
+        key = given[0]
+        value = self.values[key]
+        if key == "blocking":
+            return summary.get("blocking")
+        if key == "change":
+            return summary.get(value, 0) if value in Change.LABELS else 0
+        return (summary.get(f"by_{key}") or {}).get(value, {}).get("cells", 0)
+
     @property
     def encoded(self) -> str:
         """The filters as a query string, for the pages of the same list."""
@@ -153,10 +169,13 @@ def _rows_context(request, proposal: UpgradeProposal, policy: Policy) -> dict:
     """One page of the stored diff's rows, with what the manifest would
     serve for each under the policy."""
     rows_filter = RowFilter(request.GET)
-    rows = rows_filter.apply(proposal.diff_rows.only(*ROW_COLUMNS)).changed_first()
-    page = Paginator(rows, ROWS_PER_PAGE).get_page(request.GET.get("page"))
+    rows = rows_filter.apply(proposal.diff_rows.only(*ROW_COLUMNS))
+    count = rows_filter.count_in(proposal.summary or {})
+    if count is None:
+        count = rows.count()
+    page = RowsPage.of(rows, count=count, query=request.GET)
     candidate = proposal.candidate.name
-    for row in page:
+    for row in page.rows:
         row.serves = manifest_choice(
             CellDiff.from_row(row),
             toolchain=candidate,
@@ -170,6 +189,64 @@ def _rows_context(request, proposal: UpgradeProposal, policy: Policy) -> dict:
     }
 
 
+@dataclass
+class RowsPage:
+    """Rows in ``sort_key`` order (changed first), a page going on from a
+    cursor: ``after=KEY`` the rows after that one, ``before=KEY`` those
+    before it, ``last=1`` the last page, none the first. Rows are never
+    skipped by an offset, so a late page costs what the first does;
+    ``start`` only numbers the rows shown."""
+
+    rows: list
+    count: int
+    start: int
+    has_previous: bool
+    has_next: bool
+
+    @classmethod
+    def of(cls, rows, *, count: int, query) -> RowsPage:
+        size = ROWS_PER_PAGE
+        after, before = _cursor(query.get("after")), _cursor(query.get("before"))
+        start = _cursor(query.get("start")) or 1
+        if after is not None:
+            shown = list(
+                rows.filter(sort_key__gt=after).order_by("sort_key")[: size + 1]
+            )
+            return cls(shown[:size], count, start, True, len(shown) > size)
+        if before is not None:
+            shown = list(
+                rows.filter(sort_key__lt=before).order_by("-sort_key")[: size + 1]
+            )
+            earlier = len(shown) > size
+            return cls(
+                shown[:size][::-1], count, start if earlier else 1, earlier, True
+            )
+        if query.get("last") == "1":
+            shown = list(rows.order_by("-sort_key")[:size])[::-1]
+            return cls(shown, count, count - len(shown) + 1, count > len(shown), False)
+        shown = list(rows.order_by("sort_key")[: size + 1])
+        return cls(shown[:size], count, 1, False, len(shown) > size)
+
+    @property
+    def end(self) -> int:
+        return self.start + len(self.rows) - 1
+
+    @property
+    def next_start(self) -> int:
+        return self.end + 1
+
+    @property
+    def previous_start(self) -> int:
+        return max(1, self.start - ROWS_PER_PAGE)
+
+
+def _cursor(value) -> int | None:
+    """A sort key or row number given in the query; anything else none."""
+    if isinstance(value, str) and value.isascii() and value.isdigit():
+        return int(value)
+    return None
+
+
 # The columns the rows list shows or the manifest preview reads.
 ROW_COLUMNS = [
     "id",
@@ -178,6 +255,7 @@ ROW_COLUMNS = [
     "device_type_id",
     "rank",
     "position",
+    "sort_key",
     *(
         name
         for name in CellDiff.__dataclass_fields__
@@ -191,11 +269,17 @@ ROWS_PER_PAGE = 50
 
 
 def _detail_context(
-    request, proposal: UpgradeProposal, *, decision_form=None, exception_form=None
+    request,
+    proposal: UpgradeProposal,
+    *,
+    decision_form=None,
+    exception_form=None,
+    rows=True,
 ) -> dict:
     """The page's context, read from the stored diff; a form passed in is a
     bound one that failed, shown again with its errors and what the user
-    typed."""
+    typed. ``rows``: with the page of diff rows (not for the gate status
+    alone)."""
     policy = Policy.current()
     reviewer = services.is_reviewer(request.user, policy)
     is_proposer = request.user.pk == proposal.proposer_id
@@ -206,7 +290,7 @@ def _detail_context(
         "proposal": proposal,
         "polling": collecting or proposal.reevaluation_pending,
         "reasons": proposal.blocking_reasons or [],
-        "blocking_count": proposal.diff_rows.blocking().count(),
+        "blocking_count": summary.get("blocking", 0),
         "missing_not_required": 0
         if policy.require_candidate_results
         else summary.get("served_missing", 0),
@@ -214,7 +298,7 @@ def _detail_context(
         "summary": summary,
         "by_operator": sorted((summary.get("by_operator") or {}).items()),
         "by_backend": sorted((summary.get("by_backend") or {}).items()),
-        **_rows_context(request, proposal, policy),
+        **(_rows_context(request, proposal, policy) if rows else {}),
         "approvals": proposal.approvals.select_related("reviewer"),
         "exceptions": proposal.exceptions.select_related("granted_by", "signed_off_by"),
         "events": _proposal_events(proposal),

@@ -601,20 +601,38 @@ def test_many_blocking_cells_are_summarised_above_the_decision_form(
     assert body.index('id="decision-form"') < body.index('id="summary-heading"')
 
 
+def pager_link(body: str, name: str) -> dict:
+    """The query of the pager's ``name`` link (next, previous, first, last)."""
+    found = re.search(rf'href="\?([^"#]*)#cells"[^>]*>{name}</a>', body)
+    assert found, f"no {name} link"
+    return dict(pair.split("=") for pair in found.group(1).split("&amp;"))
+
+
 def test_the_blocking_cells_are_listed_a_page_at_a_time(client, world, many_missing):
     client.force_login(world.reviewers[0])
     page = url("upgrade", many_missing)
+    htmx = {"HX-Request": "true", "HX-Target": "diff-rows"}
     first = client.get(page, {"blocking": "1"}).content.decode()
     assert first.count('data-blocking="missing"') == 50
     assert "Cells 1–50 of 122" in first
-    last = client.get(
-        page,
-        {"blocking": "1", "page": "3"},
-        headers={"HX-Request": "true", "HX-Target": "diff-rows"},
+    second = client.get(page, pager_link(first, "next"), headers=htmx).content.decode()
+    assert second.lstrip().startswith('<div id="diff-rows">')
+    assert "Cells 51–100 of 122" in second
+    third = client.get(page, pager_link(second, "next"), headers=htmx).content.decode()
+    assert third.count('data-blocking="missing"') == 22
+    assert "Cells 101–122 of 122" in third
+    assert ">next</a>" not in third
+    shown = [
+        re.findall(r'data-cell="([^"]+)"', body) for body in (first, second, third)
+    ]
+    assert len({cell for rows in shown for cell in rows}) == 122
+    # Back from the last page, and straight to it: the same rows.
+    back = client.get(
+        page, pager_link(third, "previous"), headers=htmx
     ).content.decode()
-    assert last.lstrip().startswith('<div id="diff-rows">')
-    assert last.count('data-blocking="missing"') == 22
-    assert "Cells 101–122 of 122" in last
+    assert re.findall(r'data-cell="([^"]+)"', back) == shown[1]
+    last = client.get(page, pager_link(first, "last"), headers=htmx).content.decode()
+    assert re.findall(r'data-cell="([^"]+)"', last)[-22:] == shown[2]
 
 
 def test_the_proposal_page_runs_a_fixed_number_of_queries(
