@@ -308,6 +308,14 @@ class DiffRow(models.Model):
             f"{self.operator}[{self.dims_key}] {self.dtype} on {self.device_type_label}"
         )
 
+    @property
+    def change_label(self) -> str:
+        # Imported here: the diff module reads the matrix models, which
+        # import these.
+        from matrix.gate.diff import Change
+
+        return Change.LABELS[self.change]
+
 
 class Decision(models.TextChoices):
     APPROVE = "approve"

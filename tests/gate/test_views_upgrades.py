@@ -193,6 +193,9 @@ def test_the_diff_page_shows_counts_groups_and_the_blocking_cell(
     assert '<td data-change="still_green">1</td>' in body
     assert 'id="by-operator-heading"' in body and 'id="by-backend-heading"' in body
     assert "1.00 ± 0.07" in body  # gemm: one timing each side, default band
+    softmax = body.split('data-cell="softmax[M=64,N=256] float32 on x86-64 CPU · c"')
+    row = softmax[1].split("</tr>")[0]
+    assert "<td>green → red<br><strong class=\"blocks\">blocks (regression)" in row
 
 
 def test_the_proposer_opens_a_proposal_from_the_form(client, world):
