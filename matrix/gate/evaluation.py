@@ -79,6 +79,8 @@ def jobs_phrase(count: int) -> str:
 class JobsInFlight:
     open: int
     stalled: list[StalledJobs]
+    # The toolchains online runners host, read where some jobs are stalled.
+    hosted: list[Toolchain] = field(default_factory=list)
 
     @property
     def stalled_count(self) -> int:
@@ -100,7 +102,8 @@ def proposal_jobs_in_flight(*, proposal: UpgradeProposal) -> JobsInFlight:
     if not total:
         return JobsInFlight(open=0, stalled=[])
     read = Runner.objects.online().queues_read()
-    hosted = {toolchain.pk for toolchain in toolchains_online()}
+    online = list(toolchains_online())
+    hosted = {toolchain.pk for toolchain in online}
     groups = (
         jobs.filter(state=ValidationJob.State.QUEUED)
         .exclude(queue__in=read)
@@ -123,7 +126,7 @@ def proposal_jobs_in_flight(*, proposal: UpgradeProposal) -> JobsInFlight:
         stalled.append(
             StalledJobs(toolchain, device_type, group["count"], missing, group["stage"])
         )
-    return JobsInFlight(open=total, stalled=stalled)
+    return JobsInFlight(open=total, stalled=stalled, hosted=online)
 
 
 # -- the policy over the stored diff --------------------------------------------

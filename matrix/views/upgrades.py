@@ -23,7 +23,6 @@ from matrix.gate.forms import DecisionForm, ExceptionForm, PolicyForm, ProposalF
 from matrix.gate.manifest import manifest_choice, times
 from matrix.gate.models import Approval, BackendException, Policy, UpgradeProposal
 from matrix.models import AuditEvent, Backend
-from matrix.queries import toolchains_online
 
 # htmx stops polling on this status.
 STOP_POLLING = 286
@@ -286,6 +285,8 @@ def _detail_context(
     jobs = services.proposal_jobs_in_flight(proposal=proposal)
     summary = proposal.summary or {}
     collecting = proposal.state == UpgradeProposal.State.COLLECTING
+    device_types = list(proposal.device_types.all())
+    exceptions = list(proposal.exceptions.select_related("granted_by", "signed_off_by"))
     return {
         "proposal": proposal,
         "polling": collecting or proposal.reevaluation_pending,
@@ -294,24 +295,25 @@ def _detail_context(
         "missing_not_required": 0
         if policy.require_candidate_results
         else summary.get("served_missing", 0),
-        "device_types": proposal.device_types.all(),
+        "device_types": device_types,
         "summary": summary,
         "by_operator": sorted((summary.get("by_operator") or {}).items()),
         "by_backend": sorted((summary.get("by_backend") or {}).items()),
         **(_rows_context(request, proposal, policy) if rows else {}),
         "approvals": proposal.approvals.select_related("reviewer"),
-        "exceptions": proposal.exceptions.select_related("granted_by", "signed_off_by"),
+        "exceptions": exceptions,
         "events": _proposal_events(proposal),
         "policy": policy,
         "jobs": jobs,
-        "hosted": toolchains_online() if jobs.stalled else [],
+        "hosted": jobs.hosted if jobs.stalled else [],
         "can_decide": reviewer and not is_proposer,
         "can_grant_exception": reviewer and not is_proposer,
         "is_proposer": is_proposer,
         "can_rollout": proposal.state == UpgradeProposal.State.APPROVED
         and (reviewer or services.can_edit_policy(request.user)),
         "decision_form": decision_form or DecisionForm(),
-        "exception_form": exception_form or _exception_form(proposal),
+        "exception_form": exception_form
+        or _exception_form(proposal, device_types=device_types, exceptions=exceptions),
         "is_reviewer": reviewer,
         "can_reevaluate": reviewer
         or is_proposer
@@ -348,12 +350,20 @@ def _proposal_events(proposal: UpgradeProposal):
     )
 
 
-def _exception_form(proposal: UpgradeProposal, data=None) -> ExceptionForm:
-    backends = {dt.backend for dt in proposal.device_types.all()}
+def _exception_form(
+    proposal: UpgradeProposal, data=None, *, device_types=None, exceptions=None
+) -> ExceptionForm:
+    """``device_types`` and ``exceptions``: the proposal's, where the page
+    has read them already."""
+    if device_types is None:
+        device_types = proposal.device_types.all()
+    backends = {dt.backend for dt in device_types}
     if data is None:
         # Offer only what can still be granted; a posted backend is checked
         # by the service, which says why a second exception is refused.
-        backends -= set(proposal.exceptions.values_list("backend", flat=True))
+        if exceptions is None:
+            exceptions = proposal.exceptions.all()
+        backends -= {e.backend for e in exceptions}
     return ExceptionForm(data, backends=backends)
 
 
