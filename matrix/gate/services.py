@@ -324,13 +324,23 @@ def proposals_reevaluation_request(*, results) -> list[int]:
     return sorted(marks)
 
 
-def _reevaluation_enqueue(proposal_id: int) -> None:
+@transaction.atomic
+def proposal_reevaluation_ask(*, proposal: UpgradeProposal) -> None:
+    """ "Re-evaluate now": a background re-evaluation at once, marked as
+    results mark one, so the page polls until it is done."""
+    UpgradeProposal.objects.filter(pk=proposal.pk).update(
+        reevaluation_requested_at=timezone.now()
+    )
+    transaction.on_commit(partial(_reevaluation_enqueue, proposal.pk, delay_s=0))
+
+
+def _reevaluation_enqueue(
+    proposal_id: int, delay_s: float = REEVALUATION_DELAY_S
+) -> None:
     # Imported here: tasks import the services.
     from matrix.tasks import proposal_reevaluate_task
 
-    proposal_reevaluate_task.apply_async(
-        args=[proposal_id], countdown=REEVALUATION_DELAY_S
-    )
+    proposal_reevaluate_task.apply_async(args=[proposal_id], countdown=delay_s)
 
 
 def proposals_reevaluation_resend(*, older_than_s: float) -> list[int]:

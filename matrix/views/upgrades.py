@@ -15,7 +15,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 from django.views.decorators.vary import vary_on_headers
-from django_htmx.http import HttpResponseClientRedirect
+from django_htmx.http import HttpResponseClientRedirect, HttpResponseClientRefresh
 
 from matrix.gate import services
 from matrix.gate.diff import CellDiff, Change
@@ -105,13 +105,21 @@ def upgrade_page(request, pk: int):
         )
     if request.htmx:
         # The gate status polls while collecting or while a re-evaluation
-        # that new results asked for is pending.
+        # is pending; once one has stored a new diff, the whole page reloads.
+        if request.GET.get("evaluated", _evaluated(proposal)) != _evaluated(proposal):
+            return HttpResponseClientRefresh()
         context = _detail_context(request, proposal, rows=False)
         response = render(request, "gate/detail.html#gate-status", context)
         if not context["polling"]:
             response.status_code = STOP_POLLING
         return response
     return render(request, "gate/detail.html", _detail_context(request, proposal))
+
+
+def _evaluated(proposal: UpgradeProposal) -> str:
+    """When the proposal was last evaluated, as the page carries it."""
+    when = proposal.evaluated_at
+    return when.isoformat() if when else ""
 
 
 class RowFilter:
@@ -290,6 +298,7 @@ def _detail_context(
     return {
         "proposal": proposal,
         "polling": collecting or proposal.reevaluation_pending,
+        "evaluated": _evaluated(proposal),
         "reasons": proposal.blocking_reasons or [],
         "blocking_count": summary.get("blocking", 0),
         "missing_not_required": 0
@@ -422,7 +431,12 @@ def upgrade_reevaluate(request, pk: int):
         or services.can_edit_policy(request.user)
     ):
         raise PermissionDenied("only the proposer, reviewers and admins re-evaluate")
-    services.proposal_reevaluate(proposal=proposal, actor=request.user)
+    # In the background, as results ask for it: computing a large diff here
+    # would hold the proposal, and the ingest of its results, meanwhile.
+    services.proposal_reevaluation_ask(proposal=proposal)
+    messages.info(
+        request, "Re-evaluation requested: this page updates when it is done."
+    )
     return redirect("upgrade", pk=pk)
 
 

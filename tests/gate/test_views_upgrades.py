@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from urllib.parse import unquote
 
 import pytest
 from django.urls import reverse
@@ -661,3 +662,25 @@ def test_the_form_with_choices_to_make_has_no_empty_note(client, world):
     assert (
         'id="cannot-propose"' not in client.get(reverse("upgrade-new")).content.decode()
     )
+
+
+def test_re_evaluate_now_asks_the_control_worker_and_the_page_follows(
+    client, world, green, django_capture_on_commit_callbacks, control_worker
+):
+    world.record("softmax", world.cpu, world.new, Status.COMPILE_ERROR)
+    client.force_login(world.reviewers[0])
+    page = url("upgrade", green)
+    with django_capture_on_commit_callbacks() as enqueued:
+        response = client.post(url("upgrade-reevaluate", green), follow=True)
+    body = response.content.decode()
+    assert "Re-evaluation requested" in body
+    assert 'id="reevaluation-pending"' in body and 'data-state="ready"' in body
+    assert len(enqueued) == 1
+    evaluated = re.search(r"\?evaluated=([^\"]*)\"", body).group(1)
+    poll = {"evaluated": unquote(evaluated)}
+    htmx = {"HX-Request": "true"}
+    assert "HX-Refresh" not in client.get(page, poll, headers=htmx)
+
+    control_worker(enqueued[0])
+    assert client.get(page, poll, headers=htmx)["HX-Refresh"] == "true"
+    assert 'data-state="blocked"' in client.get(page).content.decode()
