@@ -304,17 +304,18 @@ def proposals_reevaluation_request(*, results) -> list[int]:
         match |= Q(device_types=device_type_id) & (
             Q(baseline_id=toolchain_id) | Q(candidate_id=toolchain_id)
         )
-    affected = set(
-        UpgradeProposal.objects.open().filter(match).values_list("pk", flat=True)
-    )
-    if not affected:
-        return []
+    # Found and locked in one statement (a join cannot be locked with
+    # DISTINCT, a subquery can), in id order so two ingests queue rather
+    # than deadlock.
+    affected = UpgradeProposal.objects.open().filter(match).values("pk")
     marks = dict(
         UpgradeProposal.objects.select_for_update()
         .filter(pk__in=affected)
         .order_by("pk")
         .values_list("pk", "reevaluation_requested_at")
     )
+    if not marks:
+        return []
     UpgradeProposal.objects.filter(pk__in=marks).update(
         reevaluation_requested_at=timezone.now()
     )
