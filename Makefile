@@ -31,6 +31,9 @@ seed: migrate
 	# toolchain is the demo's current one. A refusal is shown, not fatal.
 	-$(PY) manage.py evidence import --current-if-none docs/evidence/*.evidence.json
 	$(PY) manage.py ensure_admin
+	# Demo reviewers (passwords printed once), and an upgrade proposal for
+	# every A/B an evidence file holds (TileLang 0.1.13 -> 0.1.15 on the CPU).
+	$(PY) manage.py demo_upgrade docs/evidence/*.evidence.json
 
 run: seed
 	scripts/run-dev

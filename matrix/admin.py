@@ -122,6 +122,7 @@ class PolicyAdmin(ReadOnlyAdmin):
         "version",
         "required_approvals",
         "perf_budget",
+        "speed_budget",
         "created_by",
         "created_at",
     ]

@@ -6,3 +6,17 @@ from django.apps import AppConfig
 class MatrixConfig(AppConfig):
     name = "matrix"
     verbose_name = "TileMatrix"
+
+    def ready(self):
+        from matrix.celery import app
+        from matrix.tasks import RESEND_AFTER_S, ROUTES
+
+        app.conf.task_routes = {**(app.conf.task_routes or {}), **ROUTES}
+        app.conf.beat_schedule = {
+            **(app.conf.beat_schedule or {}),
+            "gate.reevaluation_resend": {
+                "task": "gate.reevaluation_resend",
+                "schedule": RESEND_AFTER_S,
+                "options": {"queue": "control"},
+            },
+        }

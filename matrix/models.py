@@ -677,6 +677,7 @@ class AuditEvent(models.Model):
 from matrix.gate.models import (  # noqa: E402, F401
     Approval,
     BackendException,
+    DiffRow,
     ManifestEntry,
     Policy,
     UpgradeProposal,

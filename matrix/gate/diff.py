@@ -1,9 +1,12 @@
 """The A/B diff of two toolchains' matrices on some device types.
 
-Pure reads: one query for the cells of both toolchains, one for the repeat
-timings. The digest covers what a reviewer judges (statuses, and the
-performance verdict in 5% steps), not raw milliseconds, so a rerun that
-lands on the same picture does not void the approvals given on it.
+Pure reads of the columns the diff needs: one query for the cells of both
+toolchains (never a result's details or a revision's source, which made it
+ten times slower on a large matrix), one for the shapes, one for the repeat
+timings. The digest covers what a reviewer judges (statuses, kernel
+revisions, and the performance verdict in 5% steps), not raw milliseconds,
+so a rerun that lands on the same picture does not void the approvals given
+on it.
 """
 
 from __future__ import annotations
@@ -11,9 +14,12 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import statistics
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+
+from django.db.models import F, Q
+from django.db.models.fields.json import KeyTransform
+from django.db.models.functions import Substr
 
 from matrix.models import Cell, Result, Shape, Status
 
@@ -24,6 +30,7 @@ DEFAULT_NOISE_BAND = 0.05
 REPEAT_WINDOW = 5
 PERF_STEP = 0.05
 MAD_TO_SIGMA = 1.4826
+ERROR_SHOWN = 300
 
 
 class Change:
@@ -45,13 +52,26 @@ class Change:
     ORDER = [GREEN_TO_RED, MISSING, RED_TO_GREEN, NEW, STILL_RED, STILL_GREEN]
 
 
+# What a reviewer reads first: regressions, missing results and slowdowns,
+# then improvements, then what did not change.
+RANKS = {
+    Change.GREEN_TO_RED: 0,
+    Change.MISSING: 1,
+    "slower": 2,
+    Change.RED_TO_GREEN: 3,
+    Change.NEW: 4,
+    "faster": 5,
+    Change.STILL_RED: 6,
+    Change.STILL_GREEN: 7,
+}
+
+
 @dataclass
 class CellDiff:
     shape_id: int
     device_type_id: int
     operator: str
     dtype: str
-    dims: dict
     dims_key: str
     served: bool
     weight: float
@@ -67,6 +87,11 @@ class CellDiff:
     candidate_ms: float | None = None
     ratio: float | None = None
     band: float | None = None
+    # The candidate's own PyTorch reference on this cell, and its speed
+    # against it (reference / TileLang time) with that comparison's band.
+    reference_ms: float | None = None
+    speed: float | None = None
+    speed_band: float | None = None
 
     @property
     def label(self) -> str:
@@ -88,10 +113,78 @@ class CellDiff:
             math.copysign(math.ceil(abs(self.ratio - 1) / PERF_STEP), self.ratio - 1)
         )
 
+    @property
+    def rank(self) -> int:
+        """Changed rows first, and within a change served rows first."""
+        kind = self.change
+        if kind == Change.STILL_GREEN and self.perf_step:
+            kind = "slower" if self.perf_step > 0 else "faster"
+        return 2 * RANKS[kind] + (0 if self.served else 1)
+
     def slower_than(self, budget: float) -> bool:
         """Slower than the budget allows even at the favourable edge of the
         noise band."""
         return self.ratio is not None and self.ratio - self.band > 1 + budget
+
+    def slower_than_reference(self, budget: float) -> bool:
+        """The candidate's kernel takes longer than its PyTorch reference on
+        this cell by more than ``budget``, even at the favourable edge of
+        the band."""
+        return self.speed is not None and 1 / self.speed - self.speed_band > 1 + budget
+
+    def row_fields(self) -> dict:
+        """The stored row's fields (``DiffRow``), but for its place."""
+        values = {name: getattr(self, name) for name in FIELD_NAMES}
+        values["device_type_label"] = values.pop("device_type")
+        values["baseline_status"] = self.baseline_status or ""
+        values["candidate_status"] = self.candidate_status or ""
+        values["candidate_error"] = self.candidate_error[:ERROR_SHOWN]
+        values["perf_step"] = self.perf_step
+        values["rank"] = self.rank
+        return values
+
+    @classmethod
+    def from_row(cls, row) -> CellDiff:
+        """A stored row read back."""
+        values = {}
+        for name in FIELD_NAMES:
+            source = "device_type_label" if name == "device_type" else name
+            values[name] = getattr(row, source)
+        values["baseline_status"] = row.baseline_status or None
+        values["candidate_status"] = row.candidate_status or None
+        return cls(**values)
+
+
+FIELD_NAMES = tuple(f.name for f in fields(CellDiff))
+
+
+def summary_of(rows) -> dict:
+    """Counts by change, by operator and by backend: what the proposal page
+    and the list show without reading the rows again."""
+
+    def counts(group) -> dict:
+        totals = {change: 0 for change in Change.ORDER}
+        for row in group:
+            totals[row.change] += 1
+        totals["cells"] = len(group)
+        totals["served"] = sum(row.served for row in group)
+        totals["served_missing"] = sum(
+            row.served and row.change == Change.MISSING for row in group
+        )
+        totals["slower"] = sum(bool(r.perf_step and r.perf_step > 0) for r in group)
+        totals["faster"] = sum(bool(r.perf_step and r.perf_step < 0) for r in group)
+        return totals
+
+    rows = list(rows)
+    summary = counts(rows)
+    for attribute in ("operator", "backend"):
+        groups: dict[str, list] = defaultdict(list)
+        for row in rows:
+            groups[getattr(row, attribute)].append(row)
+        summary[f"by_{attribute}"] = {
+            key: counts(group) for key, group in sorted(groups.items())
+        }
+    return summary
 
 
 @dataclass
@@ -101,35 +194,17 @@ class Diff:
 
     @property
     def summary(self) -> dict:
-        counts = {change: 0 for change in Change.ORDER}
-        for row in self.rows:
-            counts[row.change] += 1
-        counts["cells"] = len(self.rows)
-        counts["served"] = sum(row.served for row in self.rows)
-        counts["slower"] = sum(
-            bool(row.perf_step and row.perf_step > 0) for row in self.rows
-        )
-        counts["faster"] = sum(
-            bool(row.perf_step and row.perf_step < 0) for row in self.rows
-        )
-        return counts
+        return summary_of(self.rows)
 
-    def by(self, attribute: str) -> dict[str, list[CellDiff]]:
-        groups: dict[str, list[CellDiff]] = defaultdict(list)
-        for row in self.rows:
-            groups[getattr(row, attribute)].append(row)
-        return dict(sorted(groups.items()))
 
-    def grouped(self, attribute: str) -> list[dict]:
-        """Per group: its rows and its counts by change, for the diff page."""
-        groups = []
-        for key, rows in self.by(attribute).items():
-            counts = {change: 0 for change in Change.ORDER}
-            for row in rows:
-                counts[row.change] += 1
-            counts["slower"] = sum(bool(r.perf_step and r.perf_step > 0) for r in rows)
-            groups.append({"key": key, "rows": rows, "counts": counts})
-        return groups
+def median(samples) -> float:
+    """statistics.median, for the few samples a cell has, without its
+    checks: a large diff takes hundreds of thousands."""
+    ordered = sorted(samples)
+    middle = len(ordered) // 2
+    if len(ordered) % 2:
+        return ordered[middle]
+    return (ordered[middle - 1] + ordered[middle]) / 2
 
 
 def noise(samples: list[float]) -> float | None:
@@ -140,15 +215,15 @@ def noise(samples: list[float]) -> float | None:
     samples = [s for s in samples if s]
     if len(samples) < 2:
         return None
-    centre = statistics.median(samples)
-    mad = statistics.median(abs(s - centre) for s in samples)
+    centre = median(samples)
+    mad = median([abs(s - centre) for s in samples])
     return MAD_TO_SIGMA * mad / centre
 
 
-def timing_samples(result: Result, history: list[float]) -> list[float]:
-    """Repeat timings of one cell: those the harness stored with the result,
-    else the kernel medians of the cell's recent results."""
-    stored = result.details.get("kernel_ms_samples") if result.details else None
+def timing_samples(stored, history: list[float]) -> list[float]:
+    """Repeat timings of one cell: those the harness stored with the result
+    (``kernel_ms_samples``), else the kernel medians of the cell's recent
+    results."""
     if isinstance(stored, list) and len(stored) >= 2:
         return [float(s) for s in stored]
     return history
@@ -158,8 +233,8 @@ def perf(baseline: list[float], candidate: list[float]) -> tuple[float, float] |
     """The candidate / baseline ratio of medians and its noise band."""
     if not baseline or not candidate:
         return None
-    base_ms, cand_ms = statistics.median(baseline), statistics.median(candidate)
-    if base_ms <= 0:
+    base_ms, cand_ms = median(baseline), median(candidate)
+    if base_ms <= 0 or cand_ms <= 0:
         return None
     base_noise = noise(baseline)
     cand_noise = noise(candidate)
@@ -191,28 +266,60 @@ def classify(baseline: str | None, candidate: str | None) -> str:
     return Change.STILL_RED
 
 
+CELL_COLUMNS = (
+    "pk",
+    "shape_id",
+    "device_type_id",
+    "toolchain_id",
+    "revision_id",
+    "result_id",
+    "status",
+    "kernel_ms",
+    "reference_ms",
+    "revision_sha256",
+    "error",
+    "kernel_ms_samples",
+)
+
+
+def _cells(baseline, candidate, dt_ids) -> list[dict]:
+    """The cells of both toolchains on the device types, with only the
+    columns the diff reads: the first 300 characters of a result's error
+    and the key of its details that may hold repeat timings."""
+    return list(
+        Cell.objects.filter(
+            device_type_id__in=dt_ids, toolchain__in=[baseline, candidate]
+        )
+        .annotate(
+            revision_sha256=F("revision__source_sha256"),
+            error=Substr("result__error_message", 1, ERROR_SHOWN),
+            kernel_ms_samples=KeyTransform("kernel_ms_samples", "result__details"),
+        )
+        .order_by()
+        .values(*CELL_COLUMNS)
+    )
+
+
 def matrix_diff(*, baseline, candidate, device_types) -> Diff:
     """Every served shape on every device type, plus any unserved shape that
     has a result on either toolchain there."""
     device_types = list(device_types)
     dt_ids = [dt.pk for dt in device_types]
-    cells = (
-        Cell.objects.filter(
-            device_type_id__in=dt_ids, toolchain__in=[baseline, candidate]
-        )
-        .select_related("result", "revision")
-        .order_by()
-    )
-    by_key: dict[tuple[int, int, int], Cell] = {
-        (c.shape_id, c.device_type_id, c.toolchain_id): c for c in cells
-    }
+    cells = _cells(baseline, candidate, dt_ids)
+    by_key = {(c["shape_id"], c["device_type_id"], c["toolchain_id"]): c for c in cells}
     history = _timing_history(cells)
-    shape_ids = {key[0] for key in by_key}
+    with_results = Cell.objects.filter(
+        device_type_id__in=dt_ids, toolchain__in=[baseline, candidate]
+    ).values("shape_id")
     shapes = (
-        Shape.objects.filter(served=True) | Shape.objects.filter(pk__in=shape_ids)
-    ).select_related("operator")
+        Shape.objects.filter(Q(served=True) | Q(pk__in=with_results))
+        .order_by("operator__name", "dtype", "dims_key")
+        .values_list(
+            "pk", "operator__name", "dtype", "dims_key", "served", "weight", named=True
+        )
+    )
     rows = []
-    for shape in shapes.order_by("operator__name", "dtype", "dims_key"):
+    for shape in shapes:
         for dt in device_types:
             base = by_key.get((shape.pk, dt.pk, baseline.pk))
             cand = by_key.get((shape.pk, dt.pk, candidate.pk))
@@ -221,60 +328,85 @@ def matrix_diff(*, baseline, candidate, device_types) -> Diff:
             row = CellDiff(
                 shape_id=shape.pk,
                 device_type_id=dt.pk,
-                operator=shape.operator.name,
+                operator=shape.operator__name,
                 dtype=shape.dtype,
-                dims=shape.dims,
                 dims_key=shape.dims_key,
                 served=shape.served,
                 weight=shape.weight,
                 backend=dt.backend,
                 device_type=str(dt),
-                baseline_status=base.status if base else None,
-                candidate_status=cand.status if cand else None,
-                candidate_result_id=cand.result_id if cand else None,
-                candidate_revision_sha256=cand.revision.source_sha256 if cand else "",
-                candidate_error=cand.result.error_message[:300] if cand else "",
-                change=classify(base and base.status, cand and cand.status),
+                baseline_status=base["status"] if base else None,
+                candidate_status=cand["status"] if cand else None,
+                candidate_result_id=cand["result_id"] if cand else None,
+                candidate_revision_sha256=cand["revision_sha256"] if cand else "",
+                candidate_error=(cand["error"] or "") if cand else "",
+                change=classify(base and base["status"], cand and cand["status"]),
             )
             if row.change == Change.STILL_GREEN:
-                row.baseline_ms, row.candidate_ms = base.kernel_ms, cand.kernel_ms
+                row.baseline_ms, row.candidate_ms = base["kernel_ms"], cand["kernel_ms"]
                 measured = perf(
-                    timing_samples(base.result, history[base.pk]),
-                    timing_samples(cand.result, history[cand.pk]),
+                    timing_samples(base["kernel_ms_samples"], history[base["pk"]][0]),
+                    timing_samples(cand["kernel_ms_samples"], history[cand["pk"]][0]),
                 )
                 if measured:
                     row.ratio, row.band = measured
+            if cand and cand["status"] == Status.PASS:
+                _speed_measure(row, cand, history[cand["pk"]])
             rows.append(row)
     return Diff(rows=rows, digest=digest_of(baseline, candidate, device_types, rows))
 
 
-def _timing_history(cells) -> dict[int, list[float]]:
-    """Per cell, the kernel medians of its latest passing results on the
-    cell's current revision, newest first."""
-    cells = [c for c in cells if c.status == Status.PASS]
-    history: dict[int, list[float]] = defaultdict(list)
+def _speed_measure(row: CellDiff, cand: dict, history: tuple[list, list]) -> None:
+    """The candidate's speed against its PyTorch reference on the same cell,
+    from the same results' timings: both are timed in the same child."""
+    kernels, references = history
+    row.candidate_ms = cand["kernel_ms"]
+    row.reference_ms = cand["reference_ms"]
+    kernels = timing_samples(cand["kernel_ms_samples"], kernels)
+    # perf(a, b) is b / a: here reference / TileLang, the speed.
+    measured = perf(kernels, references)
+    if measured:
+        row.speed, row.speed_band = measured
+
+
+def _timing_history(cells: list[dict]) -> dict[int, tuple[list, list]]:
+    """Per cell, the kernel and reference medians of its latest passing
+    results on the cell's current revision, newest first."""
+    cells = [c for c in cells if c["status"] == Status.PASS]
+    history: dict[int, tuple[list, list]] = defaultdict(lambda: ([], []))
     if not cells:
         return history
     wanted = {
-        (c.shape_id, c.device_type_id, c.toolchain_id, c.revision_id): c for c in cells
+        (c["shape_id"], c["device_type_id"], c["toolchain_id"], c["revision_id"]): c
+        for c in cells
     }
     results = (
         Result.objects.filter(
-            shape_id__in={c.shape_id for c in cells},
-            device_type_id__in={c.device_type_id for c in cells},
-            toolchain_id__in={c.toolchain_id for c in cells},
+            shape_id__in={c["shape_id"] for c in cells},
+            device_type_id__in={c["device_type_id"] for c in cells},
+            toolchain_id__in={c["toolchain_id"] for c in cells},
             status=Status.PASS,
             kernel_ms__isnull=False,
         )
         .order_by("-created_at", "-id")
         .values_list(
-            "shape_id", "device_type_id", "toolchain_id", "revision_id", "kernel_ms"
+            "shape_id",
+            "device_type_id",
+            "toolchain_id",
+            "revision_id",
+            "kernel_ms",
+            "reference_ms",
         )
     )
-    for *key, kernel_ms in results:
+    for *key, kernel_ms, reference_ms in results:
         cell = wanted.get(tuple(key))
-        if cell is not None and len(history[cell.pk]) < REPEAT_WINDOW:
-            history[cell.pk].append(kernel_ms)
+        if cell is None:
+            continue
+        kernels, references = history[cell["pk"]]
+        if len(kernels) < REPEAT_WINDOW:
+            kernels.append(kernel_ms)
+            if reference_ms:
+                references.append(reference_ms)
     return history
 
 

@@ -117,6 +117,11 @@ class PolicyForm(forms.ModelForm):
         error_messages={"min_value": "must not be negative"},
         help_text=Policy._meta.get_field("perf_budget").help_text,
     )
+    speed_budget = forms.FloatField(
+        min_value=0,
+        error_messages={"min_value": "must not be negative"},
+        help_text=Policy._meta.get_field("speed_budget").help_text,
+    )
     required_approvals = forms.IntegerField(
         min_value=1, error_messages={"min_value": "must be at least 1"}
     )
@@ -134,6 +139,7 @@ class PolicyForm(forms.ModelForm):
             "require_candidate_results",
             "perf_budget",
             "perf_budgets",
+            "speed_budget",
             "required_approvals",
             "reviewer_group",
             "backend_owners",

@@ -5,44 +5,75 @@ from __future__ import annotations
 
 from django.utils import timezone
 
-from matrix.gate.diff import Diff
-from matrix.gate.models import ManifestEntry, ProposalState, UpgradeProposal
+from matrix.gate.diff import CellDiff
+from matrix.gate.models import (
+    ManifestEntry,
+    Policy,
+    ProposalState,
+    UpgradeProposal,
+)
 from matrix.models import Status, Toolchain
 
 FORMAT = "tilematrix-manifest/1"
+ENTRIES_PER_STATEMENT = 500
+Choice = ManifestEntry.Choice
 
 
-def manifest_entries_write(*, proposal: UpgradeProposal, diff: Diff) -> int:
-    """Replace the proposal's rows with one per cell of its diff: TileLang
-    only where the candidate passed, the reference elsewhere, with why."""
+def times(speed: float) -> str:
+    """A speed ratio as people read it: two decimals, or two significant
+    figures where two decimals would say 0.00."""
+    return f"{speed:.2f}×" if speed >= 0.1 else f"{speed:.2g}×"
+
+
+def manifest_choice(row: CellDiff, *, toolchain: str, speed_budget: float):
+    """TileLang only where the candidate passed and its kernel is no slower
+    than the PyTorch reference on that cell, beyond the noise band, than the
+    policy's speed budget allows; the reference elsewhere, with why."""
+    if row.candidate_status is None:
+        return Choice.REFERENCE, f"not validated on {toolchain}"
+    if row.candidate_status != Status.PASS:
+        return Choice.REFERENCE, f"{row.candidate_status} on {toolchain}"
+    if row.speed is None:
+        return Choice.REFERENCE, f"pass on {toolchain}, but not timed"
+    if row.slower_than_reference(speed_budget):
+        return (
+            Choice.REFERENCE,
+            f"pass on {toolchain}, but {times(row.speed)} of the reference",
+        )
+    return (
+        Choice.TILELANG,
+        f"validated: pass on {toolchain}, {times(row.speed)} of the reference",
+    )
+
+
+def manifest_entries_write(*, proposal: UpgradeProposal, policy: Policy) -> int:
+    """Replace the proposal's rows with one per cell of its stored diff:
+    TileLang only where the candidate passed and is fast enough against the
+    reference under ``policy``, the reference elsewhere, with why."""
     proposal.manifest_entries.all().delete()
+    candidate = proposal.candidate
     entries = []
-    for row in diff.rows:
-        if row.candidate_status == Status.PASS:
-            choice = ManifestEntry.Choice.TILELANG
-            reason = f"validated: pass on {proposal.candidate.name}"
-        elif row.candidate_status is None:
-            choice = ManifestEntry.Choice.REFERENCE
-            reason = f"not validated on {proposal.candidate.name}"
-        else:
-            choice = ManifestEntry.Choice.REFERENCE
-            reason = f"{row.candidate_status} on {proposal.candidate.name}"
+    for stored in proposal.diff_rows.select_related("shape").order_by("position"):
+        row = CellDiff.from_row(stored)
+        choice, reason = manifest_choice(
+            row, toolchain=candidate.name, speed_budget=policy.speed_budget
+        )
         entries.append(
             ManifestEntry(
                 proposal=proposal,
-                toolchain=proposal.candidate,
+                toolchain=candidate,
                 device_type_id=row.device_type_id,
                 shape_id=row.shape_id,
                 operator=row.operator,
                 dtype=row.dtype,
-                dims=row.dims,
+                dims=stored.shape.dims,
                 choice=choice,
                 reason=reason,
                 revision_sha256=row.candidate_revision_sha256,
                 result_id=row.candidate_result_id,
             )
         )
-    ManifestEntry.objects.bulk_create(entries)
+    ManifestEntry.objects.bulk_create(entries, batch_size=ENTRIES_PER_STATEMENT)
     return len(entries)
 
 

@@ -1,5 +1,5 @@
-"""Gate models: Policy (a new row per edit), UpgradeProposal, Approval,
-BackendException and ManifestEntry."""
+"""Gate models: Policy (a new row per edit), UpgradeProposal, its stored
+DiffRow rows, Approval, BackendException and ManifestEntry."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ class Policy(models.Model):
     taken under."""
 
     DEFAULT_PERF_BUDGET = 0.05
+    DEFAULT_SPEED_BUDGET = 0.0
     DEFAULT_REQUIRED_APPROVALS = 2
     DEFAULT_REVIEWER_GROUP = "reviewer"
 
@@ -27,6 +28,12 @@ class Policy(models.Model):
     )
     perf_budgets = models.JSONField(
         default=dict, blank=True, help_text="per operator: {'gemm': 0.02}"
+    )
+    speed_budget = models.FloatField(
+        default=DEFAULT_SPEED_BUDGET,
+        help_text="how much slower than the PyTorch reference on the same cell a "
+        "passing TileLang kernel may be, beyond the noise band, and still be "
+        "served: 0 = not slower, 0.1 = up to 10% slower",
     )
     require_candidate_results = models.BooleanField(
         default=True, help_text="every served cell needs a candidate result"
@@ -62,6 +69,10 @@ class Policy(models.Model):
             models.CheckConstraint(
                 condition=Q(perf_budget__gte=0), name="policy_perf_budget_nonnegative"
             ),
+            models.CheckConstraint(
+                condition=Q(speed_budget__gte=0),
+                name="policy_speed_budget_nonnegative",
+            ),
         ]
 
     def __str__(self) -> str:
@@ -92,6 +103,7 @@ class Policy(models.Model):
             "forbid_served_regressions": self.forbid_served_regressions,
             "perf_budget": self.perf_budget,
             "perf_budgets": self.perf_budgets,
+            "speed_budget": self.speed_budget,
             "require_candidate_results": self.require_candidate_results,
             "required_approvals": self.required_approvals,
             "reviewer_group": self.reviewer_group,
@@ -149,6 +161,18 @@ class UpgradeProposal(models.Model):
     sweeps = models.ManyToManyField("matrix.Sweep", blank=True, related_name="+")
     created_at = models.DateTimeField(auto_now_add=True)
     evaluated_at = models.DateTimeField(null=True, blank=True)
+    diff_computed_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="when the computation of the stored diff began: the cells it "
+        "read are those stored by then",
+    )
+    reevaluation_requested_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="set when new results touch the proposal, cleared when the "
+        "background re-evaluation they wait for begins",
+    )
     approved_at = models.DateTimeField(null=True, blank=True)
     rolled_out_at = models.DateTimeField(null=True, blank=True)
 
@@ -170,6 +194,10 @@ class UpgradeProposal(models.Model):
     def __str__(self) -> str:
         return f"upgrade #{self.pk}: {self.baseline} → {self.candidate}"
 
+    @property
+    def reevaluation_pending(self) -> bool:
+        return self.reevaluation_requested_at is not None
+
     def snapshot(self) -> dict:
         """The fields an audit event records before and after a transition."""
         return {
@@ -178,6 +206,115 @@ class UpgradeProposal(models.Model):
             "policy_version": self.policy.version if self.policy_id else None,
             "blocking_reasons": list(self.blocking_reasons),
         }
+
+
+class DiffRowQuerySet(models.QuerySet):
+    def changed_first(self):
+        return self.order_by("sort_key")
+
+    def blocking(self):
+        return self.exclude(blocking_rule="")
+
+    def may_block(self):
+        """Served rows a rule could block on: a regression, a missing
+        candidate result, or a slowdown outside the noise band. Every budget
+        is at least 0, so no row outside these is ever over one."""
+        return self.filter(served=True).filter(
+            Q(change__in=["green_to_red", "missing"]) | Q(perf_step__gt=0)
+        )
+
+
+class DiffRow(models.Model):
+    """One cell of a proposal's A/B diff, as its last re-evaluation found it.
+
+    Written by the background re-evaluation (only the rows that changed);
+    the proposal page, the policy and the manifest read these rows, never
+    the matrix itself. ``rank`` puts changed rows first, served before
+    unserved; ``position`` is the diff's own order (operator, dtype, dims,
+    device type); ``sort_key`` is both in one number, so a page goes on from
+    the last row shown (a cursor) rather than skipping rows;
+    ``blocking_rule`` names the policy rule the row fails (``regression``,
+    ``missing`` or ``slower``), set at each evaluation."""
+
+    proposal = models.ForeignKey(
+        UpgradeProposal, on_delete=models.CASCADE, related_name="diff_rows"
+    )
+    shape = models.ForeignKey(
+        "matrix.Shape", on_delete=models.CASCADE, related_name="+"
+    )
+    device_type = models.ForeignKey(
+        "matrix.DeviceType", on_delete=models.CASCADE, related_name="+"
+    )
+    position = models.PositiveIntegerField()
+    rank = models.PositiveSmallIntegerField()
+    sort_key = models.BigIntegerField()
+    operator = models.CharField(max_length=60)
+    dtype = models.CharField(max_length=10)
+    dims_key = models.CharField(max_length=200)
+    served = models.BooleanField()
+    weight = models.FloatField()
+    backend = models.CharField(max_length=8)
+    device_type_label = models.CharField(max_length=200)
+    baseline_status = models.CharField(max_length=16, blank=True)
+    candidate_status = models.CharField(max_length=16, blank=True)
+    change = models.CharField(max_length=12)
+    candidate_result = models.ForeignKey(
+        "matrix.Result",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+    )
+    candidate_revision_sha256 = models.CharField(max_length=64, blank=True)
+    candidate_error = models.CharField(max_length=300, blank=True)
+    baseline_ms = models.FloatField(null=True, blank=True)
+    candidate_ms = models.FloatField(null=True, blank=True)
+    ratio = models.FloatField(null=True, blank=True)
+    band = models.FloatField(null=True, blank=True)
+    perf_step = models.SmallIntegerField(null=True, blank=True)
+    reference_ms = models.FloatField(
+        null=True, blank=True, help_text="the PyTorch reference on the candidate"
+    )
+    speed = models.FloatField(
+        null=True, blank=True, help_text="reference / TileLang time on the candidate"
+    )
+    speed_band = models.FloatField(null=True, blank=True)
+    blocking_rule = models.CharField(max_length=12, blank=True)
+
+    RULES = ("regression", "missing", "slower")
+
+    objects = DiffRowQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["sort_key"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["proposal", "shape", "device_type"],
+                name="diff_row_one_per_cell",
+            ),
+        ]
+        indexes = [
+            models.Index(
+                fields=["proposal", "sort_key"], name="diff_row_changed_first"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"#{self.proposal_id} {self.label}: {self.change}"
+
+    @property
+    def label(self) -> str:
+        return (
+            f"{self.operator}[{self.dims_key}] {self.dtype} on {self.device_type_label}"
+        )
+
+    @property
+    def change_label(self) -> str:
+        # Imported here: the diff module reads the matrix models, which
+        # import these.
+        from matrix.gate.diff import Change
+
+        return Change.LABELS[self.change]
 
 
 class Decision(models.TextChoices):

@@ -4,20 +4,29 @@ with the reason in words, and every transition writes an audit event."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from datetime import timedelta
+from functools import partial
 
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import transaction
-from django.db.models import Count, Q
+from django.db.models import Q
 from django.utils import timezone
 
-from matrix.gate.diff import Change, Diff, matrix_diff
+from matrix.gate.diff import CellDiff, Change, Diff, matrix_diff
+from matrix.gate.evaluation import (
+    Evaluation,
+    JobsInFlight,
+    evaluate,
+    jobs_phrase,
+    proposal_jobs_in_flight,  # noqa: F401  the pages read it here
+)
 from matrix.gate.manifest import manifest_entries_write
 from matrix.gate.models import (
     Approval,
     BackendException,
+    DiffRow,
     Policy,
     ProposalState,
     UpgradeProposal,
@@ -26,23 +35,19 @@ from matrix.models import (
     AuditEvent,
     Backend,
     Cell,
-    DeviceType,
-    JobStage,
     KernelRevision,
     Operator,
     Shape,
-    Status,
     Sweep,
     Toolchain,
     ValidationJob,
 )
-from matrix.queries import toolchains_online
-from runners.models import Runner
 
 POLICY_FIELDS = (
     "forbid_served_regressions",
     "perf_budget",
     "perf_budgets",
+    "speed_budget",
     "require_candidate_results",
     "required_approvals",
     "reviewer_group",
@@ -94,7 +99,7 @@ def policy_save(*, by, **changes) -> Policy:
         after=policy.as_dict(),
     )
     for proposal in UpgradeProposal.objects.open():
-        proposal_reevaluate(proposal=proposal)
+        proposal_evaluate(proposal=proposal, actor=by)
     return policy
 
 
@@ -103,6 +108,7 @@ def _policy_check(changes: dict) -> None:
     the stored versions were checked when written, so only ``changes`` are."""
     checks = {
         "perf_budget": _perf_budget_errors,
+        "speed_budget": _perf_budget_errors,
         "perf_budgets": _perf_budgets_errors,
         "required_approvals": _required_approvals_errors,
         "backend_owners": _backend_owners_errors,
@@ -189,25 +195,16 @@ def _reviewer_group_errors(name) -> list[str]:
 
 # -- evaluation ---------------------------------------------------------------
 
-
-@dataclass
-class Evaluation:
-    """Why a proposal cannot pass yet, split by what would clear it."""
-
-    policy: Policy
-    diff: Diff
-    blocking: list[str] = field(default_factory=list)  # only new results clear these
-    approvals_needed: list[str] = field(default_factory=list)
-    rejections: list[str] = field(default_factory=list)
-    rejected_by: list[str] = field(default_factory=list)
-    approvals: int = 0
-
-    @property
-    def reasons(self) -> list[str]:
-        return self.rejections + self.blocking + self.approvals_needed
+# How long the re-evaluation that results ask for waits after the first of
+# them: a burst of results (a sweep's messages land seconds apart) makes one.
+REEVALUATION_DELAY_S = 2.0
+# Stored diff rows are written and deleted in batches of this many.
+ROWS_PER_STATEMENT = 500
 
 
 def proposal_diff(*, proposal: UpgradeProposal) -> Diff:
+    """The diff computed from the matrix now; the proposal's stored rows are
+    the last re-evaluation's."""
     return matrix_diff(
         baseline=proposal.baseline,
         candidate=proposal.candidate,
@@ -216,204 +213,245 @@ def proposal_diff(*, proposal: UpgradeProposal) -> Diff:
 
 
 def policy_evaluate(
-    *, proposal: UpgradeProposal, diff: Diff | None = None, policy: Policy | None = None
+    *, proposal: UpgradeProposal, policy: Policy | None = None
 ) -> list[str]:
-    """Every reason, in words, that keeps the proposal from approval; empty
-    when it is approved under the policy."""
-    return _evaluate(proposal=proposal, diff=diff, policy=policy).reasons
+    """Every reason, in words, that keeps the proposal from approval under
+    its stored diff; empty when it is approved under the policy."""
+    return evaluate(proposal=proposal, policy=policy).reasons
 
 
-def _evaluate(
-    *,
-    proposal: UpgradeProposal,
-    diff: Diff | None = None,
-    policy: Policy | None = None,
-    ignoring=None,
-) -> Evaluation:
-    """``ignoring``: a reviewer whose standing decision is left out, as it
-    will be once their next decision replaces it."""
-    policy = policy or Policy.current()
-    diff = diff or proposal_diff(proposal=proposal)
-    ev = Evaluation(policy=policy, diff=diff)
-    exceptions = {
-        e.backend: e for e in proposal.exceptions.select_related("signed_off_by")
-    }
-    for row in diff.rows:
-        if not row.served:
-            continue
-        if policy.forbid_served_regressions and row.change == Change.GREEN_TO_RED:
-            ev.blocking.append(
-                f"served cell {row.label} went from pass to {row.candidate_status}"
-            )
-        if policy.require_candidate_results and row.change == Change.MISSING:
-            reason = f"served cell {row.label} has no candidate result"
-            if row.candidate_status == Status.INFRA_ERROR:
-                reason += " (its run hit runner trouble: infra_error, not the kernel)"
-            ev.blocking.append(reason)
-        budget = policy.budget_for(row.operator)
-        if row.slower_than(budget):
-            exception = exceptions.get(row.backend)
-            if exception is not None and exception.signed:
-                continue
-            reason = (
-                f"served cell {row.label} is {row.ratio - 1:.0%} slower "
-                f"(ratio {row.ratio:.2f} ± {row.band:.2f}), over the {budget:.0%} "
-                f"budget for {row.operator}"
-            )
-            if exception is not None:
-                owners = ", ".join(policy.owners_of(row.backend)) or "none named"
-                reason += (
-                    f"; the {row.backend} exception awaits sign-off by its owner "
-                    f"({owners})"
-                )
-            ev.blocking.append(reason)
-    standing = proposal.approvals.filter(voided=False).select_related("reviewer")
-    reviewers = set(
-        get_user_model()
-        .objects.filter(groups__name=policy.reviewer_group)
-        .values_list("pk", flat=True)
-    )
-    if ignoring is not None:
-        standing = standing.exclude(reviewer=ignoring)
-    for approval in standing:
-        if approval.diff_digest != diff.digest or approval.reviewer_id not in reviewers:
-            continue
-        if approval.decision == Approval.Decision.REJECT:
-            name = approval.reviewer.get_username()
-            ev.rejections.append(f"rejected by {name}: {approval.comment}")
-            ev.rejected_by.append(name)
-        elif approval.reviewer_id != proposal.proposer_id:
-            ev.approvals += 1
-    if ev.approvals < policy.required_approvals:
-        ev.approvals_needed.append(
-            f"needs {policy.required_approvals} approvals from the "
-            f"{policy.reviewer_group} group, has {ev.approvals}"
-        )
-    return ev
-
-
-def _open_jobs(proposal: UpgradeProposal):
-    """Jobs still queued or running on the proposal's served cells, whoever
-    planned them: a cell already in flight when the proposal opened is not
-    planned twice, but its result is awaited all the same."""
-    return ValidationJob.objects.open().filter(
-        shape__served=True,
-        device_type__in=proposal.device_types.all(),
-        toolchain__in=[proposal.baseline_id, proposal.candidate_id],
-    )
-
-
-@dataclass
-class StalledJobs:
-    """Queued jobs of one toolchain on one device type that sit on a queue no
-    online runner reads: they run only once a runner that can take them
-    comes online."""
-
-    toolchain: Toolchain
-    device_type: DeviceType
-    count: int
-    missing_runner: str
-
-    def __str__(self) -> str:
-        return (
-            f"{_jobs_phrase(self.count)} on {self.toolchain} for {self.device_type} "
-            f"({self.missing_runner})"
-        )
-
-
-def _jobs_phrase(count: int) -> str:
-    return f"{count} validation job{'s' if count != 1 else ''}"
-
-
-@dataclass
-class JobsInFlight:
-    open: int
-    stalled: list[StalledJobs]
-
-    @property
-    def stalled_count(self) -> int:
-        return sum(group.count for group in self.stalled)
-
-
-def proposal_jobs_in_flight(*, proposal: UpgradeProposal) -> JobsInFlight:
-    """What a collecting proposal waits for: its open jobs, and those of them
-    that no online runner can take (the rule of ``manage.py sweep``'s
-    warning), with the runner each group lacks."""
-    jobs = _open_jobs(proposal)
-    total = jobs.count()
-    if not total:
-        return JobsInFlight(open=0, stalled=[])
-    read = Runner.objects.online().queues_read()
-    hosted = {toolchain.pk for toolchain in toolchains_online()}
-    groups = (
-        jobs.filter(state=ValidationJob.State.QUEUED)
-        .exclude(queue__in=read)
-        .values("toolchain", "device_type", "stage")
-        .annotate(count=Count("pk"))
-        .order_by("toolchain", "device_type", "stage")
-    )
-    toolchains = Toolchain.objects.in_bulk({g["toolchain"] for g in groups})
-    device_types = DeviceType.objects.in_bulk({g["device_type"] for g in groups})
-    stalled = []
-    for group in groups:
-        toolchain = toolchains[group["toolchain"]]
-        device_type = device_types[group["device_type"]]
-        # A job's queue follows from its stage (runners.services.routes_for).
-        if toolchain.pk not in hosted:
-            missing = f"no online runner hosts {toolchain}"
-        elif group["stage"] == JobStage.VALIDATE:
-            missing = f"no online runner with {device_type} hosts {toolchain}"
-        else:
-            missing = f"no online runner that hosts {toolchain} has nvcc"
-        stalled.append(StalledJobs(toolchain, device_type, group["count"], missing))
-    return JobsInFlight(open=total, stalled=stalled)
-
-
-def _state_of(proposal: UpgradeProposal, ev: Evaluation) -> str:
-    """The state an evaluation puts the proposal in; a failing rule while
-    jobs are open may still be cleared by their results."""
-    if ev.rejections:
-        return ProposalState.REJECTED
-    if _open_jobs(proposal).exists():
-        return ProposalState.COLLECTING
-    if ev.blocking:
-        return ProposalState.BLOCKED
-    if ev.approvals_needed:
-        return ProposalState.READY
-    return ProposalState.APPROVED
+def _locked(proposal: UpgradeProposal) -> UpgradeProposal:
+    return UpgradeProposal.objects.select_for_update().get(pk=proposal.pk)
 
 
 @transaction.atomic
 def proposal_reevaluate(*, proposal: UpgradeProposal, actor=None) -> UpgradeProposal:
-    """Recompute the diff and the state. A changed diff voids the decisions
-    given on the old one. Rolled-out proposals are history and stay put."""
-    proposal = UpgradeProposal.objects.select_for_update().get(pk=proposal.pk)
+    """Recompute the stored diff from the matrix, then the state. A changed
+    diff voids the decisions given on the old one. Rolled-out proposals are
+    history and stay put. This path holds the proposal while it computes
+    (opening one, "Re-evaluate now"); results that arrive ask for
+    ``proposal_reevaluate_requested`` instead, which does not."""
+    started = timezone.now()
+    proposal = _locked(proposal)
     if proposal.state == ProposalState.ROLLED_OUT:
         return proposal
     before = proposal.snapshot()
-    diff = proposal_diff(proposal=proposal)
+    _diff_store(
+        proposal=proposal,
+        diff=proposal_diff(proposal=proposal),
+        computed_at=started,
+        actor=actor,
+    )
+    return _evaluation_apply(proposal=proposal, before=before, actor=actor)
+
+
+@transaction.atomic
+def proposal_evaluate(*, proposal: UpgradeProposal, actor=None) -> UpgradeProposal:
+    """The state under the current policy and standing decisions, over the
+    stored diff: what a decision, an exception or a policy edit changes. A
+    proposal with no stored diff yet gets one first."""
+    proposal = _locked(proposal)
+    if proposal.state == ProposalState.ROLLED_OUT:
+        return proposal
+    if proposal.diff_computed_at is None:
+        return proposal_reevaluate(proposal=proposal, actor=actor)
+    return _evaluation_apply(proposal=proposal, before=proposal.snapshot(), actor=actor)
+
+
+def proposal_reevaluate_requested(*, proposal_id: int) -> UpgradeProposal | None:
+    """The re-evaluation new results asked for (``proposals_reevaluation_
+    request``), on the control worker. The diff is computed without holding
+    the proposal, so ingest goes on storing results meanwhile, and stored
+    unless a computation begun later has stored its own. A request made
+    while it computed gets a run of its own, enqueued here; a run that finds
+    no request left (an earlier one served it) does nothing."""
+    proposal = UpgradeProposal.objects.filter(pk=proposal_id).first()
+    if proposal is None or proposal.reevaluation_requested_at is None:
+        return None
+    requested = proposal.reevaluation_requested_at
+    started = timezone.now()
+    diff = None
+    if proposal.state != ProposalState.ROLLED_OUT:
+        diff = proposal_diff(proposal=proposal)
+    with transaction.atomic():
+        proposal = _locked(proposal)
+        stale = proposal.diff_computed_at and proposal.diff_computed_at > started
+        if proposal.state != ProposalState.ROLLED_OUT and diff and not stale:
+            before = proposal.snapshot()
+            _diff_store(proposal=proposal, diff=diff, computed_at=started, actor=None)
+            proposal = _evaluation_apply(proposal=proposal, before=before, actor=None)
+        if proposal.reevaluation_requested_at == requested:
+            proposal.reevaluation_requested_at = None
+            proposal.save(update_fields=["reevaluation_requested_at"])
+        elif proposal.reevaluation_requested_at is not None:
+            transaction.on_commit(partial(_reevaluation_enqueue, proposal.pk))
+    return proposal
+
+
+def proposals_reevaluation_request(*, results) -> list[int]:
+    """The hook result ingest calls inside its transaction, with the results
+    it stored: mark the open proposals whose matrix they belong to, and have
+    the control worker re-evaluate each once they are committed. Nothing is
+    computed here. Each proposal is locked from here to the ingest's commit
+    (its last statement), so a re-evaluation that clears a mark has seen
+    the results that set it; only a proposal not marked yet gets a task,
+    REEVALUATION_DELAY_S later, so a burst of results makes one."""
+    pairs = {(r.device_type_id, r.toolchain_id) for r in results}
+    if not pairs:
+        return []
+    match = Q()
+    for device_type_id, toolchain_id in pairs:
+        match |= Q(device_types=device_type_id) & (
+            Q(baseline_id=toolchain_id) | Q(candidate_id=toolchain_id)
+        )
+    # Found and locked in one statement (a join cannot be locked with
+    # DISTINCT, a subquery can), in id order so two ingests queue rather
+    # than deadlock.
+    affected = UpgradeProposal.objects.open().filter(match).values("pk")
+    marks = dict(
+        UpgradeProposal.objects.select_for_update()
+        .filter(pk__in=affected)
+        .order_by("pk")
+        .values_list("pk", "reevaluation_requested_at")
+    )
+    if not marks:
+        return []
+    UpgradeProposal.objects.filter(pk__in=marks).update(
+        reevaluation_requested_at=timezone.now()
+    )
+    for pk, mark in marks.items():
+        if mark is None:
+            transaction.on_commit(partial(_reevaluation_enqueue, pk))
+    return sorted(marks)
+
+
+@transaction.atomic
+def proposal_reevaluation_ask(*, proposal: UpgradeProposal) -> None:
+    """ "Re-evaluate now": a background re-evaluation at once, marked as
+    results mark one, so the page polls until it is done."""
+    UpgradeProposal.objects.filter(pk=proposal.pk).update(
+        reevaluation_requested_at=timezone.now()
+    )
+    transaction.on_commit(partial(_reevaluation_enqueue, proposal.pk, delay_s=0))
+
+
+def _reevaluation_enqueue(
+    proposal_id: int, delay_s: float = REEVALUATION_DELAY_S
+) -> None:
+    # Imported here: tasks import the services.
+    from matrix.tasks import proposal_reevaluate_task
+
+    proposal_reevaluate_task.apply_async(args=[proposal_id], countdown=delay_s)
+
+
+def proposals_reevaluation_resend(*, older_than_s: float) -> list[int]:
+    """Enqueue again the re-evaluations asked for longer ago than
+    ``older_than_s`` and still waiting: a task lost with the broker or a
+    worker would otherwise leave its proposal marked, and later results
+    enqueue nothing for a marked proposal."""
+    before = timezone.now() - timedelta(seconds=older_than_s)
+    waiting = list(
+        UpgradeProposal.objects.open()
+        .filter(reevaluation_requested_at__lt=before)
+        .values_list("pk", flat=True)
+    )
+    for pk in waiting:
+        _reevaluation_enqueue(pk)
+    return waiting
+
+
+DIFF_ROW_FIELDS = [
+    "shape_id",
+    "device_type_id",
+    "position",
+    *(
+        name
+        for name in CellDiff.__dataclass_fields__
+        if name not in ("shape_id", "device_type_id", "device_type")
+    ),
+    "device_type_label",
+    "perf_step",
+    "rank",
+    "sort_key",
+]
+# sort_key = rank x SORT_STRIDE + position: changed rows first, each rank
+# in the diff's order.
+SORT_STRIDE = 10**9
+
+
+def _diff_store(*, proposal: UpgradeProposal, diff: Diff, computed_at, actor) -> int:
+    """Write the rows of ``diff`` that differ from the stored ones and drop
+    those no longer in it; returns how many were written. A new digest
+    voids the decisions given on the old one."""
+    # Rows as tuples of DIFF_ROW_FIELDS, compared whole: a large diff has
+    # tens of thousands of rows, most of them unchanged.
+    wanted = {}
+    for position, row in enumerate(diff.rows):
+        values = row.row_fields()
+        values["position"] = position
+        values["sort_key"] = values["rank"] * SORT_STRIDE + position
+        wanted[row.shape_id, row.device_type_id] = tuple(
+            values[name] for name in DIFF_ROW_FIELDS
+        )
+    stored = {
+        (values[1], values[2]): values
+        for values in proposal.diff_rows.values_list("pk", *DIFF_ROW_FIELDS)
+    }
+    gone = [old[0] for key, old in stored.items() if old[1:] != wanted.get(key)]
+    written = [
+        DiffRow(proposal=proposal, **dict(zip(DIFF_ROW_FIELDS, new, strict=True)))
+        for key, new in wanted.items()
+        if key not in stored or stored[key][1:] != new
+    ]
+    for i in range(0, len(gone), ROWS_PER_STATEMENT):
+        DiffRow.objects.filter(pk__in=gone[i : i + ROWS_PER_STATEMENT]).delete()
+    DiffRow.objects.bulk_create(written, batch_size=ROWS_PER_STATEMENT)
     if proposal.diff_digest and diff.digest != proposal.diff_digest:
         _void_decisions(proposal=proposal, digest=diff.digest, actor=actor)
-    ev = _evaluate(proposal=proposal, diff=diff)
-    state = _state_of(proposal, ev)
-    if state == ProposalState.APPROVED and (
-        proposal.state != ProposalState.APPROVED or diff.digest != proposal.diff_digest
-    ):
-        proposal.approved_at = timezone.now()
-        manifest_entries_write(proposal=proposal, diff=diff)
-    elif state != ProposalState.APPROVED and proposal.state == ProposalState.APPROVED:
-        proposal.approved_at = None
-        proposal.manifest_entries.all().delete()
-    proposal.state = state
-    proposal.policy = ev.policy
     proposal.diff_digest = diff.digest
     proposal.summary = diff.summary
-    proposal.blocking_reasons = ev.reasons
+    proposal.diff_computed_at = computed_at
+    proposal.save(update_fields=["diff_digest", "summary", "diff_computed_at"])
+    return len(written)
+
+
+def _evaluation_apply(
+    *, proposal: UpgradeProposal, before: dict, actor
+) -> UpgradeProposal:
+    """Store what the policy says of the stored diff: the state, the reasons
+    (summarised), each row's failed rule, and the manifest rows while
+    approved. Only a change of state is audited: results arriving change
+    the reasons on every re-evaluation."""
+    ev = evaluate(proposal=proposal)
+    state = ev.state
+    if state == ProposalState.APPROVED:
+        if proposal.state != ProposalState.APPROVED:
+            proposal.approved_at = timezone.now()
+            manifest_entries_write(proposal=proposal, policy=ev.policy)
+        elif (
+            before["diff_digest"] != proposal.diff_digest
+            or proposal.policy_id != ev.policy.pk
+        ):
+            manifest_entries_write(proposal=proposal, policy=ev.policy)
+    elif proposal.state == ProposalState.APPROVED:
+        proposal.approved_at = None
+        proposal.manifest_entries.all().delete()
+    _blocking_rules_write(proposal=proposal, ev=ev)
+    proposal.state = state
+    proposal.policy = ev.policy
+    proposal.blocking_reasons = ev.reasons_summarised
+    proposal.summary = {**proposal.summary, "blocking": len(ev.blockers)}
     proposal.evaluated_at = timezone.now()
-    proposal.save()
-    # Results arriving while collecting change the digest and the reasons on
-    # every ingest; the trail records the transitions, and the approvals the
-    # diff voids are recorded one by one.
+    proposal.save(
+        update_fields=[
+            "state",
+            "policy",
+            "blocking_reasons",
+            "summary",
+            "evaluated_at",
+            "approved_at",
+        ]
+    )
     if proposal.state != before["state"]:
         AuditEvent.record(
             actor=actor,
@@ -423,6 +461,32 @@ def proposal_reevaluate(*, proposal: UpgradeProposal, actor=None) -> UpgradeProp
             after=proposal.snapshot(),
         )
     return proposal
+
+
+def _blocking_rules_write(*, proposal: UpgradeProposal, ev: Evaluation) -> None:
+    """Mark each stored row with the rule it fails, so the page can list
+    them, writing only the rows whose mark changes. Regressions and missing
+    results are whole classes of rows (one statement each, however many);
+    slowdowns are few, named by id."""
+    policy = ev.policy
+    rows = proposal.diff_rows.all()
+    nothing = rows.none()
+    failing = {
+        "regression": rows.filter(served=True, change=Change.GREEN_TO_RED)
+        if policy.forbid_served_regressions
+        else nothing,
+        "missing": rows.filter(served=True, change=Change.MISSING)
+        if policy.require_candidate_results
+        else nothing,
+        "slower": rows.filter(
+            pk__in=[b.row_pk for b in ev.blockers if b.rule == "slower"]
+        ),
+    }
+    for rule, matching in failing.items():
+        rows.filter(blocking_rule=rule).exclude(pk__in=matching.values("pk")).update(
+            blocking_rule=""
+        )
+        matching.exclude(blocking_rule=rule).update(blocking_rule=rule)
 
 
 def _void_decisions(*, proposal: UpgradeProposal, digest: str, actor) -> None:
@@ -439,22 +503,6 @@ def _void(approval: Approval, *, reason: str, actor) -> None:
         before={"voided": False, "decision": approval.decision},
         after={"voided": True, "decision": approval.decision, "reason": reason},
     )
-
-
-@transaction.atomic
-def proposals_reevaluate_for_results(*, results) -> list[UpgradeProposal]:
-    """The hook for result ingest: re-evaluate, once each, the open proposals
-    whose matrix any of the stored results belongs to."""
-    cells = {(r.device_type_id, r.toolchain_id) for r in results}
-    if not cells:
-        return []
-    match = Q()
-    for device_type_id, toolchain_id in cells:
-        match |= Q(device_types=device_type_id) & (
-            Q(baseline_id=toolchain_id) | Q(candidate_id=toolchain_id)
-        )
-    affected = UpgradeProposal.objects.open().filter(match).distinct()
-    return [proposal_reevaluate(proposal=p) for p in affected]
 
 
 # -- opening ------------------------------------------------------------------
@@ -557,7 +605,8 @@ def _decide(*, proposal, by, comment: str, decision: str) -> Approval:
     comment = (comment or "").strip()
     if not comment:
         raise ValidationError("a decision needs a comment")
-    proposal = proposal_reevaluate(proposal=proposal, actor=by)
+    # The decision is on the stored diff, the one the reviewer read.
+    proposal = proposal_evaluate(proposal=proposal, actor=by)
     if proposal.state == ProposalState.ROLLED_OUT:
         raise ValidationError("this proposal is already rolled out")
     if decision == Approval.Decision.APPROVE:
@@ -573,7 +622,7 @@ def _decide(*, proposal, by, comment: str, decision: str) -> Approval:
         diff_digest=proposal.diff_digest,
     )
     before = proposal.snapshot()
-    proposal = proposal_reevaluate(proposal=proposal, actor=by)
+    proposal = proposal_evaluate(proposal=proposal, actor=by)
     AuditEvent.record(
         actor=by,
         verb=f"proposal.{decision}",
@@ -589,8 +638,8 @@ def _approval_check(*, proposal: UpgradeProposal, by) -> None:
     happen first. The reviewer's own standing decision is left out, since
     this one replaces it: that is how a reviewer lifts their rejection,
     while someone else's rejection still stands."""
-    ev = _evaluate(proposal=proposal, ignoring=by)
-    state = _state_of(proposal, ev)
+    ev = evaluate(proposal=proposal, ignoring=by)
+    state = ev.state
     if state in (ProposalState.READY, ProposalState.APPROVED):
         return
     if state == ProposalState.REJECTED:
@@ -600,18 +649,17 @@ def _approval_check(*, proposal: UpgradeProposal, by) -> None:
             + f"; only {' and '.join(ev.rejected_by)} can lift {them}"
         )
     elif state == ProposalState.COLLECTING:
-        why = _collecting_wait(proposal)
+        why = _collecting_wait(ev.jobs)
     else:
-        why = "; ".join(ev.blocking)
+        why = "; ".join(ev.blocking_summarised)
     raise ValidationError(
         f"cannot approve while {ProposalState(state).label.lower()}: {why}"
     )
 
 
-def _collecting_wait(proposal: UpgradeProposal) -> str:
-    jobs = proposal_jobs_in_flight(proposal=proposal)
+def _collecting_wait(jobs: JobsInFlight) -> str:
     why = (
-        f"wait for the {_jobs_phrase(jobs.open)} still queued or running on its "
+        f"wait for the {jobs_phrase(jobs.open)} still queued or running on its "
         "served cells and approve once their results are in"
     )
     if jobs.stalled:
@@ -669,7 +717,7 @@ def exception_grant(
         obj=exception,
         after={"proposal": proposal.pk, "backend": backend, "reason": exception.reason},
     )
-    proposal_reevaluate(proposal=proposal, actor=by)
+    proposal_evaluate(proposal=proposal, actor=by)
     return exception
 
 
@@ -699,7 +747,7 @@ def exception_sign_off(*, exception: BackendException, by) -> BackendException:
         before={"signed_off_by": None},
         after={"signed_off_by": by.get_username()},
     )
-    proposal_reevaluate(proposal=proposal, actor=by)
+    proposal_evaluate(proposal=proposal, actor=by)
     return exception
 
 
@@ -712,7 +760,7 @@ def proposal_rollout(*, proposal: UpgradeProposal, by) -> UpgradeProposal:
     the approvals and the manifest rows are frozen as they were approved."""
     if not (can_edit_policy(by) or is_reviewer(by)):
         raise PermissionDenied("only reviewers or admins roll out an upgrade")
-    proposal = proposal_reevaluate(proposal=proposal, actor=by)
+    proposal = proposal_evaluate(proposal=proposal, actor=by)
     if proposal.state != ProposalState.APPROVED:
         raise ValidationError(
             f"only an approved proposal rolls out; this one is "

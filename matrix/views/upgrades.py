@@ -3,6 +3,9 @@ in words, decisions, backend exceptions, rollout and the policy."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from urllib.parse import urlencode
+
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied, ValidationError
@@ -12,19 +15,18 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 from django.views.decorators.vary import vary_on_headers
-from django_htmx.http import HttpResponseClientRedirect
+from django_htmx.http import HttpResponseClientRedirect, HttpResponseClientRefresh
 
 from matrix.gate import services
-from matrix.gate.diff import Change
+from matrix.gate.diff import CellDiff, Change
 from matrix.gate.forms import DecisionForm, ExceptionForm, PolicyForm, ProposalForm
+from matrix.gate.manifest import manifest_choice, times
 from matrix.gate.models import Approval, BackendException, Policy, UpgradeProposal
 from matrix.models import AuditEvent, Backend
-from matrix.queries import toolchains_online
 from matrix.refusals import Refused
 
 # htmx stops polling on this status.
 STOP_POLLING = 286
-REASONS_SHOWN = 50
 
 
 def _get_proposal_for_user(user, pk: int) -> UpgradeProposal:
@@ -92,56 +94,236 @@ def upgrade_new(request):
 
 @login_required
 @require_GET
-@vary_on_headers("HX-Request")
+@vary_on_headers("HX-Request", "HX-Target")
 def upgrade_page(request, pk: int):
     proposal = _get_proposal_for_user(request.user, pk)
-    context = _detail_context(request, proposal)
+    if request.htmx and request.htmx.target == "diff-rows":
+        policy = Policy.current()
+        return render(
+            request,
+            "gate/detail.html#diff-rows",
+            {"proposal": proposal, **_rows_context(request, proposal, policy)},
+        )
     if request.htmx:
-        # The gate status polls while collecting; ingest re-evaluates it.
+        # The gate status polls while collecting or while a re-evaluation
+        # is pending; once one has stored a new diff, the whole page reloads.
+        if request.GET.get("evaluated", _evaluated(proposal)) != _evaluated(proposal):
+            return HttpResponseClientRefresh()
+        context = _detail_context(request, proposal, rows=False)
         response = render(request, "gate/detail.html#gate-status", context)
-        if proposal.state != UpgradeProposal.State.COLLECTING:
+        if not context["polling"]:
             response.status_code = STOP_POLLING
         return response
-    return render(request, "gate/detail.html", context)
+    return render(request, "gate/detail.html", _detail_context(request, proposal))
+
+
+def _evaluated(proposal: UpgradeProposal) -> str:
+    """When the proposal was last evaluated, as the page carries it."""
+    when = proposal.evaluated_at
+    return when.isoformat() if when else ""
+
+
+class RowFilter:
+    """The diff rows a page lists: changed rows first, then by the diff's
+    order; narrowed by change, operator, backend, or to the cells that
+    block under the policy. A value the diff does not have narrows to
+    nothing rather than being ignored."""
+
+    KEYS = ("change", "operator", "backend", "blocking")
+
+    def __init__(self, query):
+        self.values = {key: query.get(key, "") for key in self.KEYS}
+        self.values["blocking"] = "1" if self.values["blocking"] == "1" else ""
+
+    def apply(self, rows):
+        change, operator, backend, blocking = (self.values[k] for k in self.KEYS)
+        if change:
+            rows = rows.filter(change=change)
+        if operator:
+            rows = rows.filter(operator=operator)
+        if backend:
+            rows = rows.filter(backend=backend)
+        if blocking:
+            rows = rows.blocking()
+        return rows
+
+    @property
+    def active(self) -> bool:
+        return any(self.values.values())
+
+    def count_in(self, summary: dict) -> int | None:
+        """How many rows a single filter lists, from the counts stored with
+        the diff; None where they do not say (two filters at once)."""
+        given = [key for key in self.KEYS if self.values[key]]
+        if not given:
+            return summary.get("cells")
+        if len(given) > 1:
+            return None
+        key = given[0]
+        value = self.values[key]
+        if key == "blocking":
+            return summary.get("blocking")
+        if key == "change":
+            return summary.get(value, 0) if value in Change.LABELS else 0
+        return (summary.get(f"by_{key}") or {}).get(value, {}).get("cells", 0)
+
+    @property
+    def encoded(self) -> str:
+        """The filters as a query string, for the pages of the same list."""
+        return urlencode({k: v for k, v in self.values.items() if v})
+
+
+def _rows_context(request, proposal: UpgradeProposal, policy: Policy) -> dict:
+    """One page of the stored diff's rows, with what the manifest would
+    serve for each under the policy."""
+    rows_filter = RowFilter(request.GET)
+    rows = rows_filter.apply(proposal.diff_rows.only(*ROW_COLUMNS))
+    count = rows_filter.count_in(proposal.summary or {})
+    if count is None:
+        count = rows.count()
+    page = RowsPage.of(rows, count=count, query=request.GET)
+    candidate = proposal.candidate.name
+    for row in page.rows:
+        row.serves = manifest_choice(
+            CellDiff.from_row(row),
+            toolchain=candidate,
+            speed_budget=policy.speed_budget,
+        )
+        row.speed_shown = times(row.speed) if row.speed is not None else ""
+    return {
+        "rows_page": page,
+        "rows_filter": rows_filter,
+        "changes": [(c, Change.LABELS[c]) for c in Change.ORDER],
+    }
+
+
+@dataclass
+class RowsPage:
+    """Rows in ``sort_key`` order (changed first), a page going on from a
+    cursor: ``after=KEY`` the rows after that one, ``before=KEY`` those
+    before it, ``last=1`` the last page, none the first. Rows are never
+    skipped by an offset, so a late page costs what the first does;
+    ``start`` only numbers the rows shown."""
+
+    rows: list
+    count: int
+    start: int
+    has_previous: bool
+    has_next: bool
+
+    @classmethod
+    def of(cls, rows, *, count: int, query) -> RowsPage:
+        size = ROWS_PER_PAGE
+        after, before = _cursor(query.get("after")), _cursor(query.get("before"))
+        start = _cursor(query.get("start")) or 1
+        if after is not None:
+            shown = list(
+                rows.filter(sort_key__gt=after).order_by("sort_key")[: size + 1]
+            )
+            return cls(shown[:size], count, start, True, len(shown) > size)
+        if before is not None:
+            shown = list(
+                rows.filter(sort_key__lt=before).order_by("-sort_key")[: size + 1]
+            )
+            earlier = len(shown) > size
+            return cls(
+                shown[:size][::-1], count, start if earlier else 1, earlier, True
+            )
+        if query.get("last") == "1":
+            shown = list(rows.order_by("-sort_key")[:size])[::-1]
+            return cls(shown, count, count - len(shown) + 1, count > len(shown), False)
+        shown = list(rows.order_by("sort_key")[: size + 1])
+        return cls(shown[:size], count, 1, False, len(shown) > size)
+
+    @property
+    def end(self) -> int:
+        return self.start + len(self.rows) - 1
+
+    @property
+    def next_start(self) -> int:
+        return self.end + 1
+
+    @property
+    def previous_start(self) -> int:
+        return max(1, self.start - ROWS_PER_PAGE)
+
+
+def _cursor(value) -> int | None:
+    """A sort key or row number given in the query; anything else none."""
+    if isinstance(value, str) and value.isascii() and value.isdigit():
+        return int(value)
+    return None
+
+
+# The columns the rows list shows or the manifest preview reads.
+ROW_COLUMNS = [
+    "id",
+    "proposal_id",
+    "shape_id",
+    "device_type_id",
+    "rank",
+    "position",
+    "sort_key",
+    *(
+        name
+        for name in CellDiff.__dataclass_fields__
+        if name not in ("shape_id", "device_type_id", "device_type")
+    ),
+    "device_type_label",
+    "perf_step",
+    "blocking_rule",
+]
+ROWS_PER_PAGE = 50
 
 
 def _detail_context(
-    request, proposal: UpgradeProposal, *, decision_form=None, exception_form=None
+    request,
+    proposal: UpgradeProposal,
+    *,
+    decision_form=None,
+    exception_form=None,
+    rows=True,
 ) -> dict:
-    """The page's context; a form passed in is a bound one that failed, shown
-    again with its errors and what the user typed."""
-    diff = services.proposal_diff(proposal=proposal)
+    """The page's context, read from the stored diff; a form passed in is a
+    bound one that failed, shown again with its errors and what the user
+    typed. ``rows``: with the page of diff rows (not for the gate status
+    alone)."""
     policy = Policy.current()
     reviewer = services.is_reviewer(request.user, policy)
     is_proposer = request.user.pk == proposal.proposer_id
+    jobs = services.proposal_jobs_in_flight(proposal=proposal)
+    summary = proposal.summary or {}
     collecting = proposal.state == UpgradeProposal.State.COLLECTING
-    jobs = services.proposal_jobs_in_flight(proposal=proposal) if collecting else None
-    reasons = proposal.blocking_reasons or []
+    device_types = list(proposal.device_types.all())
+    exceptions = list(proposal.exceptions.select_related("granted_by", "signed_off_by"))
     return {
         "proposal": proposal,
-        # A wide upgrade can have hundreds; the verdict must stay in reach.
-        "reasons_shown": reasons[:REASONS_SHOWN],
-        "reasons_left": max(len(reasons) - REASONS_SHOWN, 0),
-        "device_types": proposal.device_types.all(),
-        "diff": diff,
-        "summary": diff.summary,
-        "changes": [(c, Change.LABELS[c]) for c in Change.ORDER],
-        "by_operator": diff.grouped("operator"),
-        "by_backend": diff.grouped("backend"),
-        "stale": proposal.diff_digest != diff.digest,
+        "polling": collecting or proposal.reevaluation_pending,
+        "evaluated": _evaluated(proposal),
+        "reasons": proposal.blocking_reasons or [],
+        "blocking_count": summary.get("blocking", 0),
+        "missing_not_required": 0
+        if policy.require_candidate_results
+        else summary.get("served_missing", 0),
+        "device_types": device_types,
+        "summary": summary,
+        "by_operator": sorted((summary.get("by_operator") or {}).items()),
+        "by_backend": sorted((summary.get("by_backend") or {}).items()),
+        **(_rows_context(request, proposal, policy) if rows else {}),
         "approvals": proposal.approvals.select_related("reviewer"),
-        "exceptions": proposal.exceptions.select_related("granted_by", "signed_off_by"),
+        "exceptions": exceptions,
         "events": _proposal_events(proposal),
         "policy": policy,
         "jobs": jobs,
-        "hosted": toolchains_online() if jobs and jobs.stalled else [],
+        "hosted": jobs.hosted if jobs.stalled else [],
         "can_decide": reviewer and not is_proposer,
         "can_grant_exception": reviewer and not is_proposer,
         "is_proposer": is_proposer,
         "can_rollout": proposal.state == UpgradeProposal.State.APPROVED
         and (reviewer or services.can_edit_policy(request.user)),
         "decision_form": decision_form or DecisionForm(),
-        "exception_form": exception_form or _exception_form(proposal),
+        "exception_form": exception_form
+        or _exception_form(proposal, device_types=device_types, exceptions=exceptions),
         "is_reviewer": reviewer,
         "can_reevaluate": reviewer
         or is_proposer
@@ -178,12 +360,20 @@ def _proposal_events(proposal: UpgradeProposal):
     )
 
 
-def _exception_form(proposal: UpgradeProposal, data=None) -> ExceptionForm:
-    backends = {dt.backend for dt in proposal.device_types.all()}
+def _exception_form(
+    proposal: UpgradeProposal, data=None, *, device_types=None, exceptions=None
+) -> ExceptionForm:
+    """``device_types`` and ``exceptions``: the proposal's, where the page
+    has read them already."""
+    if device_types is None:
+        device_types = proposal.device_types.all()
+    backends = {dt.backend for dt in device_types}
     if data is None:
         # Offer only what can still be granted; a posted backend is checked
         # by the service, which says why a second exception is refused.
-        backends -= set(proposal.exceptions.values_list("backend", flat=True))
+        if exceptions is None:
+            exceptions = proposal.exceptions.all()
+        backends -= {e.backend for e in exceptions}
     return ExceptionForm(data, backends=backends)
 
 
@@ -245,7 +435,12 @@ def upgrade_reevaluate(request, pk: int):
         or services.can_edit_policy(request.user)
     ):
         raise PermissionDenied("only the proposer, reviewers and admins re-evaluate")
-    services.proposal_reevaluate(proposal=proposal, actor=request.user)
+    # In the background, as results ask for it: computing a large diff here
+    # would hold the proposal, and the ingest of its results, meanwhile.
+    services.proposal_reevaluation_ask(proposal=proposal)
+    messages.info(
+        request, "Re-evaluation requested: this page updates when it is done."
+    )
     return redirect("upgrade", pk=pk)
 
 

@@ -271,10 +271,11 @@ def _store(accepted: list[tuple[Result, Runner, dict]]) -> None:
                 state=state, finished_at=now
             )
     _cells_upsert(results, now)
-    # The gate re-evaluates as results arrive, in the same transaction.
-    from matrix.gate.services import proposals_reevaluate_for_results
+    # The gate re-evaluates in the background once these are committed;
+    # ingest only marks the open proposals they touch.
+    from matrix.gate.services import proposals_reevaluation_request
 
-    proposals_reevaluate_for_results(results=results)
+    proposals_reevaluation_request(results=results)
 
 
 # An archived evidence file is replayed whatever its age: each result in it

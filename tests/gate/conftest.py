@@ -24,6 +24,7 @@ from matrix.models import (
     ValidationJob,
 )
 from matrix.services import toolchain_register
+from runners.models import Runner, RunnerToolchain
 
 _seeds = count(1)
 
@@ -32,6 +33,24 @@ _seeds = count(1)
 def fast_password_hashing(settings):
     """Each world makes six users; PBKDF2 at full strength would dominate."""
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+@pytest.fixture
+def control_worker(django_capture_on_commit_callbacks):
+    """What the control worker does once a transaction commits, done in
+    place: ``control_worker(fn, ...)`` calls ``fn`` and then runs the tasks
+    it enqueued on commit (the gate's background re-evaluation among them),
+    as the worker would run them."""
+    from matrix.celery import app
+
+    app.conf.task_always_eager = True
+
+    def run(fn, *args, **kwargs):
+        with django_capture_on_commit_callbacks(execute=True):
+            return fn(*args, **kwargs)
+
+    yield run
+    app.conf.task_always_eager = False
 
 
 @pytest.fixture
@@ -108,9 +127,18 @@ class World:
         self.__dict__.update(kw)
 
     def record(
-        self, shape, device_type, toolchain, status, kernel_ms=1.0, samples=None
+        self,
+        shape,
+        device_type,
+        toolchain,
+        status,
+        kernel_ms=1.0,
+        samples=None,
+        reference_ms=1.0,
     ):
-        """One finished job's result and the cell it updates."""
+        """One finished job's result and the cell it updates. A pass is timed
+        against the PyTorch reference, as the harness times it; by default
+        the two take as long."""
         return record_result(
             shape=self.shapes[shape] if isinstance(shape, str) else shape,
             device_type=device_type,
@@ -118,6 +146,7 @@ class World:
             status=status,
             kernel_ms=kernel_ms,
             samples=samples,
+            reference_ms=reference_ms,
         )
 
     def green(self, toolchain, device_types=None, kernel_ms=1.0, samples=None):
@@ -127,7 +156,9 @@ class World:
                 self.record(shape, dt, toolchain, Status.PASS, kernel_ms, samples)
 
 
-def record_result(*, shape, device_type, toolchain, status, kernel_ms, samples):
+def record_result(
+    *, shape, device_type, toolchain, status, kernel_ms, samples, reference_ms=1.0
+):
     revision = shape.operator.current_revision
     job = ValidationJob.objects.create(
         revision=revision,
@@ -147,6 +178,7 @@ def record_result(*, shape, device_type, toolchain, status, kernel_ms, samples):
         toolchain=toolchain,
         status=status,
         kernel_ms=kernel_ms if passed else None,
+        reference_ms=reference_ms if passed else None,
         error_message="" if passed else f"{status} in the kernel",
         fingerprint=toolchain.fingerprint,
         details={"kernel_ms_samples": samples} if samples else {},
@@ -160,7 +192,27 @@ def record_result(*, shape, device_type, toolchain, status, kernel_ms, samples):
             "result": result,
             "status": status,
             "kernel_ms": result.kernel_ms,
+            "reference_ms": result.reference_ms,
             "updated_at": timezone.now(),
         },
     )
     return result
+
+
+def online_runner(name, *, device_types, toolchains, nvcc=False):
+    """A runner that is online now, with these devices and toolchains: the
+    planner routes their cells to it, so their jobs' results can arrive."""
+    runner = Runner.objects.create(
+        name=name,
+        public_key=hashlib.sha256(name.encode()).hexdigest(),  # one key a runner
+        state=Runner.State.ONLINE,
+        health=Runner.Health.ACTIVE,  # approved: a new runner starts pending
+        last_heartbeat=timezone.now(),
+        inventory={"nvcc": nvcc},
+    )
+    runner.device_types.set(device_types)
+    for toolchain in toolchains:
+        RunnerToolchain.objects.create(
+            runner=runner, toolchain=toolchain, interpreter="/usr/bin/python3"
+        )
+    return runner

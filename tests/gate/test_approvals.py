@@ -19,9 +19,9 @@ from matrix.gate.services import (
     proposal_reevaluate,
     proposal_reject,
     proposal_rollout,
-    proposals_reevaluate_for_results,
 )
 from matrix.models import AuditEvent, Status, Toolchain
+from tests.gate.conftest import online_runner
 
 
 @pytest.fixture
@@ -172,6 +172,7 @@ def test_opening_needs_the_propose_permission(world, outsider):
 
 def test_opening_schedules_the_missing_served_cells(world):
     world.green(world.old)
+    online_runner("cpu-host", device_types=[world.cpu], toolchains=[world.new])
     proposal = proposal_open(
         baseline=world.old,
         candidate=world.new,
@@ -193,6 +194,7 @@ def test_opening_schedules_the_missing_served_cells(world):
         ("softmax", "cuda", "tilelang-0.1.13"),
         ("gemm", "cuda", "tilelang-0.1.13"),
     }
+    # The CPU runner takes the candidate's c cells: their results can come.
     assert proposal.state == UpgradeProposal.State.COLLECTING
 
 
@@ -219,34 +221,12 @@ def test_rollout_makes_the_candidate_current_and_every_step_is_audited(world, pr
         events.first().delete()
 
 
-def test_ingest_hook_reevaluates_only_the_proposals_a_result_touches(world):
-    world.green(world.old, [world.cpu, world.h200])
-    cpu, h200 = (
-        proposal_open(
-            baseline=world.old, candidate=world.new, device_types=[dt], by=world.owner
-        )
-        for dt in (world.cpu, world.h200)
-    )
-    results = []
-    for job in cpu.sweeps.get().jobs.all():
-        job.state = job.State.DONE
-        job.save(update_fields=["state"])
-        results.append(
-            world.record(job.shape, job.device_type, job.toolchain, Status.PASS)
-        )
-    touched = proposals_reevaluate_for_results(results=results)
-    assert [p.pk for p in touched] == [cpu.pk]
-    cpu.refresh_from_db()
-    h200.refresh_from_db()
-    assert cpu.state == UpgradeProposal.State.READY
-    assert h200.state == UpgradeProposal.State.COLLECTING
-
-
 def test_a_cell_already_in_flight_keeps_the_proposal_collecting(world):
     from runners.services import sweep_plan
 
     world.green(world.old)
     world.record("gemm", world.cpu, world.new, Status.PASS)
+    online_runner("cpu-host", device_types=[world.cpu], toolchains=[world.new])
     softmax = world.shapes["softmax"]
     sweep_plan(cells=[(softmax, world.cpu, world.new)])
     proposal = proposal_open(
@@ -307,6 +287,7 @@ def test_the_proposer_cannot_grant_an_exception_to_their_proposal(world, proposa
 
 def test_the_audit_trail_records_state_changes_not_every_evaluation(world):
     world.green(world.old)
+    online_runner("cpu-host", device_types=[world.cpu], toolchains=[world.new])
     proposal = proposal_open(
         baseline=world.old,
         candidate=world.new,

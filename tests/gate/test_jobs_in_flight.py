@@ -1,39 +1,25 @@
-"""What a collecting proposal waits for: the jobs no online runner can take,
-named by the runner they lack, on the page and in a refused approval."""
+"""What a proposal waits for: the jobs no online runner can take, named by
+the runner they lack, on the page and in a refused approval; and, once
+nothing more can arrive, a decision on the evidence there is."""
 
 from __future__ import annotations
-
-import hashlib
 
 import pytest
 from django.core.exceptions import ValidationError
 from django.urls import reverse
-from django.utils import timezone
 
+from matrix.gate.manifest import manifest_for
+from matrix.gate.models import UpgradeProposal
 from matrix.gate.services import (
+    policy_save,
     proposal_approve,
     proposal_jobs_in_flight,
     proposal_open,
+    proposal_reject,
 )
-from matrix.models import JobStage, ValidationJob
-from runners.models import Runner, RunnerToolchain, compile_queue, validate_queue
-
-
-def online_runner(name, *, device_types, toolchains, nvcc=False):
-    runner = Runner.objects.create(
-        name=name,
-        public_key=hashlib.sha256(name.encode()).hexdigest(),  # one key a runner
-        state=Runner.State.ONLINE,
-        health=Runner.Health.ACTIVE,
-        last_heartbeat=timezone.now(),
-        inventory={"nvcc": nvcc},
-    )
-    runner.device_types.set(device_types)
-    for toolchain in toolchains:
-        RunnerToolchain.objects.create(
-            runner=runner, toolchain=toolchain, interpreter="/usr/bin/python3"
-        )
-    return runner
+from matrix.models import JobStage, Status, ValidationJob
+from runners.models import compile_queue, validate_queue
+from tests.gate.conftest import online_runner
 
 
 @pytest.fixture
@@ -65,7 +51,11 @@ def test_the_page_names_the_jobs_no_online_runner_can_take(
     assert "6 validation jobs on its served cells are queued or running" in body
     stalled = body.split('id="stalled-jobs"', 1)[1].split("</div>", 1)[0]
     assert "2 of them wait on queues no online" in stalled
-    assert f"<li>{STALLED}</li>" in stalled
+    assert (
+        f"<li>{STALLED} would run on a runner that hosts tilelang-0.1.13, "
+        "compile-only (lower); a pass needs a runner with NVIDIA H200 · sm_90a · "
+        "cuda that hosts tilelang-0.1.13</li>"
+    ) in stalled
     assert "Online runners host tilelang-0.1.15." in stalled
 
 
@@ -120,3 +110,89 @@ def test_each_stalled_group_names_the_runner_it_lacks(world):
         "1 validation job on tilelang-0.1.15 for NVIDIA H200 · sm_90a · cuda "
         "(no online runner that hosts tilelang-0.1.15 has nvcc)",
     ]
+
+
+@pytest.fixture
+def unrunnable_candidate(world):
+    """No runner online: the candidate's softmax cell was planned where no
+    one reads, and nothing more can arrive for it."""
+    world.green(world.old)
+    world.record("gemm", world.cpu, world.new, Status.PASS)
+    return proposal_open(
+        baseline=world.old,
+        candidate=world.new,
+        device_types=[world.cpu],
+        by=world.owner,
+    )
+
+
+MISSING = "served cell softmax[M=64,N=256] float32 on x86-64 CPU · c"
+UNBLOCK = (
+    "no online runner can produce the missing results, so nothing more can "
+    "arrive until one comes online: 1 validation job on tilelang-0.1.15 for "
+    "x86-64 CPU · c (no online runner hosts tilelang-0.1.15) would run on a "
+    "runner that hosts tilelang-0.1.15, compile-only (lower); a pass needs a "
+    "runner with x86-64 CPU · c that hosts tilelang-0.1.15"
+)
+
+
+def test_a_proposal_nothing_more_can_reach_is_judged_on_its_evidence(
+    client, world, unrunnable_candidate
+):
+    proposal = unrunnable_candidate
+    assert proposal.state == UpgradeProposal.State.BLOCKED
+    assert proposal.blocking_reasons == [
+        f"{MISSING} has no candidate result",
+        UNBLOCK,
+        "needs 2 approvals from the reviewer group, has 0",
+    ]
+    client.force_login(world.reviewers[0])
+    body = client.get(reverse("upgrade", args=[proposal.pk])).content.decode()
+    assert 'data-state="blocked"' in body
+    assert "Nothing more can arrive until then" in body
+    assert 'hx-trigger="every 2s"' not in body
+
+
+def test_reviewers_decide_on_the_evidence_there_is(world, unrunnable_candidate):
+    proposal = unrunnable_candidate
+    with pytest.raises(ValidationError) as refused:
+        proposal_approve(proposal=proposal, by=world.reviewers[0], comment="ship it")
+    assert refused.value.messages == [
+        f"cannot approve while blocked: {MISSING} has no candidate result; {UNBLOCK}"
+    ]
+    proposal_reject(proposal=proposal, by=world.reviewers[0], comment="not without it")
+    proposal.refresh_from_db()
+    assert proposal.state == UpgradeProposal.State.REJECTED
+
+
+def test_a_policy_that_does_not_require_every_result_lets_it_through(
+    client, world, admin_user, unrunnable_candidate
+):
+    policy_save(by=admin_user, require_candidate_results=False)
+    proposal = unrunnable_candidate
+    proposal.refresh_from_db()
+    assert proposal.state == UpgradeProposal.State.READY
+    client.force_login(world.reviewers[0])
+    body = client.get(reverse("upgrade", args=[proposal.pk])).content.decode()
+    note = body.split('id="missing-not-required">')[1].split("</p>")[0]
+    assert note == (
+        "1 served cell has no candidate result; the policy does not require one, "
+        "so the manifest serves the PyTorch reference there."
+    )
+    proposal_approve(proposal=proposal, by=world.reviewers[0], comment="gemm is fine")
+    proposal_approve(proposal=proposal, by=world.reviewers[1], comment="agreed")
+    proposal.refresh_from_db()
+    assert proposal.state == UpgradeProposal.State.APPROVED
+    choices = {
+        (e["operator"], e["choice"], e["reason"])
+        for e in manifest_for(toolchain=world.new)["entries"]
+        if e["operator"] in ("gemm", "softmax") and e["shape_rule"]["dims"]["M"] == 64
+    }
+    assert choices == {
+        (
+            "gemm",
+            "tilelang",
+            "validated: pass on tilelang-0.1.15, 1.00× of the reference",
+        ),
+        ("softmax", "reference", "not validated on tilelang-0.1.15"),
+    }

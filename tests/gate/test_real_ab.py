@@ -12,6 +12,7 @@ are answered in process."""
 from __future__ import annotations
 
 import os
+import re
 import sys
 import time
 from datetime import timedelta
@@ -48,7 +49,9 @@ REPO = Path(__file__).resolve().parents[2]
 TOOLCHAIN_0113 = Path(
     os.environ.get("TM_TOOLCHAIN_0113", REPO / "var" / "toolchains" / "tilelang-0.1.13")
 )
-# A handful of served CPU cells: softmax is the known difference.
+# A handful of served CPU cells: softmax is the known difference (it does
+# not compile on c with 0.1.13); elementwise_add passes on both, slower
+# than PyTorch on this CPU.
 SERVED = [
     ("softmax", {"M": 64, "N": 256}),
     ("softmax", {"M": 7, "N": 33}),
@@ -58,7 +61,7 @@ REPEATS = 3
 
 
 @pytest.fixture
-def runner(db, tmp_path, monkeypatch, server_http):
+def runner(db, tmp_path, monkeypatch, server_http, control_worker):
     python_0113 = TOOLCHAIN_0113 / "bin" / "python"
     assert python_0113.exists(), (
         f"no TileLang 0.1.13 toolchain: run scripts/make-toolchain-venv 0.1.13 "
@@ -109,9 +112,10 @@ def runner(db, tmp_path, monkeypatch, server_http):
     )
 
     def deliver(envelopes):
-        outcomes = services.results_ingest(envelopes=envelopes)
+        # Ingest marks the proposals these results touch; once it commits,
+        # the control worker re-evaluates them.
+        outcomes = control_worker(services.results_ingest, envelopes=envelopes)
         assert [o.status for o in outcomes] == ["stored"] * len(envelopes), outcomes
-        # Ingest itself re-evaluates the proposals these results touch.
 
     monkeypatch.setattr(host, "results_send", deliver)
     return config
@@ -177,7 +181,8 @@ def test_softmax_gates_the_upgrade_both_ways(runner, people, admin_user):
     for row in rows.values():
         print(
             f"  {row.label}: {row.baseline_status} -> {row.candidate_status} "
-            f"({row.change_label}) ratio={row.ratio} band={row.band}"
+            f"({row.change_label}) ratio={row.ratio} band={row.band} "
+            f"speed={row.speed} speed_band={row.speed_band}"
         )
     softmax = [r for (op, _), r in rows.items() if op == "softmax"]
     assert [(r.baseline_status, r.candidate_status) for r in softmax] == [
@@ -199,13 +204,33 @@ def test_softmax_gates_the_upgrade_both_ways(runner, people, admin_user):
     forward.refresh_from_db()
     assert forward.state == UpgradeProposal.State.APPROVED
     manifest = manifest_for(toolchain=new)
+    entries = {
+        (e["operator"], e["shape_rule"]["dims"]["M"]): e for e in manifest["entries"]
+    }
+    # Right and fast: elementwise_add passes on c, but its kernel takes about
+    # ten times torch's `a + b` on this CPU, so production keeps the
+    # reference and says how much slower; every entry names its speed.
+    add = entries["elementwise_add", 64]
+    assert add["choice"] == "reference"
+    assert re.fullmatch(
+        rf"pass on {re.escape(new.name)}, but 0\.\d+× of the reference",
+        add["reason"],
+    ), add["reason"]
     softmax_sha = Operator.objects.get(name="softmax").current_revision.source_sha256
+    for m in (64, 7):
+        assert entries["softmax", m]["kernel_sha256"] == softmax_sha
+        assert entries["softmax", m]["reason"].endswith("× of the reference")
+    production_dispatch_on_this_host(manifest, cpu, expect="reference")
+    # An admin who serves whatever is correct on this CPU column says so in
+    # the policy; the approved manifest follows.
+    policy_save(by=admin_user, speed_budget=1000.0)
+    manifest = manifest_for(toolchain=new)
     assert {
-        (e["operator"], e["choice"], e["kernel_sha256"])
+        (e["operator"], e["choice"])
         for e in manifest["entries"]
-        if e["operator"] == "softmax"
-    } == {("softmax", "tilelang", softmax_sha)}
-    production_dispatch_on_this_host(manifest, cpu)
+        if e["operator"] != "softmax" or e["shape_rule"]["dims"]["M"] == 64
+    } == {("elementwise_add", "tilelang"), ("softmax", "tilelang")}
+    production_dispatch_on_this_host(manifest, cpu, expect="tilelang")
 
     # The reverse needs no new jobs: both toolchains' results are fresh.
     reverse = proposal_open(baseline=new, candidate=old, device_types=[cpu], by=owner)
@@ -226,11 +251,12 @@ def test_softmax_gates_the_upgrade_both_ways(runner, people, admin_user):
         proposal_approve(proposal=reverse, by=first, comment="roll back")
 
 
-def production_dispatch_on_this_host(manifest, cpu):
+def production_dispatch_on_this_host(manifest, cpu, *, expect: str):
     """What production on this host does with the approved manifest: its own
-    toolchain's fingerprint and the library's softmax revision select the
-    TileLang kernel for the validated shape, and its output is softmax; a
-    shape nobody validated takes the reference."""
+    toolchain's fingerprint and the library's revision select what the
+    manifest chose for the validated elementwise_add shape (``expect``), and
+    the TileLang kernel's output is the sum; a shape nobody validated takes
+    the reference."""
     import tilelang
     import torch
 
@@ -245,45 +271,47 @@ def production_dispatch_on_this_host(manifest, cpu):
         manifest,
         device_type=str(cpu),
         toolchain_fingerprint=host_toolchain_fingerprint(),
-        kernel_revisions=library_revisions("softmax"),
+        kernel_revisions=library_revisions("elementwise_add"),
     )
     validated = {"M": 64, "N": 256}
     target = {"kind": "c"}
     kernel = tilelang.compile(
-        OPERATORS["softmax"].program(validated, "float32", target), target=target
+        OPERATORS["elementwise_add"].program(validated, "float32", target),
+        target=target,
     )
     ran = []
 
-    def with_tilelang(x):
+    def with_tilelang(a, b):
         ran.append("tilelang")
-        out = torch.full_like(x, float("nan"))
-        kernel(x, out)
+        out = torch.full_like(a, float("nan"))
+        kernel(a, b, out)
         return out
 
-    def with_reference(x):
+    def with_reference(a, b):
         ran.append("reference")
-        return torch.softmax(x, dim=-1)
+        return a + b
 
-    x = torch.randn(64, 256, generator=torch.Generator().manual_seed(7))
+    generator = torch.Generator().manual_seed(7)
+    a, b = (torch.randn(64, 256, generator=generator) for _ in range(2))
     out = dispatcher.call(
-        "softmax",
+        "elementwise_add",
         validated,
         "float32",
         tilelang=with_tilelang,
         reference=with_reference,
-        args=(x,),
+        args=(a, b),
     )
-    torch.testing.assert_close(out, torch.softmax(x, dim=-1))
+    torch.testing.assert_close(out, a + b)
     unvalidated = torch.randn(32, 256)
     dispatcher.call(
-        "softmax",
+        "elementwise_add",
         {"M": 32, "N": 256},
         "float32",
         tilelang=with_tilelang,
         reference=with_reference,
-        args=(unvalidated,),
+        args=(unvalidated, unvalidated),
     )
-    assert ran == ["tilelang", "reference"]
+    assert ran == [expect, "reference"]
 
 
 def waive_cpu_timings(proposal, *, granted_by, signed_by):

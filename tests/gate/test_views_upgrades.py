@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from urllib.parse import unquote
 
 import pytest
 from django.urls import reverse
@@ -17,7 +18,8 @@ from matrix.gate.services import (
     proposal_reject,
     proposal_rollout,
 )
-from matrix.models import Status
+from matrix.models import Shape, Status
+from tests.gate.conftest import online_runner
 
 
 @pytest.fixture
@@ -192,6 +194,9 @@ def test_the_diff_page_shows_counts_groups_and_the_blocking_cell(
     assert '<td data-change="still_green">1</td>' in body
     assert 'id="by-operator-heading"' in body and 'id="by-backend-heading"' in body
     assert "1.00 ± 0.07" in body  # gemm: one timing each side, default band
+    softmax = body.split('data-cell="softmax[M=64,N=256] float32 on x86-64 CPU · c"')
+    row = softmax[1].split("</tr>")[0]
+    assert '<td>green → red<br><strong class="blocks">blocks (regression)' in row
 
 
 def test_the_proposer_opens_a_proposal_from_the_form(client, world):
@@ -251,6 +256,7 @@ def test_an_admin_saves_a_new_policy_version(client, admin_user, world):
             "require_candidate_results": "on",
             "perf_budget": "0.05",
             "perf_budgets": '{"gemm": 0.02}',
+            "speed_budget": "0.1",
             "required_approvals": "3",
             "reviewer_group": "reviewer",
             "backend_owners": '{"c": ["reviewer3"]}',
@@ -263,6 +269,7 @@ def test_an_admin_saves_a_new_policy_version(client, admin_user, world):
         (1, 2),
     ]
     assert Policy.current().perf_budgets == {"gemm": 0.02}
+    assert Policy.current().speed_budget == 0.1
 
 
 def test_the_policy_form_refuses_bad_json(client, admin_user, world):
@@ -272,6 +279,7 @@ def test_the_policy_form_refuses_bad_json(client, admin_user, world):
         {
             "perf_budget": "0.05",
             "perf_budgets": "{gemm",
+            "speed_budget": "0",
             "required_approvals": "2",
             "reviewer_group": "reviewer",
             "backend_owners": "{}",
@@ -347,6 +355,7 @@ def test_the_list_page_runs_a_fixed_number_of_queries(
 
 def test_the_gate_status_polls_while_collecting_and_stops_after(client, world):
     world.green(world.old)
+    online_runner("cpu-host", device_types=[world.cpu], toolchains=[world.new])
     proposal = proposal_open(
         baseline=world.old,
         candidate=world.new,
@@ -361,7 +370,7 @@ def test_the_gate_status_polls_while_collecting_and_stops_after(client, world):
     assert body.lstrip().startswith('<section id="gate-status"')
     assert 'hx-trigger="every 2s"' in body
     assert f'href="/sweeps/{proposal.sweeps.get().pk}/"' in body
-    assert response["Vary"] == "HX-Request, Cookie"
+    assert response["Vary"] == "HX-Request, HX-Target, Cookie"
     # The sweep's page links back to the proposal that planned it.
     sweep_page = client.get(url("sweep", proposal.sweeps.get())).content.decode()
     assert (
@@ -522,6 +531,7 @@ POLICY_POST = {
     "require_candidate_results": "on",
     "perf_budget": "0.05",
     "perf_budgets": "{}",
+    "speed_budget": "0",
     "required_approvals": "2",
     "reviewer_group": "reviewer",
     "backend_owners": "{}",
@@ -532,6 +542,8 @@ POLICY_POST = {
     "field,typed,error",
     [
         ("perf_budget", "-1", "must not be negative"),
+        ("speed_budget", "-0.1", "must not be negative"),
+        ("speed_budget", "fast", "Enter a number."),
         ("required_approvals", "0", "must be at least 1"),
         (
             "backend_owners",
@@ -562,16 +574,88 @@ def test_the_policy_form_says_what_is_wrong_with_a_field(
     assert Policy.objects.count() == 1
 
 
-def test_a_long_list_of_blocking_cells_shows_the_first_50_and_a_count(
-    client, world, proposal
+@pytest.fixture
+def many_missing(world):
+    """120 more served shapes, none run on the candidate, and no runner
+    online to run them: 122 served cells blocked as missing."""
+    softmax = world.shapes["softmax"].operator
+    for n in range(120):
+        Shape.objects.create(
+            operator=softmax,
+            dims={"M": n + 1, "N": 512},
+            dtype="float32",
+            served=True,
+            weight=1.0,
+        )
+    world.green(world.old)
+    return proposal_open(
+        baseline=world.old,
+        candidate=world.new,
+        device_types=[world.cpu],
+        by=world.owner,
+    )
+
+
+def test_many_blocking_cells_are_summarised_above_the_decision_form(
+    client, world, many_missing
 ):
-    lines = [f"served cell op{i} has no candidate result" for i in range(120)]
-    UpgradeProposal.objects.filter(pk=proposal.pk).update(blocking_reasons=lines)
     client.force_login(world.reviewers[0])
-    body = client.get(url("upgrade", proposal)).content.decode()
+    body = client.get(url("upgrade", many_missing)).content.decode()
     reasons = body.split('id="blocking-reasons">')[1].split("</ul>")[0]
-    assert "served cell op49 has" in reasons and "served cell op50 has" not in reasons
-    assert "and 70 more" in reasons
+    assert reasons.count("<li>") == 3
+    assert (
+        "<li>122 served cells have no candidate result: gemm[M=64,N=64,K=64] "
+        "float32 on x86-64 CPU · c; softmax[M=1,N=512] float32 on x86-64 CPU · c; "
+        "softmax[M=10,N=512] float32 on x86-64 CPU · c and 119 more</li>"
+    ) in reasons
+    assert "no online runner can produce the missing results" in reasons
+    assert "List the 122 blocking cells" in body
+    # What a reviewer acts on comes before the diff's tables.
+    assert body.index('id="decision-form"') < body.index('id="summary-heading"')
+
+
+def pager_link(body: str, name: str) -> dict:
+    """The query of the pager's ``name`` link (next, previous, first, last)."""
+    found = re.search(rf'href="\?([^"#]*)#cells"[^>]*>{name}</a>', body)
+    assert found, f"no {name} link"
+    return dict(pair.split("=") for pair in found.group(1).split("&amp;"))
+
+
+def test_the_blocking_cells_are_listed_a_page_at_a_time(client, world, many_missing):
+    client.force_login(world.reviewers[0])
+    page = url("upgrade", many_missing)
+    htmx = {"HX-Request": "true", "HX-Target": "diff-rows"}
+    first = client.get(page, {"blocking": "1"}).content.decode()
+    assert first.count('data-blocking="missing"') == 50
+    assert "Cells 1–50 of 122" in first
+    second = client.get(page, pager_link(first, "next"), headers=htmx).content.decode()
+    assert second.lstrip().startswith('<div id="diff-rows">')
+    assert "Cells 51–100 of 122" in second
+    third = client.get(page, pager_link(second, "next"), headers=htmx).content.decode()
+    assert third.count('data-blocking="missing"') == 22
+    assert "Cells 101–122 of 122" in third
+    assert ">next</a>" not in third
+    shown = [
+        re.findall(r'data-cell="([^"]+)"', body) for body in (first, second, third)
+    ]
+    assert len({cell for rows in shown for cell in rows}) == 122
+    # Back from the last page, and straight to it: the same rows.
+    back = client.get(
+        page, pager_link(third, "previous"), headers=htmx
+    ).content.decode()
+    assert re.findall(r'data-cell="([^"]+)"', back) == shown[1]
+    last = client.get(page, pager_link(first, "last"), headers=htmx).content.decode()
+    assert re.findall(r'data-cell="([^"]+)"', last)[-22:] == shown[2]
+
+
+def test_the_proposal_page_runs_a_fixed_number_of_queries(
+    client, world, many_missing, django_assert_max_num_queries
+):
+    client.force_login(world.reviewers[0])
+    # However many rows: the page's, 5 for its stalled jobs, the layout's.
+    with django_assert_max_num_queries(17):
+        response = client.get(url("upgrade", many_missing))
+    assert response.status_code == 200
 
 
 def test_the_form_says_why_its_choices_are_empty(client, people):
@@ -587,3 +671,25 @@ def test_the_form_with_choices_to_make_has_no_empty_note(client, world):
     assert (
         'id="cannot-propose"' not in client.get(reverse("upgrade-new")).content.decode()
     )
+
+
+def test_re_evaluate_now_asks_the_control_worker_and_the_page_follows(
+    client, world, green, django_capture_on_commit_callbacks, control_worker
+):
+    world.record("softmax", world.cpu, world.new, Status.COMPILE_ERROR)
+    client.force_login(world.reviewers[0])
+    page = url("upgrade", green)
+    with django_capture_on_commit_callbacks() as enqueued:
+        response = client.post(url("upgrade-reevaluate", green), follow=True)
+    body = response.content.decode()
+    assert "Re-evaluation requested" in body
+    assert 'id="reevaluation-pending"' in body and 'data-state="ready"' in body
+    assert len(enqueued) == 1
+    evaluated = re.search(r"\?evaluated=([^\"]*)\"", body).group(1)
+    poll = {"evaluated": unquote(evaluated)}
+    htmx = {"HX-Request": "true"}
+    assert "HX-Refresh" not in client.get(page, poll, headers=htmx)
+
+    control_worker(enqueued[0])
+    assert client.get(page, poll, headers=htmx)["HX-Refresh"] == "true"
+    assert 'data-state="blocked"' in client.get(page).content.decode()

@@ -1,0 +1,100 @@
+from __future__ import annotations
+
+import os
+import secrets
+from pathlib import Path
+
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Group
+from django.core.exceptions import ValidationError
+from django.core.management.base import BaseCommand, CommandError
+
+from matrix.gate.evidence import evidence_upgrades
+from matrix.gate.models import Policy, UpgradeProposal
+from matrix.gate.services import proposal_open
+from matrix.management.commands._files import read_json
+from runners.roles import VIEWER
+
+REVIEWERS = ("reviewer1", "reviewer2")
+
+
+class Command(BaseCommand):
+    help = (
+        "The demo's upgrade: reviewer accounts (reviewer1, reviewer2; passwords "
+        "generated and printed once), and a proposal, opened by the admin, for "
+        "every A/B an imported evidence file holds (a device type validated with "
+        "two TileLang releases). Running it again changes nothing."
+    )
+
+    def add_arguments(self, parser):
+        parser.add_argument("files", nargs="*", help="imported evidence files")
+
+    def handle(self, *args, files, **options):
+        self.reviewers_ensure()
+        proposer = self.proposer()
+        for name in files:
+            for upgrade in evidence_upgrades(read_json(name)):
+                self.proposal_ensure(upgrade, proposer=proposer, source=name)
+
+    def reviewers_ensure(self) -> None:
+        User = get_user_model()
+        groups = [
+            Group.objects.get_or_create(name=Policy.current().reviewer_group)[0],
+            Group.objects.get_or_create(name=VIEWER)[0],
+        ]
+        for username in REVIEWERS:
+            if User.objects.filter(username=username).exists():
+                self.stdout.write(f"reviewer account {username!r} exists")
+                continue
+            password = secrets.token_urlsafe(12)
+            user = User.objects.create_user(username=username, password=password)
+            user.groups.add(*groups)
+            self.stdout.write(
+                self.style.WARNING(
+                    f"reviewer account: {username} / {password}  (shown once)"
+                )
+            )
+
+    def proposer(self):
+        """The admin ensure_admin made: the demo's proposals are theirs, so
+        the two reviewers may decide."""
+        username = os.environ.get("DJANGO_SUPERUSER_USERNAME") or "admin"
+        user = get_user_model().objects.filter(username=username).first()
+        if user is None:
+            raise CommandError(
+                f"no admin account {username!r}: run `manage.py ensure_admin` first"
+            )
+        return user
+
+    def proposal_ensure(self, upgrade, *, proposer, source: str) -> None:
+        wanted = {dt.pk for dt in upgrade.device_types}
+        for proposal in UpgradeProposal.objects.filter(
+            baseline=upgrade.baseline, candidate=upgrade.candidate
+        ).prefetch_related("device_types"):
+            if {dt.pk for dt in proposal.device_types.all()} == wanted:
+                self.stdout.write(
+                    f"upgrade #{proposal.pk} ({upgrade}) exists: {proposal.state}"
+                )
+                return
+        report = Path(source).name.replace(".evidence.json", ".md")
+        try:
+            proposal = proposal_open(
+                baseline=upgrade.baseline,
+                candidate=upgrade.candidate,
+                device_types=upgrade.device_types,
+                by=proposer,
+                note=(
+                    f"A real A/B from evidence: TileLang "
+                    f"{upgrade.baseline.tilelang_version} → "
+                    f"{upgrade.candidate.tilelang_version}, both toolchains run by "
+                    f"the same runner. Report: docs/evidence/{report}"
+                ),
+            )
+        except ValidationError as exc:
+            raise CommandError(f"{upgrade}: {'; '.join(exc.messages)}") from None
+        self.stdout.write(
+            self.style.SUCCESS(
+                f"upgrade #{proposal.pk} opened ({upgrade}): {proposal.state}; "
+                f"{', '.join(REVIEWERS)} may decide on it"
+            )
+        )

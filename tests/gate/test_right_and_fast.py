@@ -1,0 +1,155 @@
+"""The manifest serves TileLang only where the candidate passes and keeps up
+with the PyTorch reference on that cell, within the noise band and the
+policy's speed budget; elsewhere the reference, saying why."""
+
+from __future__ import annotations
+
+import pytest
+from django.core.exceptions import ValidationError
+
+from matrix.gate.manifest import manifest_for
+from matrix.gate.models import Policy
+from matrix.gate.services import policy_save, proposal_approve, proposal_open
+from matrix.models import Status
+from runners.dispatch import Dispatcher
+
+TIGHT = [1.0, 1.01, 0.99]
+
+
+def approved_with(world, *, softmax_ms, softmax_reference_ms, samples=None):
+    """Everything passes on both toolchains; softmax takes ``softmax_ms`` on
+    each (the upgrade changes nothing) against a reference of
+    ``softmax_reference_ms``; gemm keeps up with its reference."""
+    for toolchain in (world.old, world.new):
+        world.record("gemm", world.cpu, toolchain, Status.PASS, 1.0)
+        world.record(
+            "softmax",
+            world.cpu,
+            toolchain,
+            Status.PASS,
+            softmax_ms,
+            samples,
+            reference_ms=softmax_reference_ms,
+        )
+    proposal = proposal_open(
+        baseline=world.old,
+        candidate=world.new,
+        device_types=[world.cpu],
+        by=world.owner,
+    )
+    return proposal
+
+
+def approve(world, proposal):
+    proposal_approve(proposal=proposal, by=world.reviewers[0], comment="clean")
+    proposal_approve(proposal=proposal, by=world.reviewers[1], comment="agreed")
+
+
+def served(world) -> dict:
+    return {
+        e["operator"]: (e["choice"], e["reason"])
+        for e in manifest_for(toolchain=world.new)["entries"]
+        if e["operator"] in ("softmax", "gemm")
+        and e["shape_rule"]["dims"].get("N") in (256, 64)
+    }
+
+
+def test_a_pass_slower_than_the_reference_is_served_the_reference(world):
+    # As fast as on the baseline, so the gate lets the upgrade through: only
+    # the comparison with the reference keeps the kernel out.
+    samples = [1.45, 1.46, 1.44]
+    proposal = approved_with(
+        world, softmax_ms=1.45, softmax_reference_ms=1.0, samples=samples
+    )
+    approve(world, proposal)
+    assert served(world) == {
+        "gemm": (
+            "tilelang",
+            "validated: pass on tilelang-0.1.15, 1.00× of the reference",
+        ),
+        "softmax": (
+            "reference",
+            "pass on tilelang-0.1.15, but 0.69× of the reference",
+        ),
+    }
+
+
+def test_within_the_noise_band_is_not_slower(world):
+    # 3% slower with one timing a side: inside the default band (0.07).
+    proposal = approved_with(world, softmax_ms=1.03, softmax_reference_ms=1.0)
+    approve(world, proposal)
+    assert served(world)["softmax"][0] == "tilelang"
+
+
+def test_a_pass_with_no_reference_timing_is_served_the_reference(world):
+    proposal = approved_with(world, softmax_ms=1.0, softmax_reference_ms=None)
+    approve(world, proposal)
+    assert served(world)["softmax"] == (
+        "reference",
+        "pass on tilelang-0.1.15, but not timed",
+    )
+
+
+def test_the_speed_budget_lets_a_slower_kernel_be_served(world, admin_user):
+    policy_save(by=admin_user, speed_budget=0.6)
+    proposal = approved_with(
+        world, softmax_ms=1.45, softmax_reference_ms=1.0, samples=[1.45, 1.46, 1.44]
+    )
+    approve(world, proposal)
+    assert served(world)["softmax"][0] == "tilelang"
+
+
+def test_a_new_speed_budget_rewrites_an_approved_manifest(world, admin_user):
+    proposal = approved_with(
+        world, softmax_ms=1.45, softmax_reference_ms=1.0, samples=[1.45, 1.46, 1.44]
+    )
+    approve(world, proposal)
+    assert served(world)["softmax"][0] == "reference"
+    policy_save(by=admin_user, speed_budget=0.6)
+    assert served(world)["softmax"][0] == "tilelang"
+
+
+def test_production_takes_the_reference_with_the_ratio_in_its_reason(world):
+    proposal = approved_with(
+        world, softmax_ms=1.45, softmax_reference_ms=1.0, samples=[1.45, 1.46, 1.44]
+    )
+    approve(world, proposal)
+    dispatcher = Dispatcher(
+        manifest_for(toolchain=world.new),
+        device_type=str(world.cpu),
+        toolchain_fingerprint=world.new.fingerprint,
+    )
+    decision = dispatcher.decide("softmax", {"M": 64, "N": 256}, "float32")
+    assert (decision.choice, decision.reason) == (
+        "reference",
+        "pass on tilelang-0.1.15, but 0.69× of the reference",
+    )
+    assert dispatcher.decide(
+        "gemm", {"M": 64, "N": 64, "K": 64}, "float32"
+    ).uses_tilelang
+
+
+def test_the_speed_budget_is_a_versioned_policy_field(world, admin_user):
+    Policy.current()
+    policy_save(by=admin_user, speed_budget=0.1)
+    assert Policy.current().speed_budget == 0.1
+    assert Policy.objects.get(version=1).speed_budget == 0.0
+    for bad, why in ((-0.1, "must not be negative"), ("fast", "must be a number")):
+        with pytest.raises(ValidationError) as refused:
+            policy_save(by=admin_user, speed_budget=bad)
+        assert why in refused.value.message_dict["speed_budget"][0]
+    assert Policy.current().version == 2
+
+
+def test_the_page_shows_what_the_manifest_would_serve(client, world):
+    proposal = approved_with(
+        world, softmax_ms=1.45, softmax_reference_ms=1.0, samples=[1.45, 1.46, 1.44]
+    )
+    client.force_login(world.reviewers[0])
+    body = client.get(f"/upgrades/{proposal.pk}/").content.decode()
+    row = body.split('data-cell="softmax[M=64,N=256] float32 on x86-64 CPU · c"')[1]
+    row = row.split("</tr>")[0]
+    assert "0.69× ± 0.05" in row
+    assert (
+        "reference<br><small>pass on tilelang-0.1.15, but 0.69× of the reference" in row
+    )
