@@ -5,6 +5,9 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 TOOLCHAIN_0113 := var/toolchains/tilelang-0.1.13
+# The demo opens on the H200 lab's evidence: TileLang 0.1.13 (current) and
+# 0.1.15 on the served shapes, and the compile-only ROCm and Metal columns.
+DEMO_EVIDENCE := $(sort $(wildcard docs/evidence/*-h200-*.evidence.json))
 
 .PHONY: run test install migrate seed lint bench-local toolchains clean
 
@@ -29,11 +32,11 @@ seed: migrate
 	$(PY) manage.py import_shapes --profile qwen2.5-7b
 	# Evidence from real GPUs, through the normal ingest, whatever its age; its
 	# toolchain is the demo's current one. A refusal is shown, not fatal.
-	-$(PY) manage.py evidence import --current-if-none docs/evidence/*.evidence.json
+	-$(PY) manage.py evidence import --current-if-none $(DEMO_EVIDENCE)
 	$(PY) manage.py ensure_admin
 	# Demo reviewers (passwords printed once), and an upgrade proposal for
-	# every A/B an evidence file holds (TileLang 0.1.13 -> 0.1.15 on the CPU).
-	$(PY) manage.py demo_upgrade docs/evidence/*.evidence.json
+	# every A/B the evidence holds (TileLang 0.1.13 -> 0.1.15 on the H200).
+	$(PY) manage.py demo_upgrade $(DEMO_EVIDENCE)
 
 run: seed
 	scripts/run-dev

@@ -26,6 +26,12 @@ from matrix.models import Cell, Result, Shape, Status
 # Relative noise assumed for a side that has a single timing: a lone median
 # says nothing about its own spread.
 DEFAULT_NOISE_BAND = 0.05
+# A lone timing of a call of a few microseconds is mostly the host's launch
+# path: on the H200 the cold and warm runs of one cell
+# (docs/evidence/2026-12-02-h200-ab-repeats.json) differ by up to 13.6 µs
+# for calls under 50 µs (9 µs at the 90th percentile), where longer calls
+# repeat within 1-3%. A lone timing's band covers that spread.
+LAUNCH_JITTER_MS = 0.014
 # How many recent results of one cell count as its repeat timings.
 REPEAT_WINDOW = 5
 PERF_STEP = 0.05
@@ -238,9 +244,14 @@ def perf(baseline: list[float], candidate: list[float]) -> tuple[float, float] |
         return None
     base_noise = noise(baseline)
     cand_noise = noise(candidate)
-    base_noise = DEFAULT_NOISE_BAND if base_noise is None else base_noise
-    cand_noise = DEFAULT_NOISE_BAND if cand_noise is None else cand_noise
+    base_noise = lone_band(base_ms) if base_noise is None else base_noise
+    cand_noise = lone_band(cand_ms) if cand_noise is None else cand_noise
     return cand_ms / base_ms, math.hypot(base_noise, cand_noise)
+
+
+def lone_band(ms: float) -> float:
+    """The relative band of a side that has a single timing of ``ms``."""
+    return max(DEFAULT_NOISE_BAND, LAUNCH_JITTER_MS / ms)
 
 
 def classify(baseline: str | None, candidate: str | None) -> str:

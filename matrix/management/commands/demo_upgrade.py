@@ -32,9 +32,18 @@ class Command(BaseCommand):
     def handle(self, *args, files, **options):
         self.reviewers_ensure()
         proposer = self.proposer()
+        # One A/B may span files (a lab exports a file per toolchain's sweep):
+        # the jobs of every file are read together.
+        jobs = []
         for name in files:
-            for upgrade in evidence_upgrades(read_json(name)):
-                self.proposal_ensure(upgrade, proposer=proposer, source=name)
+            data = read_json(name)
+            jobs += (data.get("jobs") or []) if isinstance(data, dict) else []
+        reports = ", ".join(
+            "docs/evidence/" + Path(name).name.replace(".evidence.json", ".md")
+            for name in files
+        )
+        for upgrade in evidence_upgrades({"jobs": jobs}):
+            self.proposal_ensure(upgrade, proposer=proposer, reports=reports)
 
     def reviewers_ensure(self) -> None:
         User = get_user_model()
@@ -66,7 +75,7 @@ class Command(BaseCommand):
             )
         return user
 
-    def proposal_ensure(self, upgrade, *, proposer, source: str) -> None:
+    def proposal_ensure(self, upgrade, *, proposer, reports: str) -> None:
         wanted = {dt.pk for dt in upgrade.device_types}
         for proposal in UpgradeProposal.objects.filter(
             baseline=upgrade.baseline, candidate=upgrade.candidate
@@ -76,7 +85,6 @@ class Command(BaseCommand):
                     f"upgrade #{proposal.pk} ({upgrade}) exists: {proposal.state}"
                 )
                 return
-        report = Path(source).name.replace(".evidence.json", ".md")
         try:
             proposal = proposal_open(
                 baseline=upgrade.baseline,
@@ -87,7 +95,7 @@ class Command(BaseCommand):
                     f"A real A/B from evidence: TileLang "
                     f"{upgrade.baseline.tilelang_version} → "
                     f"{upgrade.candidate.tilelang_version}, both toolchains run by "
-                    f"the same runner. Report: docs/evidence/{report}"
+                    f"the same runner. Reports: {reports}"
                 ),
             )
         except ValidationError as exc:
