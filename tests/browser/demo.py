@@ -27,7 +27,9 @@ ROOT = Path(__file__).resolve().parents[2]
 ADMIN = ("demo-admin", "demo-admin-pass-1")
 REVIEWERS = (("reviewer-a", "reviewer-pass-1"), ("reviewer-b", "reviewer-pass-2"))
 MODELS = ("mixtral-8x7b", "qwen2.5-7b")
-EVIDENCE = sorted(str(p) for p in (ROOT / "docs" / "evidence").glob("*.evidence.json"))
+EVIDENCE = sorted(
+    str(p) for p in (ROOT / "docs" / "evidence").glob("*-h200-*.evidence.json")
+)
 
 
 @dataclass
@@ -70,6 +72,7 @@ def extra_seed() -> dict:
         name="cpu-local",
         public_key="ab" * 32,
         state=Runner.State.ONLINE,
+        health=Runner.Health.ACTIVE,  # approved by the lab's admin
         last_heartbeat=timezone.now(),
     )
     runner.device_types.set([cpu])
@@ -103,7 +106,27 @@ def seed() -> dict:
         call_command("import_shapes", "--profile", model, stdout=out)
     call_command("evidence", "import", "--current-if-none", *EVIDENCE, stdout=out)
     call_command("ensure_admin", stdout=out)
+    call_command("demo_upgrade", *EVIDENCE, stdout=out)
+    upgrade_roll_out()
     return extra_seed()
+
+
+def upgrade_roll_out() -> None:
+    """The demo's upgrade decided as a newcomer would: both reviewers
+    approve and the admin rolls it out, so the pages show the H200 lab's
+    current toolchain (0.1.15) with its compile-only columns."""
+    from django.contrib.auth import get_user_model
+
+    from matrix.gate.models import UpgradeProposal
+    from matrix.gate.services import proposal_approve, proposal_rollout
+
+    User = get_user_model()
+    proposal = UpgradeProposal.objects.get()
+    for name in ("reviewer1", "reviewer2"):
+        proposal_approve(
+            proposal=proposal, by=User.objects.get(username=name), comment="ok"
+        )
+    proposal_rollout(proposal=proposal, by=User.objects.get(username=ADMIN[0]))
 
 
 SEED = (

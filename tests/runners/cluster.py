@@ -189,6 +189,9 @@ class Cluster:
             self.kill(name, sig)
         if self.pg_admin:
             self._pg_execute(f'DROP DATABASE IF EXISTS "{self.pg_name}" WITH (FORCE)')
+        if os.environ.get("KEEP_CLUSTER_LOGS"):
+            for n, p in self.logs.items():
+                shutil.copy(p, "/tmp/cluster-" + n.replace(":", "-") + ".log")
         shutil.rmtree(self.root, ignore_errors=True)
 
     # The deployment -------------------------------------------------------

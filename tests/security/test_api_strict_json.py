@@ -146,6 +146,7 @@ def _requests(world) -> dict:
         ),
         "matrix_api_coverage_coverage_matrix": ("GET", "/matrix?backend=c", None),
         "matrix_api_coverage_coverage_gaps": ("GET", "/gaps", None),
+        "matrix_api_coverage_coverage_models": ("GET", "/models", None),
     }
 
 
