@@ -33,14 +33,25 @@ def rotation_sets(input_bytes: int) -> int:
 
 
 def time_cpu(fn: Callable[[int], object], *, repeats: int, warmup: int = 1) -> float:
-    """Median wall-clock milliseconds of ``fn(i)`` over ``repeats`` calls."""
-    for i in range(warmup):
-        fn(i)
-    samples = []
-    for i in range(repeats):
-        start = time.perf_counter()
-        fn(i)
-        samples.append(time.perf_counter() - start)
+    """Median wall-clock milliseconds of ``fn(i)`` over ``repeats`` calls,
+    with torch on one thread, as the TileLang ``c`` kernels run: on a busy
+    host, waking torch's other threads took 12-47 ms for a call of a few
+    microseconds, which made the kernel look tens of times faster than the
+    reference."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for i in range(warmup):
+            fn(i)
+        samples = []
+        for i in range(repeats):
+            start = time.perf_counter()
+            fn(i)
+            samples.append(time.perf_counter() - start)
+    finally:
+        torch.set_num_threads(threads)
     return median_ms(samples)
 
 
