@@ -1,8 +1,8 @@
 """A scratch deployment for benchmarks: a fresh database (PostgreSQL when
-DATABASE_URL names one, else a SQLite file) and broker (a Redis database
-index when CELERY_BROKER_URL is Redis, else a filesystem folder), migrated
-and seeded, removed afterwards. Call ``scratch_setup()`` before importing
-anything from Django."""
+DATABASE_URL names one, else a SQLite file) and broker (the Redis database
+index CELERY_BROKER_URL names, emptied before and after, or else a
+filesystem folder), migrated and seeded, removed afterwards. Call
+``scratch_setup()`` before importing anything from Django."""
 
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 REPO = Path(__file__).resolve().parent.parent
-BENCH_REDIS_DB = 12
 
 
 def scratch_setup() -> dict:
@@ -52,8 +51,12 @@ def scratch_setup() -> dict:
     if broker.startswith("redis"):
         import redis
 
-        url = urlunsplit(urlsplit(broker)._replace(path=f"/{BENCH_REDIS_DB}"))
-        os.environ["CELERY_BROKER_URL"] = url
+        url = broker
+        if urlsplit(url).path.strip("/") in ("", "0"):
+            raise SystemExit(
+                "CELERY_BROKER_URL: name a Redis database index of the bench's "
+                "own (redis://HOST:6379/N): it is emptied"
+            )
         redis.Redis.from_url(url).flushdb()
         atexit.register(lambda: redis.Redis.from_url(url).flushdb())
         info["broker"] = "redis"
