@@ -572,7 +572,7 @@ def _row_status_q(
         shape=OuterRef("pk"), toolchain=filters.toolchain, device_type_id__in=dt_ids
     )
     if filters.status == EMPTY:
-        return ~Q(pk__in=_complete_shapes(filters, dt_ids))
+        return ~Q(pk__in=complete_shapes(filters, dt_ids))
     if filters.status == STALE:
         if filters.toolchain_stale:
             return Q(Exists(cells))
@@ -580,7 +580,8 @@ def _row_status_q(
     return Q(Exists(cells.filter(status=filters.status)))
 
 
-def _complete_shapes(filters: MatrixFilters, dt_ids: list[int]):
+def complete_shapes(filters: MatrixFilters, dt_ids: list[int]):
+    """Shape ids with a cell on every one of ``dt_ids``."""
     return (
         Cell.objects.filter(toolchain=filters.toolchain, device_type_id__in=dt_ids)
         .values("shape_id")
