@@ -31,7 +31,9 @@ def scratch_setup() -> dict:
         import psycopg
 
         admin = urlunsplit(urlsplit(database)._replace(path="/postgres"))
-        name = f"tm_bench_{uuid.uuid4().hex[:10]}"
+        # Named after the database DATABASE_URL gives, which is left alone.
+        base = urlsplit(database).path.strip("/") or "tm_bench"
+        name = f"{base}_{uuid.uuid4().hex[:10]}"
         with psycopg.connect(admin, autocommit=True) as conn:
             conn.execute(f'CREATE DATABASE "{name}"')
 
