@@ -78,12 +78,18 @@ def test_status_filter_keeps_only_rows_with_that_status(client, results):
     assert shape_rows < Shape.objects.filter(operator=second.operator).count()
 
 
-def test_the_page_stays_within_ten_queries(
+def test_the_page_stays_within_eleven_queries(
     client, results, django_assert_max_num_queries, viewer
 ):
+    """Signing in (3), the catalogue (4), the data version the page is kept
+    under and the page's own (3); a repeat view costs signing in and the
+    data version."""
     client.force_login(viewer)
-    with django_assert_max_num_queries(10):
-        client.get(reverse("matrix"), {"open": results["top"].operator.name})
+    params = {"open": results["top"].operator.name}
+    with django_assert_max_num_queries(11):
+        client.get(reverse("matrix"), params)
+    with django_assert_max_num_queries(4):
+        client.get(reverse("matrix"), params)
 
 
 def test_an_outsider_sees_the_matrix_read_only(client, outsider, results):
