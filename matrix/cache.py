@@ -110,8 +110,8 @@ def etag_of(key: str) -> str:
 def json_answer(request, key: str, compute, schema) -> HttpResponse:
     """An API answer for ``key``: 304 when the client holds it already (its
     If-None-Match names the ETag), else the JSON of ``compute()``, checked
-    against ``schema`` and rendered as the API renders, from the cache when
-    another request computed it."""
+    against ``schema`` (where the answer has one) and rendered as the API
+    renders, from the cache when another request computed it."""
     from matrix.api import api
 
     etag = etag_of(key)
@@ -119,7 +119,9 @@ def json_answer(request, key: str, compute, schema) -> HttpResponse:
     if not_modified is None:
 
         def render() -> bytes:
-            data = schema.model_validate(compute()).model_dump(by_alias=True)
+            data = compute()
+            if schema is not None:
+                data = schema.model_validate(data).model_dump(by_alias=True)
             content = api.renderer.render(request, data, response_status=200)
             return content.encode() if isinstance(content, str) else content
 
@@ -175,4 +177,30 @@ def data_version() -> tuple:
             "SELECT " + ", ".join(f"({p})" for p in parts),
             [UpgradeProposal.State.ROLLED_OUT],
         )
+        return tuple(cursor.fetchone())
+
+
+def manifest_version() -> tuple:
+    """What the manifest depends on, in one query: its rows, the proposals
+    that approved them (an approval, a rollout or a withdrawal changes which
+    rows are served) and the device types it names."""
+    from matrix.models import DeviceType, ManifestEntry, UpgradeProposal
+
+    def table(model) -> str:
+        return connection.ops.quote_name(model._meta.db_table)
+
+    entries, proposals = table(ManifestEntry), table(UpgradeProposal)
+    served = f"FROM {proposals} WHERE state IN (%s, %s)"
+    parts = [
+        f"SELECT COUNT(*) FROM {entries}",
+        f"SELECT MAX(id) FROM {entries}",
+        f"SELECT COUNT(*) {served}",
+        f"SELECT SUM(id) {served}",
+        f"SELECT MAX(approved_at) {served}",
+        f"SELECT COUNT(*) FROM {table(DeviceType)}",
+        f"SELECT MAX(id) FROM {table(DeviceType)}",
+    ]
+    states = [UpgradeProposal.State.APPROVED, UpgradeProposal.State.ROLLED_OUT]
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT " + ", ".join(f"({p})" for p in parts), states * 3)
         return tuple(cursor.fetchone())
