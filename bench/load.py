@@ -16,10 +16,11 @@ Rows, p95 of ``--requests`` requests each (fewer where a row's time budget
 runs out first; the count is printed):
 
 - home from its cache; home on the first view after a new result (a result
-  is ingested before each request); home with one operator open,
+  is ingested before each request); home with one operator open, from its
+  cache and after a new result,
 - gaps, the cell with the longest history, errors, the upgrade diff,
-- the API's matrix, gaps and manifest, and the matrix again with the ETag
-  it got (304 where conditional requests are answered),
+- the API's matrix, gaps and manifest, the matrix again with the ETag it
+  got (304 where conditional requests are answered) and after a new result,
 - ingest of signed results through the control worker's path, in messages
   of 5 to 25 results, on cells outside the open proposal and on cells in
   it, beside COPY of the same rows into a real (logged) table,
@@ -28,7 +29,8 @@ runs out first; the count is printed):
 - the largest web worker's RSS after the diff page.
 
 Prints the table and writes bench/out/load.json (and, per size,
-bench/out/load-<size>.json).
+bench/out/load-<size>.json). ``--compare BEFORE.json AFTER.json`` prints two
+runs' p95 side by side.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ import json
 import os
 import random
 import secrets
+import signal
 import subprocess
 import sys
 import threading
@@ -68,12 +71,14 @@ PAGE_ROWS = [
     ("home_cached", "home, from its cache", "keep", None),
     ("home_new_result", "home, first view after a new result", "≤ 50 ms", 50),
     ("home_open", "home, one operator open", "≤ 50 ms", 50),
+    ("home_open_new_result", "home, one operator open, after a result", "", None),
     ("gaps", "gaps", "≤ 50 ms", 50),
     ("cell", "cell (longest history)", "≤ 50 ms", 50),
     ("errors", "errors", "≤ 50 ms", 50),
     ("upgrade_diff", "upgrade diff", "≤ 200 ms", 200),
     ("api_matrix", "API matrix", "≤ 50 ms", 50),
     ("api_matrix_304", "API matrix, If-None-Match", "304", 50),
+    ("api_matrix_new_result", "API matrix, after a new result", "", None),
     ("api_gaps", "API gaps", "≤ 50 ms", 50),
     ("api_manifest", "API manifest", "≤ 50 ms", 50),
 ]
@@ -117,7 +122,14 @@ def main() -> None:
     parser.add_argument("--reseed", action="store_true")
     parser.add_argument("--size", help=argparse.SUPPRESS)  # the child's own
     parser.add_argument("--out", default=str(OUT / "load.json"))
+    parser.add_argument("--compare", nargs=2, metavar=("BEFORE", "AFTER"))
     args = parser.parse_args()
+    if args.compare:
+        before, after = (json.loads(Path(p).read_text()) for p in args.compare)
+        print_comparison(before, after)
+        return
+    # A stop (SIGTERM) unwinds, so each gunicorn started is stopped too.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
     if args.size:
         print("SIZE " + json.dumps(run_size(args)), flush=True)
         return
@@ -148,16 +160,21 @@ def main() -> None:
         copy_s = load_seed.copy_database(
             args.server, load_seed.seed_name(size), run_name
         )
-        child = subprocess.run(
+        child = subprocess.Popen(
             [sys.executable, __file__, *sys.argv[1:], "--size", size],
             cwd=ROOT,
             env=child_env(args),
             stdout=subprocess.PIPE,
             text=True,
         )
-        line = next(
-            (x for x in child.stdout.splitlines() if x.startswith("SIZE ")), None
-        )
+        try:
+            stdout, _ = child.communicate()
+        finally:
+            # Stopped early: the child stops its gunicorn on SIGTERM.
+            if child.poll() is None:
+                child.terminate()
+                child.wait()
+        line = next((x for x in stdout.splitlines() if x.startswith("SIZE ")), None)
         if child.returncode != 0 or line is None:
             raise SystemExit(f"the {size} run failed (exit {child.returncode})")
         measured = json.loads(line.removeprefix("SIZE "))
@@ -212,7 +229,7 @@ def run_size(args) -> dict:
         rows = {}
         for key, label, _, _ in PAGE_ROWS:
             before = None
-            if key == "home_new_result":
+            if key.endswith("new_result"):
                 before = fixture.one_new_result
             headers = {}
             if key == "api_matrix_304":
@@ -220,7 +237,7 @@ def run_size(args) -> dict:
                 headers = {"If-None-Match": etag} if etag else {}
             rows[key] = time_row(
                 client,
-                paths[key.removesuffix("_304")],
+                paths[key],
                 args.requests,
                 args.row_budget_s,
                 before=before,
@@ -353,6 +370,9 @@ class Fixture:
             "errors": "/errors/",
             "upgrade_diff": f"/upgrades/{self.proposal.pk}/",
             "api_matrix": "/api/v1/matrix",
+            "api_matrix_304": "/api/v1/matrix",
+            "api_matrix_new_result": "/api/v1/matrix",
+            "home_open_new_result": f"/?open={widest.name}",
             "api_gaps": "/api/v1/gaps",
             "api_manifest": "/api/v1/manifest",
         }
@@ -568,13 +588,15 @@ def verdicts(report: dict) -> dict:
     first, last = next(iter(sizes.values())), list(sizes.values())[-1]
     out = {}
     for key, _, _, goal in PAGE_ROWS:
+        if key not in last["pages"] or key not in first["pages"]:
+            continue
         p95 = last["pages"][key]["p95_ms"]
         base = first["pages"][key]["p95_ms"]
         out[key] = {
             "within_goal": goal is None or p95 <= goal,
             "ratio_largest_to_smallest": round(p95 / base, 2) if base else None,
         }
-    out["api_matrix_304"]["answers_304"] = 304 in {
+    out.setdefault("api_matrix_304", {})["answers_304"] = 304 in {
         int(k) for k in last["pages"]["api_matrix_304"]["statuses"]
     }
     for key in ("outside_proposal", "inside_proposal"):
@@ -593,7 +615,10 @@ def print_table(report: dict) -> None:
     for key, label, goal, _ in PAGE_ROWS:
         cells = []
         for size in sizes:
-            row = report["sizes"][size]["pages"][key]
+            row = report["sizes"][size]["pages"].get(key)
+            if row is None:
+                cells.append(f"{'-':>12}")
+                continue
             text = f"{row['p95_ms']:g}"
             if key == "api_matrix_304":
                 text += f" ({'/'.join(str(s) for s in row['statuses'])})"
@@ -642,6 +667,53 @@ def print_table(report: dict) -> None:
             f"longest history {seed['longest_history']}, "
             f"{seed['database_bytes'] / 2**30:.2f} GiB; seeding took {seed['seed_s']} s"
             f"{' (this run)' if seed.get('seeded_now') else ' (earlier)'}"
+        )
+
+
+def print_comparison(before: dict, after: dict) -> None:
+    """p95 of two runs, row by row: before → after, per size."""
+    sizes = [s for s in after["sizes"] if s in before["sizes"]]
+    print(f"{'p95 ms, before → after':<42}" + "".join(f"{s:>20}" for s in sizes))
+    for key, label, goal, _ in PAGE_ROWS:
+        cells = []
+        for size in sizes:
+            old = before["sizes"][size]["pages"].get(key)
+            new = after["sizes"][size]["pages"].get(key)
+            text = " → ".join(f"{r['p95_ms']:g}" if r else "-" for r in (old, new))
+            cells.append(f"{text:>20}")
+        print(f"{label:<42}" + "".join(cells) + f"  {goal}")
+    for key, label in (
+        ("outside_proposal", "ingest/s, no proposal touched"),
+        ("inside_proposal", "ingest/s, open proposal"),
+    ):
+        cells = []
+        for size in sizes:
+            old, new = (
+                r["sizes"][size]["ingest"][key]["per_s"] for r in (before, after)
+            )
+            cells.append(f"{f'{old:g} → {new:g}':>20}")
+        print(f"{label:<42}" + "".join(cells))
+    cells = []
+    for size in sizes:
+        old, new = (r["sizes"][size]["mixed"] for r in (before, after))
+        text = "{:g}/{} → {:g}/{}".format(
+            old["p95_ms"], old["errors"], new["p95_ms"], new["errors"]
+        )
+        cells.append(f"{text:>20}")
+    print(f"{'50 mixed connections, p95 ms/errors':<42}" + "".join(cells))
+    cells = []
+    for size in sizes:
+        old, new = (
+            max(r["sizes"][size].get("worker_rss_mb_after_diff") or [0])
+            for r in (before, after)
+        )
+        cells.append(f"{f'{old:g} → {new:g}':>20}")
+    print(f"{'largest worker RSS after diff, MB':<42}" + "".join(cells))
+    for name, run in (("before", before), ("after", after)):
+        print(
+            f"{name}: started {run['started']}, load average "
+            f"{run['host']['load_average_at_start'][0]:.1f} at start, "
+            f"{run['host']['load_average_at_end'][0]:.1f} at end"
         )
 
 
