@@ -378,7 +378,6 @@ def coverage_matrix(request, params: Query[MatrixParams]):
     version for every reader; send the `ETag` back in `If-None-Match` and
     an unchanged matrix answers 304 with no body."""
     filters = _checked(params)
-    device_types = queries.device_type_list(filters)
     key = read_key(
         "api-matrix",
         sorted(filters.as_params().items()),
@@ -389,7 +388,10 @@ def coverage_matrix(request, params: Query[MatrixParams]):
         data_version(),
     )
     return json_answer(
-        request, key, lambda: _matrix_page(filters, params, device_types), MatrixOut
+        request,
+        key,
+        lambda: _matrix_page(filters, params, queries.device_type_list(filters)),
+        MatrixOut,
     )
 
 

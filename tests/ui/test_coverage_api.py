@@ -237,7 +237,7 @@ def test_a_repeated_matrix_request_is_answered_from_the_cache(
     reader, results, django_assert_max_num_queries
 ):
     reader.get(MATRIX)
-    # The session, its user and their role; the toolchains, the device
-    # types, the data version: nothing of the matrix itself.
-    with django_assert_max_num_queries(6):
+    # The session, its user and their role; the toolchains and the data
+    # version: nothing of the matrix itself.
+    with django_assert_max_num_queries(5):
         assert reader.get(MATRIX).status_code == 200
