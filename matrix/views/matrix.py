@@ -29,6 +29,7 @@ from django.views.decorators.http import require_GET
 from django.views.decorators.vary import vary_on_headers
 
 from matrix import queries
+from matrix.cache import cached_read, read_key
 from matrix.models import Backend, DeviceType, Dtype, Operator, Toolchain
 from matrix.views.matrix_html import (
     backend_headers,
@@ -172,15 +173,8 @@ def matrix_page(request):
 def _rendered(parts: tuple, render_content) -> str:
     """``render_content()``, kept per data version (``parts`` name the rest of
     what it depends on) for every reader."""
-    key = (
-        "matrix-page:"
-        + hashlib.sha256(repr((parts, queries.cells_version())).encode()).hexdigest()
-    )
-    content = cache.get(key)
-    if content is None:
-        content = render_content()
-        cache.set(key, content, cache_seconds())
-    return content
+    key = read_key("matrix-page", parts, queries.cells_version())
+    return cached_read(key, render_content, cache_seconds())
 
 
 def _row_limit(raw: str | None) -> int:
