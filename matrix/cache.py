@@ -32,6 +32,11 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 logger = logging.getLogger(__name__)
 UNREACHABLE = (RedisConnectionError, RedisTimeoutError, OSError)
 WARN_EVERY_S = 60
+# One reader computes a missing read; the others look for its answer this
+# often, for this long, before computing it themselves.
+COMPUTE_POLL_S = 0.01
+COMPUTE_WAIT_S = 5.0
+COMPUTE_LOCK_S = 30
 
 
 class TolerantRedisCache(RedisCache):
@@ -76,7 +81,9 @@ class TolerantRedisCache(RedisCache):
             return super().add(key, value, timeout, version)
         except UNREACHABLE as exc:
             self._unreachable(exc)
-            return False
+            # A cache that cannot be reached holds no entry: the caller goes
+            # on as the one that added it (cached_read then computes).
+            return True
 
     def delete(self, key, version=None):
         try:
@@ -92,14 +99,30 @@ def read_key(name: str, *parts) -> str:
 
 
 def cached_read(key: str, compute, timeout: int | None = None):
-    """The value under ``key``, computed and kept when missing."""
+    """The value under ``key``, computed and kept when missing. Readers that
+    miss it together do not all compute it: one does while the others wait
+    for its answer (up to COMPUTE_WAIT_S, then they compute it too). A new
+    result misses every read at once, so under load each web worker would
+    otherwise compute the same read side by side."""
     value = cache.get(key)
-    if value is None:
+    if value is not None:
+        return value
+    lock = key + ":computing"
+    if not cache.add(lock, 1, COMPUTE_LOCK_S):
+        deadline = time.monotonic() + COMPUTE_WAIT_S
+        while time.monotonic() < deadline:
+            time.sleep(COMPUTE_POLL_S)
+            value = cache.get(key)
+            if value is not None:
+                return value
+    try:
         value = compute()
         if timeout is None:
             cache.set(key, value)
         else:
             cache.set(key, value, timeout)
+    finally:
+        cache.delete(lock)
     return value
 
 

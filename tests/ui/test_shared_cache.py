@@ -93,3 +93,53 @@ def test_pages_and_the_api_answer_while_the_shared_cache_is_down(
     for url, status in expected.items():
         assert status == 200
         assert client.get(url).status_code == 200, url
+
+
+def test_readers_that_miss_together_wait_for_the_one_computing(monkeypatch):
+    """Another web worker holds the read's lock and answers shortly: this
+    reader takes its answer instead of computing the read again."""
+    import threading
+
+    from django.core.cache import cache
+
+    from matrix import cache as reads
+
+    key = reads.read_key("test-read", uuid.uuid4().hex)
+    cache.add(key + ":computing", 1, 30)
+    threading.Timer(0.05, lambda: cache.set(key, "their answer")).start()
+
+    def compute():
+        raise AssertionError("computed a read another worker was computing")
+
+    assert reads.cached_read(key, compute) == "their answer"
+
+
+def test_a_reader_computes_itself_when_the_other_never_answers(monkeypatch):
+    from django.core.cache import cache
+
+    from matrix import cache as reads
+
+    monkeypatch.setattr(reads, "COMPUTE_WAIT_S", 0.05)
+    key = reads.read_key("test-read", uuid.uuid4().hex)
+    cache.add(key + ":computing", 1, 30)
+    assert reads.cached_read(key, lambda: "mine") == "mine"
+    assert cache.get(key) == "mine"
+
+
+def test_an_unreachable_cache_makes_no_reader_wait(settings, monkeypatch):
+    from matrix import cache as reads
+
+    settings.CACHES = {
+        **settings.CACHES,
+        "default": {
+            "BACKEND": "matrix.cache.TolerantRedisCache",
+            "LOCATION": "redis://127.0.0.1:1/0",
+            "OPTIONS": {"socket_connect_timeout": 0.2, "socket_timeout": 0.2},
+        },
+    }
+
+    def no_waiting(seconds):
+        raise AssertionError("waited on a cache that cannot answer")
+
+    monkeypatch.setattr(reads.time, "sleep", no_waiting)
+    assert reads.cached_read("test-read:down", lambda: "computed") == "computed"
