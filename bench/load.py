@@ -26,7 +26,7 @@ runs out first; the count is printed):
   it, beside COPY of the same rows into a real (logged) table,
 - 50 connections (wrk) over a mix of those pages for ``--load-s`` seconds
   while results keep arriving, as during a sweep, and the same mix without
-  the gaps and upgrade diff pages,
+  the gaps (page and API) and the upgrade diff,
 - the largest web worker's RSS after the diff page.
 
 Prints the table and writes bench/out/load.json (and, per size,
@@ -84,7 +84,7 @@ PAGE_ROWS = [
     ("api_manifest", "API manifest", "≤ 50 ms", 50),
 ]
 # Pages of the mix timed again without them (bench/load.py's own rows).
-SLOW_ELSEWHERE = ("gaps", "upgrade_diff")
+SLOW_ELSEWHERE = ("gaps", "api_gaps", "upgrade_diff")
 # Share of each page in the 50-connection mix.
 MIX = [
     ("home_cached", 30),
@@ -257,12 +257,14 @@ def run_size(args) -> dict:
         out["pages"] = rows
         out["ingest"] = fixture.ingest_rows(args.ingest_results, args.ingest_budget_s)
         print(f"{args.size} ingest: {out['ingest']}", file=sys.stderr, flush=True)
+        out["drain_s_before_mixed"] = server.drain(client)
         out["mixed"] = mixed_load(
             client, paths, fixture, MIX, args.connections, args.load_s, server.port
         )
-        # The same without the two pages whose work is elsewhere (the gaps
-        # and the upgrade diff), to tell what the rest of the mix costs.
+        # The same without the pages whose work is elsewhere (the gaps, in
+        # the API too, and the upgrade diff), to tell what the rest costs.
         rest = [(key, share) for key, share in MIX if key not in SLOW_ELSEWHERE]
+        out["drain_s_before_mixed_rest"] = server.drain(client)
         out["mixed_rest"] = mixed_load(
             client, paths, fixture, rest, args.connections, args.load_s, server.port
         )
@@ -653,7 +655,7 @@ def print_table(report: dict) -> None:
     )
     for key, label in (
         ("mixed", "50 connections mixed, p95 ms (errors)"),
-        ("mixed_rest", "  the same, no gaps or diff pages"),
+        ("mixed_rest", "  the same, no gaps or upgrade diff"),
     ):
         cells = []
         for size in sizes:
@@ -704,7 +706,7 @@ def print_comparison(before: dict, after: dict) -> None:
         print(f"{label:<42}" + "".join(cells))
     for key, label in (
         ("mixed", "50 mixed connections, p95 ms/errors"),
-        ("mixed_rest", "  the same, no gaps or diff pages"),
+        ("mixed_rest", "  the same, no gaps or upgrade diff"),
     ):
         cells = []
         for size in sizes:

@@ -76,6 +76,19 @@ class Gunicorn:
                 time.sleep(0.3)
         raise SystemExit(f"gunicorn did not start:\n{self.log_tail()}")
 
+    def drain(self, client, timeout_s: float = 300) -> float:
+        """Wait until the workers answer a light page quickly again: requests
+        a load left queued (a slow page's) are still being served after the
+        load generator closed its connections. Seconds waited."""
+        started = time.monotonic()
+        while time.monotonic() - started < timeout_s:
+            t0 = time.perf_counter()
+            for _ in range(3):
+                client.get("/login/")
+            if time.perf_counter() - t0 < 1.0:
+                break
+        return round(time.monotonic() - started, 1)
+
     def worker_rss_mb(self) -> list[float]:
         """RSS of each worker (the master's children), largest first."""
         sizes = []
