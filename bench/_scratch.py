@@ -1,8 +1,8 @@
 """A scratch deployment for benchmarks: a fresh database (PostgreSQL when
-DATABASE_URL names one, else a SQLite file) and broker (a Redis database
-index when CELERY_BROKER_URL is Redis, else a filesystem folder), migrated
-and seeded, removed afterwards. Call ``scratch_setup()`` before importing
-anything from Django."""
+DATABASE_URL names one, else a SQLite file) and broker (the Redis database
+index CELERY_BROKER_URL names, emptied before and after, or else a
+filesystem folder), migrated and seeded, removed afterwards. Call
+``scratch_setup()`` before importing anything from Django."""
 
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 REPO = Path(__file__).resolve().parent.parent
-BENCH_REDIS_DB = 12
 
 
 def scratch_setup() -> dict:
@@ -32,7 +31,9 @@ def scratch_setup() -> dict:
         import psycopg
 
         admin = urlunsplit(urlsplit(database)._replace(path="/postgres"))
-        name = f"tm_bench_{uuid.uuid4().hex[:10]}"
+        # Named after the database DATABASE_URL gives, which is left alone.
+        base = urlsplit(database).path.strip("/") or "tm_bench"
+        name = f"{base}_{uuid.uuid4().hex[:10]}"
         with psycopg.connect(admin, autocommit=True) as conn:
             conn.execute(f'CREATE DATABASE "{name}"')
 
@@ -52,8 +53,12 @@ def scratch_setup() -> dict:
     if broker.startswith("redis"):
         import redis
 
-        url = urlunsplit(urlsplit(broker)._replace(path=f"/{BENCH_REDIS_DB}"))
-        os.environ["CELERY_BROKER_URL"] = url
+        url = broker
+        if urlsplit(url).path.strip("/") in ("", "0"):
+            raise SystemExit(
+                "CELERY_BROKER_URL: name a Redis database index of the bench's "
+                "own (redis://HOST:6379/N): it is emptied"
+            )
         redis.Redis.from_url(url).flushdb()
         atexit.register(lambda: redis.Redis.from_url(url).flushdb())
         info["broker"] = "redis"

@@ -1,15 +1,18 @@
-"""Harness overhead per trusted cell, beyond compiling and running, and how
-compilation spreads over cores with run_batch's worker pool.
+"""Harness overhead per trusted cell, beyond compiling and running, at the
+sizes a job message really has, and how compilation spreads over cores
+with run_batch's worker pool.
 
-    python bench/harness_overhead.py [--cells 24] [--workers 1,2] [--out PATH]
+    python bench/harness_overhead.py [--sizes 5,25] [--workers 1,2] [--out PATH]
 
-Three measurements on CPU (target c) cells of the operator library:
-- warm: one batch on a warm kernel cache; overhead = (wall - compile - run)
-  per cell, the child's start (imports) included. Target: <= 0.3 s.
-- cold: the same cells on an empty cache per worker count, so compilation is
-  real; the wall time per worker count shows whether it spreads over cores.
-- single: a few cells with one child each (run_job), the price of not
-  batching.
+On CPU (target c) cells of the operator library:
+- cold: 25 cells on an empty kernel cache per worker count, so compilation
+  is real; the wall time per worker count shows whether it spreads over
+  cores.
+- message sizes: one batch (one harness child, as a runner runs one job
+  message) of each size on the warm cache; overhead per cell = (wall -
+  compile - run) / cells: the child's start and TileLang import spread over
+  the message. Target: <= 0.3 s at every size.
+- one child per cell (run_job), the price of not batching.
 Prints a table and writes JSON (default bench/out/harness_overhead.json).
 """
 
@@ -69,12 +72,12 @@ def measure(jobs: list[dict], *, cache_dir: str, workers: int) -> dict:
         "wall_s": wall,
         "compile_s": compile_s,
         "run_s": run_s,
-        # Work done in parallel overlaps, so per-cell overhead is measured on
-        # the summed child-side time, not the wall clock.
+        # One child: everything the wall clock holds beyond compiling and
+        # running is overhead (the child's start and imports included). With
+        # several, their work overlaps on the wall clock: not measured.
         "overhead_per_cell_s": (
-            sum(r["timings"]["wall_s"] for r in results) - compile_s - run_s
-        )
-        / len(jobs),
+            (wall - compile_s - run_s) / len(jobs) if workers == 1 else None
+        ),
         "statuses": sorted({r["status"] for r in results}),
         "errors": sorted({r["error"]["message"][:500] for r in results if r["error"]}),
     }
@@ -82,15 +85,16 @@ def measure(jobs: list[dict], *, cache_dir: str, workers: int) -> dict:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cells", type=int, default=24)
+    parser.add_argument("--sizes", default="5,25", help="job message sizes")
     parser.add_argument("--workers", default="1,2", help="comma-separated pool sizes")
     parser.add_argument("--single", type=int, default=3, help="cells run one per child")
     parser.add_argument(
         "--out", default=str(REPO / "bench" / "out" / "harness_overhead.json")
     )
     args = parser.parse_args()
-    jobs = cells(args.cells)
+    sizes = [int(n) for n in args.sizes.split(",")]
     pools = [int(w) for w in args.workers.split(",")]
+    jobs = cells(max(sizes))
 
     report = {"cpu_count": os.cpu_count(), "target_overhead_s": TARGET_OVERHEAD_S}
     with tempfile.TemporaryDirectory(prefix="tm-bench-") as scratch:
@@ -99,16 +103,21 @@ def main() -> int:
             for w in pools
         ]
         warm_cache = os.path.join(scratch, f"cold-{pools[0]}")
-        report["warm"] = measure(jobs, cache_dir=warm_cache, workers=1)
+        report["sizes"] = [
+            measure(jobs[:size], cache_dir=warm_cache, workers=1) for size in sizes
+        ]
         singles = []
         for job in jobs[: args.single]:
             started = time.perf_counter()
             result = run_job(job, cache_dir=warm_cache)
             timings = result["timings"]
+            wall = time.perf_counter() - started
             singles.append(
                 {
-                    "wall_s": time.perf_counter() - started,
-                    "overhead_s": timings["overhead_s"],
+                    "wall_s": wall,
+                    "overhead_s": wall
+                    - (timings["compile_s"] or 0.0)
+                    - (timings["run_s"] or 0.0),
                     "status": result["status"],
                 }
             )
@@ -117,35 +126,40 @@ def main() -> int:
     base = report["cold"][0]["wall_s"]
     for row in report["cold"]:
         row["speedup_vs_first"] = base / row["wall_s"]
-    warm = report["warm"]
-    report["meets_target"] = warm["overhead_per_cell_s"] <= TARGET_OVERHEAD_S
+    worst = max(
+        [row["overhead_per_cell_s"] for row in report["sizes"]]
+        + [s["overhead_s"] for s in singles]
+    )
+    report["meets_target"] = worst <= TARGET_OVERHEAD_S
 
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
 
     print(
-        f"{'run':<14}{'workers':>8}{'cells':>7}{'pass':>6}{'wall s':>9}"
+        f"{'run':<16}{'workers':>8}{'cells':>7}{'pass':>6}{'wall s':>9}"
         f"{'compile s':>11}{'run s':>8}{'overhead/cell s':>17}"
     )
-    for name, row in [("cold cache", r) for r in report["cold"]] + [
-        ("warm cache", warm)
-    ]:
+    rows = [("cold cache", r) for r in report["cold"]]
+    rows += [(f"message of {r['cells']}", r) for r in report["sizes"]]
+    for name, row in rows:
+        overhead = row["overhead_per_cell_s"]
+        overhead = "-" if overhead is None else f"{overhead:.3f}"
         print(
-            f"{name:<14}{row['workers']:>8}{row['cells']:>7}{row['passed']:>6}"
+            f"{name:<16}{row['workers']:>8}{row['cells']:>7}{row['passed']:>6}"
             f"{row['wall_s']:>9.2f}{row['compile_s']:>11.2f}{row['run_s']:>8.2f}"
-            f"{row['overhead_per_cell_s']:>17.3f}"
+            f"{overhead:>17}"
         )
     for single in report["single"]:
         print(
-            f"{'one child':<14}{1:>8}{1:>7}{single['status'] == 'pass':>6d}"
+            f"{'one child':<16}{1:>8}{1:>7}{single['status'] == 'pass':>6d}"
             f"{single['wall_s']:>9.2f}{'':>11}{'':>8}{single['overhead_s']:>17.3f}"
         )
     verdict = "meets" if report["meets_target"] else "misses"
     print(
-        f"warm overhead per trusted cell {warm['overhead_per_cell_s']:.3f} s "
-        f"{verdict} the {TARGET_OVERHEAD_S} s target; cold compile with "
-        f"{pools[-1]} workers ran {report['cold'][-1]['speedup_vs_first']:.2f}x "
-        f"as fast as {pools[0]} ({os.cpu_count()} cores)"
+        f"worst overhead per cell {worst:.3f} s {verdict} the {TARGET_OVERHEAD_S} s "
+        f"target; cold compile with {pools[-1]} workers ran "
+        f"{report['cold'][-1]['speedup_vs_first']:.2f}x as fast as {pools[0]} "
+        f"({os.cpu_count()} cores)"
     )
     print(f"wrote {args.out}")
     return 0

@@ -11,10 +11,12 @@ naming the known ones): never silently dropped."""
 
 from __future__ import annotations
 
+import json
+from base64 import urlsafe_b64decode, urlsafe_b64encode
 from datetime import datetime
 
 from django.conf import settings
-from django.db.models import F
+from django.db.models import Count, Exists, F, OuterRef, Q, Subquery
 from django.urls import reverse
 from django.utils.http import urlencode
 from ninja import Field, Query, Router, Schema
@@ -22,6 +24,7 @@ from ninja.errors import HttpError
 
 from matrix import gaps, queries
 from matrix.api_errors import Problem
+from matrix.cache import data_version, json_answer, read_key
 from matrix.models import (
     ID_MAX,
     Backend,
@@ -109,12 +112,6 @@ class CellOut(Schema):
         description="when the runner signed the result: when it was produced"
     )
     url: str
-
-
-class MatrixOut(Schema):
-    toolchain: ToolchainOut
-    count: int
-    cells: list[CellOut]
 
 
 class GapsQuery(CoverageFilters):
@@ -248,96 +245,286 @@ def _shape_fields(shape: Shape, device_type, filters) -> dict:
 REFUSED = {code: Problem for code in (400, 401, 403, 404)}
 
 
+class MatrixParams(CoverageFilters):
+    cursor: str | None = Field(
+        None,
+        description="the `next` of the previous page: the page that follows it, "
+        "however the cells changed in between",
+    )
+
+
+class MatrixOut(Schema):
+    toolchain: ToolchainOut
+    count: int
+    next: str | None = Field(
+        None, description="pass as `cursor` for the next page; null on the last"
+    )
+    cells: list[CellOut]
+
+
+# The matrix's order: operators by name, served shapes first by weight.
+SHAPE_ORDER = ("operator__name", "-served", "-weight", "dims_key", "dtype", "id")
+CURSOR_TYPES = (str, bool, (int, float), str, str, int, int)
+
+
+def _cursor_make(shape: Shape, device_type_id: int) -> str:
+    key = [shape.operator.name, shape.served, shape.weight, shape.dims_key]
+    key += [shape.dtype, shape.pk, device_type_id]
+    return urlsafe_b64encode(json.dumps(key).encode()).decode().rstrip("=")
+
+
+def _cursor_read(text: str | None) -> list | None:
+    if not text:
+        return None
+    try:
+        key = json.loads(urlsafe_b64decode(text + "=" * (-len(text) % 4)))
+    except ValueError:
+        key = None
+    if not (
+        isinstance(key, list)
+        and len(key) == len(CURSOR_TYPES)
+        and all(
+            isinstance(v, t) and not (t is int and isinstance(v, bool))
+            for v, t in zip(key, CURSOR_TYPES, strict=True)
+        )
+    ):
+        raise HttpError(400, "cursor is not one this API gave out; start without it")
+    return key
+
+
+def _from_cursor(key: list) -> Q:
+    """Shapes at the cursor's shape (while its place in the order holds) or
+    after it, in SHAPE_ORDER."""
+    fields = [
+        ("operator__name", "gt"),
+        ("served", "lt"),
+        ("weight", "lt"),
+        ("dims_key", "gt"),
+        ("dtype", "gt"),
+        ("pk", "gt"),
+    ]
+    after, equal = Q(), {}
+    for (field, beyond), value in zip(fields, key, strict=False):
+        after |= Q(**equal, **{f"{field}__{beyond}": value})
+        equal[field] = value
+    return after | Q(**equal)
+
+
+def _row_filter(filters: queries.MatrixFilters, dt_ids: list[int]) -> Q:
+    """Shapes with at least one cell in the filtered state, so that every
+    shape read gives the page at least one row."""
+    cells = Cell.objects.filter(
+        shape=OuterRef("pk"), toolchain=filters.toolchain, device_type_id__in=dt_ids
+    )
+    if filters.status == queries.EMPTY:
+        return ~Q(pk__in=queries.complete_shapes(filters, dt_ids))
+    if filters.status == queries.STALE:
+        if filters.toolchain_stale:
+            return Q(Exists(cells))
+        return Q(Exists(cells.exclude(revision_id=OuterRef("current_revision"))))
+    return Q(Exists(cells.filter(status=filters.status)))
+
+
+def _matrix_count(filters, shapes, dt_ids: list[int], current: dict) -> int:
+    total = shapes.count() * len(dt_ids)
+    if not filters.status or not dt_ids:
+        return total
+    cells = Cell.objects.filter(
+        toolchain=filters.toolchain,
+        device_type_id__in=dt_ids,
+        shape__in=shapes.order_by().values("pk"),
+    )
+    if filters.status == queries.EMPTY:
+        return total - cells.count()
+    if filters.status != queries.STALE:
+        return cells.filter(status=filters.status).count()
+    if filters.toolchain_stale:
+        return cells.count()
+    return sum(
+        n
+        for op, rev, n in cells.values_list("shape__operator_id", "revision_id")
+        .annotate(n=Count("id"))
+        .order_by()
+        if rev != current.get(op)
+    )
+
+
+CELL_COLUMNS = (
+    "shape_id",
+    "device_type_id",
+    "revision_id",
+    "status",
+    "kernel_ms",
+    "reference_ms",
+    "error_signature",
+    "updated_at",
+    "issued_at",
+)
+
+
+def _cells_found(filters, shape_ids, dt_ids) -> dict:
+    """(shape id, device type id) -> the cell's columns (CELL_COLUMNS)."""
+    return {
+        (row[0], row[1]): row
+        for row in Cell.objects.filter(
+            toolchain=filters.toolchain,
+            shape__in=shape_ids,
+            device_type_id__in=dt_ids,
+        )
+        .annotate(issued_at=F("result__receipt__issued_at"))
+        .values_list(*CELL_COLUMNS)
+    }
+
+
+def _revisions(found: dict) -> tuple[dict, dict]:
+    """(operator id -> its current revision id, revision id -> sha256) for
+    the current revisions and those the cells were run on."""
+    revisions = KernelRevision.objects.filter(
+        Q(is_current=True) | Q(pk__in={row[2] for row in found.values()})
+    ).values_list("pk", "operator_id", "is_current", "source_sha256")
+    current = {op: pk for pk, op, is_current, _ in revisions if is_current}
+    return current, {pk: digest for pk, _, _, digest in revisions}
+
+
+def _cell_row(shape, dt, cell, status, stale, sha, filters, floor) -> dict:
+    value = (
+        speedup(cell[4], cell[5])
+        if cell is not None and status == Status.PASS
+        else None
+    )
+    return {
+        **_shape_fields(shape, dt, filters),
+        "served": shape.served,
+        "arch": dt.arch,
+        "status": status,
+        "stale": stale,
+        "revision": sha.get(cell[2]) if cell else None,
+        "kernel_ms": cell[4] if cell else None,
+        "reference_ms": cell[5] if cell else None,
+        "speedup": value,
+        "serves": serving_verdict(status, stale, value, floor).outcome,
+        "error_signature": cell[6] if cell else "",
+        "updated_at": cell[7] if cell else None,
+        "produced_at": queries.issued_time(cell[8], cell[7]) if cell else None,
+        "dims_key": shape.dims_key,
+    }
+
+
+def _stale(filters, cell, shape, current: dict) -> bool:
+    return cell is not None and (
+        filters.toolchain_stale or cell[2] != current.get(shape.operator_id)
+    )
+
+
 def coverage_cells(filters: queries.MatrixFilters) -> list[dict]:
     """Every (shape, device type) cell under the filters on their toolchain,
     never-run cells included, in the matrix's order (operators by name,
     served shapes first by weight, device types by backend priority): what
-    the API's /matrix pages through and the matrix's CSV export writes."""
+    the matrix's CSV export writes (the API pages through the same rows)."""
     shapes = list(
         Shape.objects.filter(filters.shape_q())
         .select_related("operator")
-        .order_by("operator__name", "-served", "-weight", "dims_key", "dtype")
+        .order_by(*SHAPE_ORDER)
     )
     device_types = queries.device_type_list(filters)
-    found = {
-        (c.shape_id, c.device_type_id): c
-        for c in Cell.objects.filter(
-            toolchain=filters.toolchain,
-            shape__in=[s.pk for s in shapes],
-            device_type__in=[d.pk for d in device_types],
-        )
-        .annotate(issued_at=F("result__receipt__issued_at"))
-        .only(
-            "shape_id",
-            "device_type_id",
-            "revision_id",
-            "status",
-            "kernel_ms",
-            "reference_ms",
-            "error_signature",
-            "updated_at",
-        )
-    }
-    current = queries.current_revisions()
-    revisions = dict(
-        KernelRevision.objects.filter(
-            pk__in={c.revision_id for c in found.values()}
-        ).values_list("pk", "source_sha256")
-    )
+    found = _cells_found(filters, [s.pk for s in shapes], [d.pk for d in device_types])
+    current, sha = _revisions(found)
     floor = serve_speedup_floor()
     rows = []
     for shape in shapes:
         for dt in device_types:
             cell = found.get((shape.pk, dt.pk))
-            status = cell.status if cell else queries.EMPTY
-            stale = cell is not None and (
-                filters.toolchain_stale
-                or cell.revision_id != current.get(shape.operator_id)
-            )
-            if not queries.matches(filters.status, status, stale):
-                continue
-            value = (
-                speedup(cell.kernel_ms, cell.reference_ms)
-                if cell is not None and status == Status.PASS
-                else None
-            )
-            rows.append(
-                {
-                    **_shape_fields(shape, dt, filters),
-                    "served": shape.served,
-                    "arch": dt.arch,
-                    "status": status,
-                    "stale": stale,
-                    "revision": revisions.get(cell.revision_id) if cell else None,
-                    "kernel_ms": cell.kernel_ms if cell else None,
-                    "reference_ms": cell.reference_ms if cell else None,
-                    "speedup": value,
-                    "serves": serving_verdict(status, stale, value, floor).outcome,
-                    "error_signature": cell.error_signature if cell else "",
-                    "updated_at": cell.updated_at if cell else None,
-                    "produced_at": (
-                        queries.issued_time(cell.issued_at, cell.updated_at)
-                        if cell
-                        else None
-                    ),
-                    "dims_key": shape.dims_key,
-                }
-            )
+            status = cell[3] if cell else queries.EMPTY
+            stale = _stale(filters, cell, shape, current)
+            if queries.matches(filters.status, status, stale):
+                rows.append(
+                    _cell_row(shape, dt, cell, status, stale, sha, filters, floor)
+                )
     return rows
 
 
-@router.get("/matrix", response={200: MatrixOut, **REFUSED}, url_name="coverage_matrix")
-def coverage_matrix(request, params: Query[CoverageFilters]):
-    """Every (shape, device type) cell under the filters for one toolchain,
-    never-run cells included, in the matrix's order (operators by name,
-    served shapes first by weight, device types by backend priority)."""
-    filters = _checked(params)
-    rows = coverage_cells(filters)
+def _matrix_page(filters, params: MatrixParams, device_types) -> dict:
+    """One page of the matrix's cells: only the shapes it needs are read
+    (at most offset + limit + 2 of them), with their cells, in a fixed
+    number of queries whatever the size of the matrix."""
+    dt_ids = [d.pk for d in device_types]
+    shapes = Shape.objects.filter(filters.shape_q())
+    cursor = _cursor_read(params.cursor)
+    page = shapes.select_related("operator").order_by(*SHAPE_ORDER)
+    if cursor is not None:
+        page = page.filter(_from_cursor(cursor))
+    wanted = params.offset + params.limit + 1
+    if filters.status:
+        current_rev = KernelRevision.objects.filter(
+            operator=OuterRef("operator"), is_current=True
+        ).values("id")[:1]
+        page = page.annotate(current_revision=Subquery(current_rev)).filter(
+            _row_filter(filters, dt_ids)
+        )
+        page = list(page[: wanted + 1])
+    else:
+        page = list(page[: -(-wanted // max(1, len(dt_ids))) + 1])
+    found = _cells_found(filters, [s.pk for s in page], dt_ids)
+    current, sha = _revisions(found)
+    floor = serve_speedup_floor()
+    rows, skip = [], params.offset
+    for shape in page:
+        start = 0
+        if cursor is not None and shape.pk == cursor[5] and cursor[6] in dt_ids:
+            start = dt_ids.index(cursor[6]) + 1
+        for dt in device_types[start:]:
+            cell = found.get((shape.pk, dt.pk))
+            status = cell[3] if cell else queries.EMPTY
+            stale = _stale(filters, cell, shape, current)
+            if not queries.matches(filters.status, status, stale):
+                continue
+            if skip:
+                skip -= 1
+                continue
+            rows.append((shape, dt, cell, status, stale))
+        if len(rows) > params.limit:
+            break
+    more = len(rows) > params.limit
+    rows = rows[: params.limit]
     return {
         "toolchain": _toolchain(filters),
-        "count": len(rows),
-        "cells": rows[params.offset : params.offset + params.limit],
+        "count": _matrix_count(filters, shapes, dt_ids, current),
+        "next": _cursor_make(rows[-1][0], rows[-1][1].pk) if more else None,
+        "cells": [
+            _cell_row(shape, dt, cell, status, stale, sha, filters, floor)
+            for shape, dt, cell, status, stale in rows
+        ],
     }
+
+
+@router.get(
+    "/matrix",
+    response={200: MatrixOut, 304: None, **REFUSED},
+    url_name="coverage_matrix",
+)
+def coverage_matrix(request, params: Query[MatrixParams]):
+    """Every (shape, device type) cell under the filters for one toolchain,
+    never-run cells included, in the matrix's order (operators by name,
+    served shapes first by weight, device types by backend priority), a page
+    at a time: follow `next` (or use `offset`). Computed once per data
+    version for every reader; send the `ETag` back in `If-None-Match` and
+    an unchanged matrix answers 304 with no body."""
+    filters = _checked(params)
+    key = read_key(
+        "api-matrix",
+        sorted(filters.as_params().items()),
+        params.operator,
+        params.limit,
+        params.offset,
+        params.cursor,
+        data_version(),
+    )
+    return json_answer(
+        request,
+        key,
+        lambda: _matrix_page(filters, params, queries.device_type_list(filters)),
+        MatrixOut,
+    )
 
 
 @router.get("/gaps", response={200: GapsOut, **REFUSED}, url_name="coverage_gaps")

@@ -7,6 +7,7 @@ from ninja import Router
 from ninja.errors import HttpError
 
 from matrix.api_errors import Problem
+from matrix.cache import json_answer, manifest_version, read_key
 from matrix.gate.manifest import manifest_for
 from matrix.models import Toolchain
 
@@ -26,11 +27,18 @@ def toolchain_lookup(ref: str | None) -> Toolchain:
     return toolchain
 
 
-@router.get("/manifest", response={200: dict, 404: Problem}, url_name="manifest")
+@router.get(
+    "/manifest", response={200: dict, 304: None, 404: Problem}, url_name="manifest"
+)
 def manifest(request, toolchain: str | None = None):
     """The approved (operator, dtype, device type, shape rule) → tilelang or
-    reference table for a toolchain (name or fingerprint; default: current)."""
+    reference table for a toolchain (name or fingerprint; default: current).
+    Built once per change of the approved rows for every reader; send the
+    `ETag` back in `If-None-Match` and an unchanged manifest answers 304
+    with no body."""
     try:
-        return manifest_for(toolchain=toolchain_lookup(toolchain))
+        chosen = toolchain_lookup(toolchain)
     except LookupError as exc:
         raise HttpError(404, str(exc)) from None
+    key = read_key("api-manifest", chosen.pk, manifest_version())
+    return json_answer(request, key, lambda: manifest_for(toolchain=chosen), None)

@@ -169,12 +169,26 @@ def parse_seconds(variable: str, raw: str | None, default: float) -> float:
     return value
 
 
-def parse_cache(raw: str | None) -> dict:
-    """Return CACHES: ``default`` inside each process (rendered pages and
-    catalogues, keyed by content, so each process may hold its own copy),
-    and with a Redis URL also ``sessions``, one cache shared by every web
-    process."""
+def parse_cache(raw: str | None, shared: str | None = None) -> dict:
+    """Return CACHES. ``default`` holds reads computed once per data version
+    (rendered pages, API answers, catalogues; keyed by what they depend on):
+    with ``shared`` (TILEMATRIX_CACHE_URL) one Redis every web process reads,
+    so a read is computed once for all of them; without it a cache inside
+    each process. With ``raw`` (TILEMATRIX_SESSION_CACHE_URL) also
+    ``sessions``, one cache shared by every web process."""
     caches = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+    if shared:
+        url_scheme(
+            "TILEMATRIX_CACHE_URL", shared, CACHE_SCHEMES, "redis://HOST:PORT/DB"
+        )
+        caches["default"] = {
+            # Computed again, not refused, while Redis is unreachable.
+            "BACKEND": "matrix.cache.TolerantRedisCache",
+            "LOCATION": shared,
+            "KEY_PREFIX": "tilematrix-reads",
+            "TIMEOUT": 300,
+            "OPTIONS": {"socket_connect_timeout": 0.5, "socket_timeout": 0.5},
+        }
     if raw is None or raw == "":
         return caches
     url_scheme(

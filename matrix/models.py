@@ -595,6 +595,14 @@ class Cell(models.Model):
     objects = CellQuerySet.as_manager()
 
     class Meta:
+        indexes = [
+            # The matrix's tallies per toolchain (queries.cell_groups), read
+            # from the index alone.
+            models.Index(
+                fields=["toolchain", "revision", "device_type", "status"],
+                name="cell_tally",
+            ),
+        ]
         constraints = [
             models.UniqueConstraint(
                 fields=["shape", "device_type", "toolchain"], name="cell_unique"

@@ -28,7 +28,10 @@ CELERY_BROKER_URL, CELERY_BROKER_TRANSPORT_OPTIONS = config.parse_broker(
     os.environ.get("CELERY_BROKER_URL"), VAR_DIR / "broker"
 )
 CELERY_BROKER_TRANSPORT = config.broker_transport(CELERY_BROKER_URL)
-CACHES = config.parse_cache(os.environ.get("TILEMATRIX_SESSION_CACHE_URL"))
+CACHES = config.parse_cache(
+    os.environ.get("TILEMATRIX_SESSION_CACHE_URL"),
+    os.environ.get("TILEMATRIX_CACHE_URL"),
+)
 # Every signed-in request reads its session. With a cache shared by all web
 # processes it is read from there (written through to the database, and
 # read from the database while the cache is down); a cache inside each

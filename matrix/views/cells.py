@@ -34,6 +34,7 @@ def _get_cell_for_user(request, shape_id: int, device_type_id: int):
     if filters.toolchain is not None:
         cell = (
             Cell.objects.select_related("result__job", "revision", "toolchain")
+            .defer("revision__source")
             .filter(shape=shape, device_type=device_type, toolchain=filters.toolchain)
             .first()
         )
@@ -58,10 +59,12 @@ def cell_page(request, shape_id: int, device_type_id: int):
     shape, device_type, filters, toolchains, cell = _get_cell_for_user(
         request, shape_id, device_type_id
     )
+    # A revision's source is 11-27 KB and a result's details hold its
+    # generated kernel: neither is shown per row of the history.
     history = list(
         Result.objects.filter(shape=shape, device_type=device_type)
         .select_related("toolchain", "revision", "receipt__runner")
-        .defer("details")
+        .defer("details", "error_message", "revision__source")
         .order_by("-id")[:HISTORY]
     )
     for r in history:

@@ -6,9 +6,13 @@ from __future__ import annotations
 import re
 
 from django.shortcuts import render
+from django.template.loader import render_to_string
+from django.utils.http import urlencode
+from django.utils.safestring import mark_safe
 from django.views.decorators.http import require_GET
 
-from matrix import queries
+from matrix import error_groups, queries
+from matrix.cache import cached_read, data_version, read_key
 
 # A Python list of quoted names as the kernel library words a declaration:
 # "supports ['float16', 'float32'], not bfloat16".
@@ -28,20 +32,54 @@ def readable_declaration(message: str) -> str:
 
 @require_GET
 def errors_page(request):
+    """A page of failing groups and a page of unsupported ones, each with its
+    own cursor (``after``, ``unsupported_after``); rendered once per data
+    version, toolchain and pair of pages, for every reader."""
     toolchains = queries.toolchain_list()
     filters = queries.MatrixFilters.from_params(request.GET, toolchains)
-    groups = queries.error_groups(filters.toolchain)
-    unsupported = queries.error_groups(filters.toolchain, unsupported=True)
-    for group in unsupported:
-        group.message = readable_declaration(group.message)
+    toolchain = filters.toolchain
+    version = data_version()
+    counts = cached_read(
+        read_key("error-counts", toolchain and toolchain.pk, version),
+        lambda: error_groups.error_counts(toolchain),
+    )
+    # Keyed by where the pages start, so a made-up cursor adds no entry.
+    starts = (
+        error_groups.page_start(counts[False], request.GET.get("after", "")),
+        error_groups.page_start(counts[True], request.GET.get("unsupported_after", "")),
+    )
+    query = urlencode({"toolchain": toolchain.name} if toolchain else {})
+
+    key = read_key("error-pages", toolchain and toolchain.pk, starts, version)
+
+    def pages():
+        failing, unsupported = error_groups.error_pages(
+            toolchain, counts=counts, starts=starts
+        )
+        for group in unsupported.groups:
+            group.message = readable_declaration(group.message)
+        return failing, unsupported
+
+    failing, unsupported = cached_read(key, pages)
+    context = {
+        "groups": failing.groups,
+        "failing": failing,
+        "unsupported": unsupported,
+        "query": query,
+    }
+    # The groups rendered once too: hundreds of rows through the template
+    # engine cost more than reading them.
+    content_html = cached_read(
+        key + ":html",
+        lambda: render_to_string("matrix/errors.html#error-pages", context, request),
+    )
     return render(
         request,
         "matrix/errors.html",
         {
             "filters": filters,
             "toolchains": toolchains,
-            "groups": groups,
-            "unsupported": unsupported,
-            "labels": queries.STATE_LABELS,
+            "content_html": mark_safe(content_html),
+            **context,
         },
     )

@@ -5,11 +5,13 @@ its shape × dtype rows through htmx (or ``?open=NAME`` without JavaScript), so
 the page stays light at thousands of shapes: only one operator's cells are
 rendered at a time, at most ``ROWS`` of them until asked for more.
 
-The collapsed page is the same for every visitor until a result arrives or
-the catalogue changes, so its content is rendered once per version and kept
-in the cache. A view then costs one query (the newest result id): results
-show at once, catalogue edits (a new toolchain, device type or shape import)
-within ``CATALOGUE_SECONDS``.
+The collapsed page, a page with an operator open and an operator's rows as
+htmx fetches them are each the same for every visitor of the same filters
+until a result arrives or the catalogue changes, so each is rendered once per
+version and kept in the cache (one for every web process where
+TILEMATRIX_CACHE_URL names it). A view then costs one query (the newest
+result id): results show at once, catalogue edits (a new toolchain, device
+type or shape import) within ``CATALOGUE_SECONDS``.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from django.views.decorators.http import require_GET
 from django.views.decorators.vary import vary_on_headers
 
 from matrix import queries
+from matrix.cache import cached_read, read_key
 from matrix.models import Backend, DeviceType, Dtype, Operator, Toolchain
 from matrix.serving import serve_speedup_floor
 from matrix.views.matrix_html import (
@@ -119,46 +122,70 @@ def matrix_page(request):
     target = (request.htmx.target or "") if request.htmx else ""
     open_names = list(dict.fromkeys(request.GET.getlist("open")))
     limit = _row_limit(request.GET.get("rows"))
+    # What the page shows is the same for every reader of these filters until
+    # a result or the catalogue changes: rendered once per data version. A
+    # page naming an unknown filter value says so and is not kept, nor is an
+    # unknown operator opened, nor free search text kept, so made-up values
+    # cannot fill the cache.
+    names = {op.name for op in catalogue.operators}
+    open_names = [name for name in open_names if name in names]
+    cacheable = bool(cache_seconds()) and not filters.unknown and not filters.text
+    parts = (
+        sorted(filters.as_params().items()),
+        catalogue.digest,
+        tuple(open_names),
+        limit,
+    )
 
     if target.startswith("op-"):
         # One operator's tbody: expanded when `open` names it, else collapsed.
         name = target[3:]
-        context = matrix_context(filters, catalogue, open_names, limit)
-        row = next(
-            (r for r in context["summary"].rows if r.operator.name == name), None
-        )
-        if row is None:
-            raise Http404("no such operator under these filters")
-        context["row"] = row
-        return render(request, "matrix/matrix.html#operator-body", context)
 
-    # A page naming an unknown filter value says so; it is not cached, so
-    # made-up values (and free search text) cannot fill the cache.
-    if open_names or target or filters.unknown or filters.text or not cache_seconds():
+        def body() -> str:
+            opened = [name] if name in open_names else []
+            context = matrix_context(filters, catalogue, opened, limit)
+            row = next(
+                (r for r in context["summary"].rows if r.operator.name == name), None
+            )
+            if row is None:
+                return ""
+            context["row"] = row
+            return render_to_string(
+                "matrix/matrix.html#operator-body", context, request
+            )
+
+        html = ""
+        if name in names:
+            html = _rendered((*parts, name), body) if cacheable else body()
+        if not html:
+            raise Http404("no such operator under these filters")
+        return HttpResponse(html)
+
+    if not cacheable:
         context = matrix_context(filters, catalogue, open_names, limit)
         template = "matrix/matrix.html"
         if target == "matrix":
             template += "#matrix-table"
         return render(request, template, context)
-
-    key = (
-        "matrix-page:"
-        + hashlib.sha256(
-            repr(
-                (
-                    sorted(filters.as_params().items()),
-                    catalogue.digest,
-                    queries.cells_version(),
-                )
-            ).encode()
-        ).hexdigest()
+    partial = "#matrix-table" if target == "matrix" else "#page-content"
+    html = _rendered(
+        (*parts, partial),
+        lambda: render_to_string(
+            "matrix/matrix.html" + partial,
+            matrix_context(filters, catalogue, open_names, limit),
+            request,
+        ),
     )
-    content = cache.get(key)
-    if content is None:
-        context = matrix_context(filters, catalogue, [], limit)
-        content = render_to_string("matrix/matrix.html#page-content", context, request)
-        cache.set(key, content, cache_seconds())
-    return render(request, "matrix/matrix.html", {"content_html": content})
+    if target == "matrix":
+        return HttpResponse(html)
+    return render(request, "matrix/matrix.html", {"content_html": html})
+
+
+def _rendered(parts: tuple, render_content) -> str:
+    """``render_content()``, kept per data version (``parts`` name the rest of
+    what it depends on) for every reader."""
+    key = read_key("matrix-page", parts, queries.cells_version())
+    return cached_read(key, render_content, cache_seconds())
 
 
 def _row_limit(raw: str | None) -> int:

@@ -42,7 +42,12 @@ def _get_submission_for_user(request, pk: int) -> KernelRevision:
 
 @require_GET
 def submissions_page(request):
-    rows = submissions.visible_submissions(request.user).order_by("-created_at")
+    # The list shows no source: each is up to 64 KB.
+    rows = (
+        submissions.visible_submissions(request.user)
+        .defer("source")
+        .order_by("-created_at")
+    )
     context = {"rows": rows[:200], "can_submit": submissions.can_submit(request.user)}
     return render(request, "submissions/list.html", context)
 

@@ -24,7 +24,7 @@ from matrix.models import (
     Toolchain,
     ValidationJob,
 )
-from runners import signing
+from runners import bulk, signing  # noqa: F401 (bulk registers the __any lookup)
 from runners.models import Runner, RunnerToolchain, compile_queue, validate_queue
 
 JOBS_PER_MESSAGE_MIN = 5
@@ -158,36 +158,73 @@ def routes_for(
     return routes
 
 
+def _revision_part(revision: KernelRevision) -> dict:
+    """What a job's payload says of its kernel revision."""
+    part = {
+        "operator": revision.operator.name,
+        "source_sha256": revision.source_sha256,
+        "library": revision.origin == KernelRevision.Origin.LIBRARY,
+    }
+    if not part["library"]:
+        # A reviewed submission travels with its text; the harness checks
+        # it against the hash and runs it in a child of its own.
+        part["source"] = revision.source
+    return part
+
+
+def _payload(job: dict, revision: dict, shape: dict, target: dict, toolchain: str):
+    """One job's payload from its row (``job``: pk, attempt, stage, seed)
+    and the parts it shares with other jobs."""
+    return {
+        "job": job["pk"],
+        "attempt": job["attempt"],
+        "operator": revision["operator"],
+        "shape": shape["dims"],
+        "dtype": shape["dtype"],
+        "target": target,
+        "stage": job["stage"],
+        "seed": job["seed"],
+        "source_sha256": revision["source_sha256"],
+        "toolchain": toolchain,
+        "library": revision["library"],
+        **({} if revision["library"] else {"source": revision["source"]}),
+    }
+
+
 def job_payload(job: ValidationJob) -> dict:
     """What a runner needs to run one job, so it trusts nothing it did not
     verify."""
-    payload = {
-        "job": job.pk,
-        "attempt": job.attempt,
-        "operator": job.revision.operator.name,
-        "shape": job.shape.dims,
-        "dtype": job.shape.dtype,
-        "target": job.device_type.target,
-        "stage": job.stage,
-        "seed": job.seed,
-        "source_sha256": job.revision.source_sha256,
-        "toolchain": job.toolchain.fingerprint,
-        "library": job.revision.origin == KernelRevision.Origin.LIBRARY,
-    }
-    if not payload["library"]:
-        # A reviewed submission travels with its text; the harness checks
-        # it against the hash and runs it in a child of its own.
-        payload["source"] = job.revision.source
-    return payload
+    return _payload(
+        {"pk": job.pk, "attempt": job.attempt, "stage": job.stage, "seed": job.seed},
+        _revision_part(job.revision),
+        {"dims": job.shape.dims, "dtype": job.shape.dtype},
+        job.device_type.target,
+        job.toolchain.fingerprint,
+    )
+
+
+def _envelope(payloads: list[dict]) -> dict:
+    return signing.envelope_sign(
+        payload={"kind": "jobs", "jobs": payloads},
+        signer=signing.SERVER_SIGNER,
+        key=signing.server_key(),
+    )
 
 
 def jobs_envelope(jobs: list[ValidationJob]) -> dict:
     """One server-signed message for a few jobs of one queue."""
-    return signing.envelope_sign(
-        payload={"kind": "jobs", "jobs": [job_payload(job) for job in jobs]},
-        signer=signing.SERVER_SIGNER,
-        key=signing.server_key(),
-    )
+    return _envelope([job_payload(job) for job in jobs])
+
+
+def _chunks(queued: list[tuple[str, object]]) -> list[tuple[str, list]]:
+    by_queue: dict[str, list] = {}
+    for queue, item in queued:
+        by_queue.setdefault(queue, []).append(item)
+    chunks = []
+    for queue, items in by_queue.items():
+        size = min(JOBS_PER_MESSAGE_MAX, max(JOBS_PER_MESSAGE_MIN, -(-len(items) // 8)))
+        chunks += [(queue, items[i : i + size]) for i in range(0, len(items), size)]
+    return chunks
 
 
 def job_chunks(jobs: list[ValidationJob]) -> list[tuple[str, list[ValidationJob]]]:
@@ -195,16 +232,7 @@ def job_chunks(jobs: list[ValidationJob]) -> list[tuple[str, list[ValidationJob]
     one harness child (one TileLang import) per chunk rather than per job.
     A queue's jobs make at least eight messages while chunks stay above
     JOBS_PER_MESSAGE_MIN, so a sweep still spreads over the runners on it."""
-    by_queue: dict[str, list[ValidationJob]] = {}
-    for job in jobs:
-        by_queue.setdefault(job.queue, []).append(job)
-    chunks = []
-    for queue, queued in by_queue.items():
-        size = min(
-            JOBS_PER_MESSAGE_MAX, max(JOBS_PER_MESSAGE_MIN, -(-len(queued) // 8))
-        )
-        chunks += [(queue, queued[i : i + size]) for i in range(0, len(queued), size)]
-    return chunks
+    return _chunks([(job.queue, job) for job in jobs])
 
 
 def job_budget_s() -> float:
@@ -212,18 +240,27 @@ def job_budget_s() -> float:
 
 
 def jobs_publish(jobs: list[ValidationJob]) -> None:
-    """Sign and enqueue jobs once the transaction that wrote them commits,
-    over one broker connection."""
+    """Sign and enqueue jobs once the transaction that wrote them commits."""
+    _messages_publish(
+        [(queue, [job_payload(j) for j in chunk]) for queue, chunk in job_chunks(jobs)]
+    )
+
+
+def _messages_publish(messages: list[tuple[str, list[dict]]]) -> None:
+    """Sign each message of payloads now and enqueue them all once the
+    transaction commits, over one broker connection, in one batch."""
     from matrix.celery import app
     from runners.tasks import execute_job
 
-    messages = [
-        (queue, len(chunk), jobs_envelope(chunk)) for queue, chunk in job_chunks(jobs)
+    signed = [
+        (queue, len(payloads), _envelope(payloads)) for queue, payloads in messages
     ]
 
     def publish():
-        with app.producer_or_acquire() as producer:
-            for queue, count, envelope in messages:
+        # One round trip for every message where the broker takes batches
+        # (Redis: a pipeline), one per message elsewhere.
+        with app.producer_or_acquire() as producer, producer.batch():
+            for queue, count, envelope in signed:
                 soft = count * job_budget_s() + 60
                 execute_job.apply_async(
                     args=[envelope],
@@ -240,94 +277,175 @@ def jobs_publish(jobs: list[ValidationJob]) -> None:
     transaction.on_commit(publish)
 
 
-def _plannable(wanted: list[tuple[int, int, int]]) -> tuple[list, dict]:
-    """The cells that can get a job now (no open job, an approved current
-    revision), with the objects a job needs."""
+@dataclass
+class Plannable:
+    """The cells that can get a job now, and what their jobs share: the
+    current revision of each operator, and the payload parts of revisions,
+    shapes, device types and toolchains (read once, not per job)."""
+
+    cells: list[tuple[int, int, int]]
+    revision_of: dict[int, int]  # shape id -> revision id
+    revisions: dict[int, dict]
+    shapes: dict[int, dict]
+    targets: dict[int, dict]
+    toolchains: dict[int, str]
+
+    def payloads(self, jobs: list[dict]) -> list[tuple[str, dict]]:
+        """(queue, payload) of each job row, in order."""
+        return [
+            (
+                job["queue"],
+                _payload(
+                    job,
+                    self.revisions[job["revision_id"]],
+                    self.shapes[job["shape_id"]],
+                    self.targets[job["device_type_id"]],
+                    self.toolchains[job["toolchain_id"]],
+                ),
+            )
+            for job in jobs
+        ]
+
+
+def _plannable(wanted: list[tuple[int, int, int]]) -> Plannable:
+    """The cells that can get a job now: no open job, an approved current
+    revision. Rows and values only: a sweep of 10,000 cells spent most of
+    its time building model instances."""
     shape_ids = {s for s, _, _ in wanted}
+    # Thousands of ids: one array parameter each (runners.bulk), not a
+    # placeholder per id.
     open_cells = set(
         ValidationJob.objects.open()
-        .filter(shape_id__in=shape_ids)
+        .filter(shape__pk__any=shape_ids)
         .values_list("shape_id", "device_type_id", "toolchain_id")
     )
-    shapes = Shape.objects.in_bulk(shape_ids)
-    revisions = {
+    shapes = {
+        pk: (operator, {"dims": dims, "dtype": dtype})
+        for pk, operator, dims, dtype in Shape.objects.filter(
+            pk__any=shape_ids
+        ).values_list("id", "operator_id", "dims", "dtype")
+    }
+    current = {
         r.operator_id: r
         for r in KernelRevision.objects.filter(
             is_current=True,
             review_state=KernelRevision.Review.APPROVED,
-            operator_id__in={s.operator_id for s in shapes.values()},
+            operator_id__in={op for op, _ in shapes.values()},
         ).select_related("operator")
     }
-    objects = {
-        "shape": shapes,
-        "device_type": DeviceType.objects.in_bulk({d for _, d, _ in wanted}),
-        "toolchain": Toolchain.objects.in_bulk({t for _, _, t in wanted}),
+    targets = {
+        d.pk: d.target
+        for d in DeviceType.objects.filter(pk__in={d for _, d, _ in wanted})
     }
-    todo = [
+    toolchains = dict(
+        Toolchain.objects.filter(pk__in={t for _, _, t in wanted}).values_list(
+            "id", "fingerprint"
+        )
+    )
+    cells = [
         (s, d, t)
         for s, d, t in wanted
         if (s, d, t) not in open_cells
         and s in shapes
-        and d in objects["device_type"]
-        and t in objects["toolchain"]
-        and shapes[s].operator_id in revisions
+        and d in targets
+        and t in toolchains
+        and shapes[s][0] in current
     ]
-    objects["revision"] = revisions
-    return todo, objects
-
-
-def _job(objects: dict, cell: tuple[int, int, int], **fields) -> ValidationJob:
-    s, d, t = cell
-    shape = objects["shape"][s]
-    return ValidationJob(
-        revision=objects["revision"][shape.operator_id],
-        shape=shape,
-        device_type=objects["device_type"][d],
-        toolchain=objects["toolchain"][t],
-        **fields,
+    return Plannable(
+        cells=cells,
+        revision_of={
+            s: current[op].pk for s, (op, _) in shapes.items() if op in current
+        },
+        revisions={r.pk: _revision_part(r) for r in current.values()},
+        shapes={s: part for s, (_, part) in shapes.items()},
+        targets=targets,
+        toolchains=toolchains,
     )
 
 
-JOB_COLUMNS = (
-    ("revision_id", "bigint"),
-    ("shape_id", "bigint"),
-    ("device_type_id", "bigint"),
-    ("toolchain_id", "bigint"),
-    ("stage", "text"),
-    ("state", "text"),
-    ("attempt", "smallint"),
-    ("seed", "integer"),
-    ("queue", "text"),
-    ("sweep_id", "bigint"),
-    ("runner_id", "bigint"),
-    ("created_at", "timestamptz"),
-    ("started_at", "timestamptz"),
+# Written explicitly; any other column gets its field's default.
+JOB_FIELDS = (
+    "revision_id",
+    "shape_id",
+    "device_type_id",
+    "toolchain_id",
+    "stage",
+    "state",
+    "attempt",
+    "seed",
+    "queue",
+    "sweep_id",
+    "runner_id",
+    "created_at",
+    "started_at",
 )
 
 
-def jobs_insert(jobs: list[ValidationJob]) -> list[ValidationJob]:
-    """Insert new jobs and set their ids. On PostgreSQL one INSERT from
-    column arrays: Django's bulk_create spends most of a 10,000-job sweep
-    preparing values one field at a time."""
-    if connection.vendor != "postgresql" or not jobs:
-        return ValidationJob.objects.bulk_create(jobs)
-    now = timezone.now()
-    for job in jobs:
-        job.created_at = now
-    names = ", ".join(name for name, _ in JOB_COLUMNS)
-    arrays = ", ".join(f"%s::{kind}[]" for _, kind in JOB_COLUMNS)
-    params = [[getattr(job, name) for job in jobs] for name, _ in JOB_COLUMNS]
+def jobs_insert(plan: Plannable, **fields) -> list[dict]:
+    """Insert a job for each plannable cell and return their rows (with
+    ``pk``). ``fields``: what every job shares (``sweep_id``, ``state`` ...),
+    and ``route``, a function of (device type id, toolchain id) giving the
+    job's stage and queue. On PostgreSQL the ids are drawn from the
+    sequence in one query and the rows sent with COPY: Django's bulk_create
+    spent most of a 10,000-job sweep preparing values one field at a time,
+    and an INSERT from arrays dumping them."""
+    route = fields.pop("route")
+    shared = {
+        "state": JobState.QUEUED,
+        "attempt": 1,
+        "seed": 0,
+        "sweep_id": None,
+        "runner_id": None,
+        "created_at": timezone.now(),
+        "started_at": None,
+        **fields,
+    }
+    rows = []
+    for s, d, t in plan.cells:
+        stage, queue = route(d, t)
+        rows.append(
+            {
+                **shared,
+                "revision_id": plan.revision_of[s],
+                "shape_id": s,
+                "device_type_id": d,
+                "toolchain_id": t,
+                "stage": stage,
+                "queue": queue,
+            }
+        )
+    if not rows:
+        return rows
+    if connection.vendor != "postgresql":
+        jobs = ValidationJob.objects.bulk_create(
+            ValidationJob(**{f: row[f] for f in JOB_FIELDS}) for row in rows
+        )
+        for row, job in zip(rows, jobs, strict=True):
+            row["pk"] = job.pk
+        return rows
+    meta = ValidationJob._meta
+    others = [
+        f
+        for f in meta.concrete_fields
+        if not f.primary_key and f.attname not in JOB_FIELDS
+    ]
+    defaults = tuple(
+        f.get_db_prep_save(f.get_default() if f.has_default() else None, connection)
+        for f in others
+    )
+    names = ", ".join(["id", *JOB_FIELDS, *(f.column for f in others)])
     with connection.cursor() as cursor:
         cursor.execute(
-            f"INSERT INTO {ValidationJob._meta.db_table} ({names}) "
-            f"SELECT * FROM unnest({arrays}) RETURNING id",
-            params,
+            "SELECT nextval(pg_get_serial_sequence(%s, 'id')) "
+            "FROM generate_series(1, %s)",
+            [meta.db_table, len(rows)],
         )
-        ids = [row[0] for row in cursor.fetchall()]
-    for job, pk in zip(jobs, ids, strict=True):
-        job.pk = pk
-        job._state.adding = False
-    return jobs
+        ids = [pk for (pk,) in cursor.fetchall()]
+        with cursor.copy(f"COPY {meta.db_table} ({names}) FROM STDIN") as copy:
+            for pk, row in zip(ids, rows, strict=True):
+                row["pk"] = pk
+                copy.write_row((pk, *(row[f] for f in JOB_FIELDS), *defaults))
+    return rows
 
 
 @transaction.atomic
@@ -342,23 +460,16 @@ def sweep_plan(
     sweep = Sweep.objects.create(created_by=created_by, filters=filters or {})
     if not wanted:
         return sweep
-    todo, objects = _plannable(wanted)
-    routes = routes_for(pairs={(d, t) for _, d, t in todo}, build=build)
+    plan = _plannable(wanted)
+    routes = routes_for(pairs={(d, t) for _, d, t in plan.cells}, build=build)
     jobs = jobs_insert(
-        [
-            _job(
-                objects,
-                cell,
-                stage=routes[cell[1:]].stage,
-                queue=routes[cell[1:]].queue,
-                sweep=sweep,
-            )
-            for cell in todo
-        ]
+        plan,
+        sweep_id=sweep.pk,
+        route=lambda d, t: (routes[d, t].stage, routes[d, t].queue),
     )
     sweep.total = len(jobs)
     sweep.save(update_fields=["total"])
-    jobs_publish(jobs)
+    _messages_publish(_chunks(plan.payloads(jobs)))
     return sweep
 
 
@@ -386,21 +497,20 @@ def bundle_plan(
     sweep = Sweep.objects.create(
         created_by=created_by, filters={"bundle_for": runner.name}
     )
-    todo, objects = _plannable(wanted)
+    plan = _plannable(wanted)
     now = timezone.now()
-    jobs = ValidationJob.objects.bulk_create(
-        _job(
-            objects,
-            cell,
-            stage=JobStage.VALIDATE if cell[1] in devices else JobStage.LOWER,
-            queue=f"bundle.{runner.name}",
-            state=JobState.RUNNING,
-            runner=runner,
-            started_at=now,
-            sweep=sweep,
-        )
-        for cell in todo
+    queue = f"bundle.{runner.name}"
+    jobs = jobs_insert(
+        plan,
+        state=JobState.RUNNING,
+        runner_id=runner.pk,
+        started_at=now,
+        sweep_id=sweep.pk,
+        route=lambda d, t: (
+            JobStage.VALIDATE if d in devices else JobStage.LOWER,
+            queue,
+        ),
     )
     sweep.total = len(jobs)
     sweep.save(update_fields=["total"])
-    return sweep, [jobs_envelope(chunk) for _, chunk in job_chunks(jobs)]
+    return sweep, [_envelope(chunk) for _, chunk in _chunks(plan.payloads(jobs))]

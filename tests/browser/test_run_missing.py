@@ -107,7 +107,7 @@ def test_a_newcomer_runs_the_whole_loop(chromium, cluster):
             # compile on c under 0.1.13.
             left = page.locator("#gap-list table.gaps tbody tr")
             if version == "0.1.13":
-                wait_for(lambda: left.count() == 2, timeout=30, what="2 gaps left")
+                wait_for(lambda rows=left: rows.count() == 2, timeout=30, what="2 gaps")
                 assert all("softmax" in t for t in left.all_inner_texts())
             else:
                 page.wait_for_selector("#gap-list:has-text('No gaps')")

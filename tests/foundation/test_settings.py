@@ -103,6 +103,19 @@ def test_a_redis_session_cache_is_shared_by_every_web_process():
     assert caches["default"]["BACKEND"].endswith("LocMemCache")
 
 
+def test_a_shared_cache_keeps_computed_reads_for_every_web_process():
+    caches = config.parse_cache(None, "redis://cache.internal:6379/2")
+    assert caches["default"]["BACKEND"] == "matrix.cache.TolerantRedisCache"
+    assert caches["default"]["LOCATION"] == "redis://cache.internal:6379/2"
+    assert "sessions" not in caches
+
+
+@pytest.mark.parametrize("raw", ["memcached://x:11211", "cache.internal:6379"])
+def test_a_malformed_shared_cache_url_names_the_variable(raw):
+    with pytest.raises(ImproperlyConfigured, match="^TILEMATRIX_CACHE_URL: "):
+        config.parse_cache(None, raw)
+
+
 def test_with_a_session_cache_sessions_are_read_from_it(tmp_path):
     proc = manage(
         "diffsettings",

@@ -129,3 +129,35 @@ def test_cells_select_filters_by_operator_device_and_missing(cpu_runner, running
     assert len(everything) - len(missing) == 1
     served = services.cells_select(device_type="c", served_only=True)
     assert served and len(served) < len(everything)
+
+
+def test_each_message_carries_its_jobs_as_their_rows_read(
+    cpu_runner, cpu_cells, monkeypatch
+):
+    """The planner builds payloads from rows, not model instances: they say
+    what job_payload says of the stored job, a reviewed submission's source
+    included."""
+    import hashlib
+
+    from matrix.models import KernelRevision
+    from runners.services import planning
+
+    source = "def program(shape, dtype, target):\n    return None\n"
+    softmax = KernelRevision.objects.get(operator__name="softmax", is_current=True)
+    KernelRevision.objects.filter(pk=softmax.pk).update(is_current=False)
+    KernelRevision.objects.create(
+        operator=softmax.operator,
+        source=source,
+        source_sha256=hashlib.sha256(source.encode()).hexdigest(),
+        origin=KernelRevision.Origin.SUBMITTED,
+        review_state=KernelRevision.Review.APPROVED,
+        is_current=True,
+    )
+    sent = []
+    monkeypatch.setattr(planning, "_messages_publish", sent.extend)
+    sweep = services.sweep_plan(cells=cpu_cells())
+    jobs = sweep.jobs.order_by("pk")
+    payloads = sorted((p for _, chunk in sent for p in chunk), key=lambda p: p["job"])
+    assert payloads == [services.job_payload(job) for job in jobs]
+    assert any(p.get("source") == source for p in payloads)
+    assert {queue for queue, _ in sent} == {job.queue for job in jobs}

@@ -222,3 +222,19 @@ def test_production_is_said_to_keep_the_reference_for_a_slow_pass(
     assert (
         "the PyTorch reference</strong> here: pass, but 0.50× of the reference" in body
     )
+
+
+def test_the_cell_page_reads_one_kernel_source_and_no_revision_source(
+    client, results, device_types
+):
+    """The latest result's details hold the kernel shown; the history's
+    rows and the revision (11-27 KB of library source) are not read whole."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    with CaptureQueriesContext(connection) as queries:
+        response = client.get(cell_url(results["top"], "c", device_types))
+    assert response.status_code == 200 and len(response.context["history"]) == 3
+    sql = [q["sql"] for q in queries.captured_queries]
+    assert not [s for s in sql if '"matrix_kernelrevision"."source"' in s]
+    assert len([s for s in sql if '"matrix_result"."details"' in s]) == 1

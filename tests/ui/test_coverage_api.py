@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from django.urls import reverse
 
-from matrix.models import DeviceType, Shape
+from matrix.models import DeviceType, Shape, Status
+from tests.ui.conftest import record
 
 pytestmark = pytest.mark.django_db
 
@@ -217,3 +218,93 @@ def test_no_gap_of_a_superseded_toolchain_is_runnable(
     body = reader.get(GAPS, {"toolchain": old.name, "backend": "c"}).json()
     assert body["count"] and body["runnable"] == 0
     assert not any(g["runnable"] for g in body["gaps"])
+
+
+def all_pages(reader, params):
+    """Every page of the matrix, following `next`."""
+    pages, cursor = [], None
+    while True:
+        body = reader.get(MATRIX, {**params, **({"cursor": cursor} if cursor else {})})
+        assert body.status_code == 200, body.content
+        pages.append(body.json())
+        cursor = pages[-1]["next"]
+        if cursor is None:
+            return pages
+
+
+@pytest.mark.parametrize(
+    "params", [{}, {"status": "pass"}, {"status": "empty"}, {"status": "stale"}]
+)
+def test_following_next_walks_the_whole_matrix_once(reader, results, params):
+    whole = reader.get(MATRIX, {**params, "limit": 5000}).json()
+    pages = all_pages(reader, {**params, "limit": 4})
+    walked = [cell for page in pages for cell in page["cells"]]
+    assert walked == whole["cells"]
+    assert all(page["count"] == len(walked) for page in pages)
+    assert whole["next"] is None
+
+
+def test_a_cursor_holds_its_place_when_the_matrix_changes(
+    reader, results, toolchains, device_types
+):
+    first = reader.get(MATRIX, {"limit": 6}).json()
+    # A new served shape that sorts first, and a changed cell, between pages.
+    gemm = results["top"].operator
+    Shape.objects.create(
+        operator=gemm, dims={"M": 8, "N": 8, "K": 8}, dtype="float16", served=True,
+        weight=1e6,
+    )  # fmt: skip
+    record(results["top"], device_types["cuda"], toolchains[1], Status.MISMATCH)
+    second = reader.get(MATRIX, {"limit": 6, "cursor": first["next"]}).json()
+    before = [
+        (c["operator"], c["dims"], c["dtype"], c["device_type"]) for c in first["cells"]
+    ]
+    after = [
+        (c["operator"], c["dims"], c["dtype"], c["device_type"])
+        for c in second["cells"]
+    ]
+    assert not set(map(repr, before)) & set(map(repr, after))
+    whole = reader.get(MATRIX, {"limit": 5000}).json()["cells"]
+    keys = [(c["operator"], c["dims"], c["dtype"], c["device_type"]) for c in whole]
+    # The second page starts right where the first ended.
+    assert keys[keys.index(before[-1]) + 1] == after[0]
+
+
+def test_a_made_up_cursor_is_refused_in_words(reader, results):
+    response = reader.get(MATRIX, {"cursor": "bm90LWEtY3Vyc29y"})
+    assert response.status_code == 400
+    assert "cursor" in response.json()["detail"]
+
+
+def test_a_new_result_shows_on_the_next_matrix_request(
+    reader, results, toolchains, device_types
+):
+    def status_of(body):
+        return cells_by_key(body)[key(results["second"], "c")]["status"]
+
+    assert status_of(reader.get(MATRIX, {"limit": 5000}).json()) == "empty"
+    record(results["second"], device_types["c"], toolchains[1], Status.PASS)
+    assert status_of(reader.get(MATRIX, {"limit": 5000}).json()) == "pass"
+
+
+def test_an_unchanged_matrix_answers_304_until_a_result_arrives(
+    reader, results, toolchains, device_types
+):
+    first = reader.get(MATRIX)
+    etag = first["ETag"]
+    again = reader.get(MATRIX, headers={"If-None-Match": etag})
+    assert again.status_code == 304 and again.content == b""
+    record(results["second"], device_types["c"], toolchains[1], Status.PASS)
+    changed = reader.get(MATRIX, headers={"If-None-Match": etag})
+    assert changed.status_code == 200 and changed["ETag"] != etag
+    assert changed.json()["cells"] != first.json()["cells"]
+
+
+def test_a_repeated_matrix_request_is_answered_from_the_cache(
+    reader, results, django_assert_max_num_queries
+):
+    reader.get(MATRIX)
+    # The session, its user and their role; the toolchains and the data
+    # version: nothing of the matrix itself.
+    with django_assert_max_num_queries(5):
+        assert reader.get(MATRIX).status_code == 200

@@ -1,0 +1,736 @@
+"""Load and speed: every page and API read users meet, ingest, and 50 mixed
+connections, on a realistic PostgreSQL database at 10k, 100k and 1M results.
+
+    nice -n 10 .venv/bin/python bench/load.py --sizes 10k,100k,1m
+
+Each size's database is seeded once by bench/load_seed.py (a template,
+``h_bench_seed_<size>``, reused while its seed version matches) and copied
+fresh for each run (``h_bench_<size>``), then migrated. The web app runs as
+docs/deploy.md says production runs it (its gunicorn command, 3 sync
+workers) with ``DJANGO_DEBUG=0``, sessions and the shared cache in Redis;
+one bench-only flag is added, a long ``--timeout``, so a slow page is
+measured rather than cut at gunicorn's default 30 s. Requests are signed in
+through the login form.
+
+Rows, p95 of ``--requests`` requests each (fewer where a row's time budget
+runs out first; the count is printed):
+
+- home from its cache; home on the first view after a new result (a result
+  is ingested before each request); home with one operator open, from its
+  cache and after a new result,
+- gaps, the cell with the longest history, errors, the upgrade diff,
+- the API's matrix, gaps and manifest, the matrix again with the ETag it
+  got (304 where conditional requests are answered) and after a new result,
+- ingest of signed results through the control worker's path, in messages
+  of 5 to 25 results, on cells outside the open proposal and on cells in
+  it, beside COPY of the same rows into a real (logged) table,
+- 50 connections (wrk) over a mix of those pages for ``--load-s`` seconds
+  while results keep arriving, as during a sweep, and the same mix without
+  the gaps (page and API) and the upgrade diff,
+- the largest web worker's RSS after the diff page.
+
+Prints the table and writes bench/out/load.json (and, per size,
+bench/out/load-<size>.json). ``--compare BEFORE.json AFTER.json`` prints two
+runs' p95 side by side.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import secrets
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.parse
+from datetime import UTC, datetime
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import load_seed  # noqa: E402
+from load_web import (  # noqa: E402
+    Client,
+    Gunicorn,
+    gunicorn_command,
+    mixed_load,
+    percentile,
+    time_row,
+)
+
+ROOT = load_seed.ROOT
+OUT = ROOT / "bench" / "out"
+REDIS_DEFAULT = "redis://127.0.0.1:6379/8"
+SECRET = "bench-load-" + "s3cr3t!k3y" * 5
+PASSWORD = "bench-" + secrets.token_hex(8)
+# (key, label, goal text, goal in ms or None)
+PAGE_ROWS = [
+    ("home_cached", "home, from its cache", "keep", None),
+    ("home_new_result", "home, first view after a new result", "≤ 50 ms", 50),
+    ("home_open", "home, one operator open", "≤ 50 ms", 50),
+    ("home_open_new_result", "home, one operator open, after a result", "", None),
+    ("gaps", "gaps", "≤ 50 ms", 50),
+    ("cell", "cell (longest history)", "≤ 50 ms", 50),
+    ("errors", "errors", "≤ 50 ms", 50),
+    ("upgrade_diff", "upgrade diff", "≤ 200 ms", 200),
+    ("api_matrix", "API matrix", "≤ 50 ms", 50),
+    ("api_matrix_304", "API matrix, If-None-Match", "304", 50),
+    ("api_matrix_new_result", "API matrix, after a new result", "", None),
+    ("api_gaps", "API gaps", "≤ 50 ms", 50),
+    ("api_manifest", "API manifest", "≤ 50 ms", 50),
+]
+# Pages of the mix timed again without them (bench/load.py's own rows).
+SLOW_ELSEWHERE = ("gaps", "api_gaps", "upgrade_diff")
+# Share of each page in the 50-connection mix.
+MIX = [
+    ("home_cached", 30),
+    ("home_open", 10),
+    ("gaps", 12),
+    ("cell", 15),
+    ("errors", 8),
+    ("upgrade_diff", 3),
+    ("api_matrix", 8),
+    ("api_gaps", 8),
+    ("api_manifest", 6),
+]
+
+
+# --- the parent: seeding, one child per size, the table ----------------------
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", default="10k,100k,1m")
+    parser.add_argument("--requests", type=int, default=30)
+    parser.add_argument(
+        "--row-budget-s",
+        type=float,
+        default=120.0,
+        help="at most this long timing one row (at least 3 requests)",
+    )
+    parser.add_argument("--ingest-results", type=int, default=1500)
+    parser.add_argument("--ingest-budget-s", type=float, default=90.0)
+    parser.add_argument("--connections", type=int, default=50)
+    parser.add_argument("--load-s", type=int, default=30)
+    parser.add_argument("--server", default=load_seed.DEFAULT_SERVER)
+    parser.add_argument(
+        "--redis",
+        default=os.environ.get("BENCH_REDIS_URL", REDIS_DEFAULT),
+        help="a Redis database index of the bench's own: it is emptied",
+    )
+    parser.add_argument("--reseed", action="store_true")
+    parser.add_argument("--size", help=argparse.SUPPRESS)  # the child's own
+    parser.add_argument("--out", default=str(OUT / "load.json"))
+    parser.add_argument("--compare", nargs=2, metavar=("BEFORE", "AFTER"))
+    args = parser.parse_args()
+    if args.compare:
+        before, after = (json.loads(Path(p).read_text()) for p in args.compare)
+        print_comparison(before, after)
+        return
+    # A stop (SIGTERM) unwinds, so each gunicorn started is stopped too.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
+    if args.size:
+        print("SIZE " + json.dumps(run_size(args)), flush=True)
+        return
+
+    sizes = [s.strip().lower() for s in args.sizes.split(",") if s.strip()]
+    for size in sizes:
+        load_seed.size_of(size)
+    report = {
+        "started": datetime.now(UTC).isoformat(timespec="seconds"),
+        "host": {"cpus": os.cpu_count(), "load_average_at_start": os.getloadavg()},
+        "gunicorn": gunicorn_command(),
+        "requests_per_row": args.requests,
+        "sizes": {},
+    }
+    for size in sizes:
+        seeded = None if args.reseed else load_seed.seed_marker(args.server, size)
+        if seeded is None:
+            print(f"seeding {size} ...", file=sys.stderr, flush=True)
+            seeded = load_seed.seed_in_child(args.server, size, child_env(args))
+            seeded["seeded_now"] = True
+        print(
+            f"{size}: seeded {seeded['results']:,} results, {seeded['cells']:,} "
+            f"cells (seeding took {seeded['seed_s']} s)",
+            file=sys.stderr,
+            flush=True,
+        )
+        run_name = f"h_bench_{size}"
+        copy_s = load_seed.copy_database(
+            args.server, load_seed.seed_name(size), run_name
+        )
+        child = subprocess.Popen(
+            [sys.executable, __file__, *sys.argv[1:], "--size", size],
+            cwd=ROOT,
+            env=child_env(args),
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            stdout, _ = child.communicate()
+        finally:
+            # Stopped early: the child stops its gunicorn on SIGTERM.
+            if child.poll() is None:
+                child.terminate()
+                child.wait()
+        line = next((x for x in stdout.splitlines() if x.startswith("SIZE ")), None)
+        if child.returncode != 0 or line is None:
+            raise SystemExit(f"the {size} run failed (exit {child.returncode})")
+        measured = json.loads(line.removeprefix("SIZE "))
+        measured["seed"] = seeded
+        measured["database_copy_s"] = round(copy_s, 1)
+        report["sizes"][size] = measured
+        OUT.mkdir(parents=True, exist_ok=True)
+        (OUT / f"load-{size}.json").write_text(json.dumps(measured, indent=2) + "\n")
+    report["host"]["load_average_at_end"] = os.getloadavg()
+    report["verdicts"] = verdicts(report)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    print_table(report)
+    print(f"wrote {args.out}")
+
+
+def child_env(args) -> dict:
+    return {
+        **os.environ,
+        "DJANGO_DEBUG": "0",
+        "DJANGO_SECRET_KEY": SECRET,
+        "DJANGO_ALLOWED_HOSTS": "127.0.0.1,localhost",
+        "DJANGO_SECURE_SSL_REDIRECT": "0",
+        "TILEMATRIX_ANONYMOUS_READ": "0",
+        "TILEMATRIX_SESSION_CACHE_URL": args.redis,
+        "TILEMATRIX_CACHE_URL": args.redis,
+        "CELERY_BROKER_URL": args.redis,
+        "TILEMATRIX_VAR_DIR": str(ROOT / "var" / "bench" / "var"),
+    }
+
+
+# --- the child: one size -------------------------------------------------------
+
+
+def run_size(args) -> dict:
+    url = load_seed.database_url(args.server, f"h_bench_{args.size}")
+    redis_flush(args.redis)
+    load_seed.django_setup(url)
+    from django.core.management import call_command
+
+    started = time.perf_counter()
+    call_command("migrate", verbosity=0)
+    out = {"migrate_s": round(time.perf_counter() - started, 1)}
+    fixture = Fixture()
+    out["catalogue"] = fixture.describe()
+    server = Gunicorn(os.environ)
+    try:
+        client = Client(server.port)
+        client.login("bench-viewer", PASSWORD)
+        paths = fixture.paths()
+        out["paths"] = paths
+        rows = {}
+        for key, label, _, _ in PAGE_ROWS:
+            before = None
+            if key.endswith("new_result"):
+                before = fixture.one_new_result
+            headers = {}
+            if key == "api_matrix_304":
+                etag = client.get(paths["api_matrix"])[2].get("etag")
+                headers = {"If-None-Match": etag} if etag else {}
+            rows[key] = time_row(
+                client,
+                paths[key],
+                args.requests,
+                args.row_budget_s,
+                before=before,
+                headers=headers,
+            )
+            if key == "upgrade_diff":
+                out["worker_rss_mb_after_diff"] = server.worker_rss_mb()
+            print(
+                f"{args.size} {label}: p95 {rows[key]['p95_ms']} ms "
+                f"({rows[key]['requests']} requests)",
+                file=sys.stderr,
+                flush=True,
+            )
+        out["pages"] = rows
+        out["ingest"] = fixture.ingest_rows(args.ingest_results, args.ingest_budget_s)
+        print(f"{args.size} ingest: {out['ingest']}", file=sys.stderr, flush=True)
+        out["drain_s_before_mixed"] = server.drain(client)
+        out["mixed"] = mixed_load(
+            client, paths, fixture, MIX, args.connections, args.load_s, server.port
+        )
+        # The same without the pages whose work is elsewhere (the gaps, in
+        # the API too, and the upgrade diff), to tell what the rest costs.
+        rest = [(key, share) for key, share in MIX if key not in SLOW_ELSEWHERE]
+        out["drain_s_before_mixed_rest"] = server.drain(client)
+        out["mixed_rest"] = mixed_load(
+            client, paths, fixture, rest, args.connections, args.load_s, server.port
+        )
+        out["worker_rss_mb_at_end"] = server.worker_rss_mb()
+    finally:
+        server.stop()
+    out["gunicorn_log_tail"] = server.log_tail()
+    out["load_average"] = os.getloadavg()
+    return out
+
+
+def redis_flush(url: str) -> None:
+    """Empty the bench's own Redis database (never another index)."""
+    import redis
+
+    index = urllib.parse.urlsplit(url).path.strip("/") or "0"
+    if index == "0":
+        raise SystemExit("give the bench a Redis database index of its own, not 0")
+    redis.Redis.from_url(url).flushdb()
+
+
+class Fixture:
+    """What the bench needs in the copied database: a viewer who signs in,
+    a runner whose key signs results, and the paths of the pages timed."""
+
+    def __init__(self):
+        from cryptography.hazmat.primitives.asymmetric.ed25519 import (
+            Ed25519PrivateKey,
+        )
+        from django.contrib.auth import get_user_model
+        from django.contrib.auth.models import Group
+
+        from matrix.models import DeviceType, Toolchain, UpgradeProposal
+        from runners import signing
+        from runners.models import Runner
+
+        users = get_user_model().objects
+        viewer = users.filter(username="bench-viewer").first()
+        viewer = viewer or users.create_user("bench-viewer")
+        viewer.set_password(PASSWORD)
+        viewer.save()
+        viewer.groups.add(Group.objects.get(name="viewer"))
+        self.key = Ed25519PrivateKey.generate()
+        self.runner, _ = Runner.objects.update_or_create(
+            name="bench-ingest",
+            defaults={
+                "public_key": signing.public_key_hex(self.key),
+                "state": Runner.State.ONLINE,
+            },
+        )
+        self.current = Toolchain.objects.get(is_current=True)
+        self.proposal = UpgradeProposal.objects.open().first()
+        covered = set(self.proposal.device_types.values_list("pk", flat=True))
+        # Results on the current toolchain in a column the proposal does not
+        # cover change the home page but no proposal; results on the
+        # candidate in a covered column are the proposal's own.
+        self.outside = DeviceType.objects.exclude(pk__in=covered).first()
+        self.inside = DeviceType.objects.filter(pk__in=covered, backend="cuda").first()
+        self.sources = load_seed.kernel_sources()
+        self.rng = random.Random(5)
+        self.lock = threading.Lock()
+
+    def describe(self) -> dict:
+        from django.db.models import Count
+
+        from matrix.models import Cell, Result, Shape, ValidationJob
+
+        return {
+            "results": Result.objects.count(),
+            "cells": Cell.objects.count(),
+            "cells_current_toolchain": Cell.objects.filter(
+                toolchain=self.current
+            ).count(),
+            "shapes": Shape.objects.count(),
+            "served": Shape.objects.served().count(),
+            "open_jobs": ValidationJob.objects.open().count(),
+            "proposal_device_types": self.proposal.device_types.count(),
+            "statuses_current": dict(
+                Cell.objects.filter(toolchain=self.current)
+                .values_list("status")
+                .annotate(n=Count("id"))
+                .order_by()
+            ),
+        }
+
+    def paths(self) -> dict:
+        from django.db.models import Count
+
+        from matrix.models import Operator, Result
+
+        longest = (
+            Result.objects.filter(toolchain=self.current)
+            .values("shape_id", "device_type_id")
+            .annotate(n=Count("id"))
+            .order_by("-n")
+            .first()
+        )
+        widest = (
+            Operator.objects.annotate(n=Count("shapes")).order_by("-n", "name").first()
+        )
+        self.cell_paths = [
+            f"/cells/{row['shape_id']}/{row['device_type_id']}/"
+            for row in Result.objects.filter(toolchain=self.current)
+            .values("shape_id", "device_type_id")
+            .distinct()[:50]
+        ]
+        return {
+            "home_cached": "/",
+            "home_new_result": "/",
+            "home_open": f"/?open={widest.name}",
+            "gaps": "/gaps/",
+            "cell": f"/cells/{longest['shape_id']}/{longest['device_type_id']}/",
+            "cell_history": longest["n"],
+            "errors": "/errors/",
+            "upgrade_diff": f"/upgrades/{self.proposal.pk}/",
+            "api_matrix": "/api/v1/matrix",
+            "api_matrix_304": "/api/v1/matrix",
+            "api_matrix_new_result": "/api/v1/matrix",
+            "home_open_new_result": f"/?open={widest.name}",
+            "api_gaps": "/api/v1/gaps",
+            "api_manifest": "/api/v1/manifest",
+        }
+
+    # -- results, signed and ingested as a runner's message would be ----------
+
+    def jobs(self, count: int, *, device_type, toolchain) -> list:
+        """``count`` running jobs of the bench runner on that column."""
+        from django.utils import timezone
+
+        from matrix.models import JobState, KernelRevision, Shape, ValidationJob
+
+        current = dict(
+            KernelRevision.objects.filter(is_current=True).values_list(
+                "operator_id", "pk"
+            )
+        )
+        shapes = list(Shape.objects.only("id", "operator_id").order_by("?")[:count])
+        while len(shapes) < count:
+            shapes += shapes[: count - len(shapes)]
+        now = timezone.now()
+        return ValidationJob.objects.bulk_create(
+            ValidationJob(
+                revision_id=current[shape.operator_id],
+                shape=shape,
+                device_type=device_type,
+                toolchain=toolchain,
+                state=JobState.RUNNING,
+                runner=self.runner,
+                started_at=now,
+                queue="bench",
+            )
+            for shape in shapes
+        )
+
+    def envelope(self, job, device_type) -> dict:
+        from runners import services
+
+        backend = device_type.backend
+        status = self.rng.choice(load_seed.STATUS_MIX[backend])[0]
+        ran = status in ("pass", "mismatch", "runtime_error", "timeout")
+        source = self.sources.get(f"gemm/{backend}") or self.sources["gemm/c"]
+        message = (
+            ""
+            if status in ("pass", "lowered", "built")
+            else (f"bench: {status} in pass tl.LayoutInference ({backend})")
+        )
+        result = {
+            "status": status,
+            "stage_reached": "validate" if ran else "lower",
+            "metrics": {"rel_err": 1e-4, "max_abs_err": 2e-4, "mismatch_ratio": 0.0},
+            "timings": {
+                "compile_s": 2.5,
+                "kernel_ms": 0.5 if ran else None,
+                "reference_ms": 0.6 if ran else None,
+            },
+            "error": {"signature": "", "message": message} if message else None,
+            "fingerprint": {"hash": "f" * 64, "components": {"tilelang": "0.1.15"}},
+            "kernel_source": source,
+            "tolerance": {"rtol": 1e-2, "atol": 1e-2},
+            "target": device_type.target,
+            "stage": "validate",
+            "seed": 0,
+        }
+        return services.result_envelope(
+            job={"job": job.pk, "attempt": job.attempt},
+            result=result,
+            runner_name=self.runner.name,
+            key=self.key,
+        )
+
+    def one_new_result(self) -> None:
+        """One result on the current toolchain, through ingest: the home
+        page's data version moves."""
+        from runners import services
+
+        with self.lock:
+            (job,) = self.jobs(1, device_type=self.outside, toolchain=self.current)
+            envelope = self.envelope(job, self.outside)
+        services.results_ingest(envelopes=[envelope])
+
+    def messages(self, total: int, *, device_type, toolchain) -> list[list]:
+        """Signed messages of 5 to 25 results, ``total`` results in all."""
+        jobs = self.jobs(total, device_type=device_type, toolchain=toolchain)
+        envelopes = [self.envelope(job, device_type) for job in jobs]
+        messages, i = [], 0
+        while i < len(envelopes):
+            size = self.rng.randint(5, 25)
+            messages.append(envelopes[i : i + size])
+            i += size
+        return messages
+
+    def ingest_rows(self, total: int, budget_s: float) -> dict:
+        from matrix.models import Result, Toolchain
+
+        candidate = Toolchain.objects.get(pk=self.proposal.candidate_id)
+        rows = {}
+        for key, device_type, toolchain in (
+            ("outside_proposal", self.outside, self.current),
+            ("inside_proposal", self.inside, candidate),
+        ):
+            messages = self.messages(
+                total, device_type=device_type, toolchain=toolchain
+            )
+            first_id = (
+                Result.objects.order_by("-id").values_list("id", flat=True)[:1] or [0]
+            )[0]
+            rows[key] = ingest_timed(messages, budget_s)
+            rows[key]["copy"] = copy_floor(first_id)
+            rows[key]["share_of_copy"] = round(
+                rows[key]["per_s"] / rows[key]["copy"]["per_s"], 3
+            )
+        return rows
+
+
+def ingest_timed(messages: list[list], budget_s: float) -> dict:
+    """Messages through ``results_ingest`` in two threads (a control worker's
+    processes share the host's two cores the same way), until done or the
+    budget is spent."""
+    from django.db import connections
+
+    from runners import services
+
+    queue = list(reversed(messages))
+    lock = threading.Lock()
+    stored = [0]
+    latencies: list[float] = []
+    deadline = time.monotonic() + budget_s
+
+    def work():
+        while time.monotonic() < deadline:
+            with lock:
+                if not queue:
+                    break
+                message = queue.pop()
+            t0 = time.perf_counter()
+            outcomes = services.results_ingest(envelopes=message)
+            elapsed = time.perf_counter() - t0
+            with lock:
+                latencies.append(elapsed)
+                stored[0] += sum(o.status == "stored" for o in outcomes)
+        connections.close_all()
+
+    started = time.perf_counter()
+    threads = [threading.Thread(target=work) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    elapsed = time.perf_counter() - started
+    latencies.sort()
+    return {
+        "results": stored[0],
+        "messages": len(latencies),
+        "seconds": round(elapsed, 2),
+        "per_s": round(stored[0] / elapsed, 1),
+        "message_p95_ms": round(percentile(latencies, 0.95) * 1000, 1),
+        "budget_spent": bool(queue),
+    }
+
+
+def copy_floor(after_id: int) -> dict:
+    """COPY the result rows just ingested into a real table of the same
+    shape (logged, with its indexes and constraints): what the database
+    itself takes to store them."""
+    from django.db import connection
+
+    from matrix.models import Result
+
+    table = Result._meta.db_table
+    columns = [f.column for f in Result._meta.concrete_fields if f.column != "id"]
+    names = ", ".join(columns)
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT {names} FROM {table} WHERE id > %s", [after_id])
+        rows = cursor.fetchall()
+        cursor.execute("DROP TABLE IF EXISTS bench_copy_target")
+        cursor.execute(f"CREATE TABLE bench_copy_target (LIKE {table} INCLUDING ALL)")
+    raw = connection.connection
+    json_columns = {
+        i
+        for i, f in enumerate(
+            f for f in Result._meta.concrete_fields if f.column != "id"
+        )
+        if f.get_internal_type() == "JSONField"
+    }
+    rows = [
+        tuple(json.dumps(v) if i in json_columns else v for i, v in enumerate(row))
+        for row in rows
+    ]
+    started = time.perf_counter()
+    with raw.cursor() as cursor:
+        with cursor.copy(f"COPY bench_copy_target ({names}) FROM STDIN") as copy:
+            for row in rows:
+                copy.write_row(row)
+    raw.commit()
+    elapsed = time.perf_counter() - started
+    with connection.cursor() as cursor:
+        cursor.execute("DROP TABLE bench_copy_target")
+    return {
+        "results": len(rows),
+        "seconds": round(elapsed, 3),
+        "per_s": round(len(rows) / elapsed, 1) if elapsed else None,
+    }
+
+
+# --- the table -------------------------------------------------------------------
+
+
+def verdicts(report: dict) -> dict:
+    sizes = report["sizes"]
+    if not sizes:
+        return {}
+    first, last = next(iter(sizes.values())), list(sizes.values())[-1]
+    out = {}
+    for key, _, _, goal in PAGE_ROWS:
+        if key not in last["pages"] or key not in first["pages"]:
+            continue
+        p95 = last["pages"][key]["p95_ms"]
+        base = first["pages"][key]["p95_ms"]
+        out[key] = {
+            "within_goal": goal is None or p95 <= goal,
+            "ratio_largest_to_smallest": round(p95 / base, 2) if base else None,
+        }
+    out.setdefault("api_matrix_304", {})["answers_304"] = 304 in {
+        int(k) for k in last["pages"]["api_matrix_304"]["statuses"]
+    }
+    for key in ("outside_proposal", "inside_proposal"):
+        out[f"ingest_{key}"] = last["ingest"][key]["share_of_copy"] >= 0.25
+    out["mixed"] = last["mixed"]["p95_ms"] <= 300 and last["mixed"]["errors"] == 0
+    rss = last.get("worker_rss_mb_after_diff") or [0]
+    out["worker_rss"] = max(rss) <= 300
+    return out
+
+
+def print_table(report: dict) -> None:
+    sizes = list(report["sizes"])
+    head = f"{'p95 of each row':<40}" + "".join(f"{s:>12}" for s in sizes)
+    print(head + f"{'goal':>12}")
+    print("-" * len(head + " " * 12))
+    for key, label, goal, _ in PAGE_ROWS:
+        cells = []
+        for size in sizes:
+            row = report["sizes"][size]["pages"].get(key)
+            if row is None:
+                cells.append(f"{'-':>12}")
+                continue
+            text = f"{row['p95_ms']:g}"
+            if key == "api_matrix_304":
+                text += f" ({'/'.join(str(s) for s in row['statuses'])})"
+            if row["requests"] < report["requests_per_row"]:
+                text += f" n{row['requests']}"
+            cells.append(f"{text:>12}")
+        print(f"{label + ' (ms)':<40}" + "".join(cells) + f"{goal:>12}")
+    for key, label in (
+        ("outside_proposal", "ingest results/s, no proposal touched"),
+        ("inside_proposal", "ingest results/s, open proposal"),
+    ):
+        cells = []
+        for size in sizes:
+            row = report["sizes"][size]["ingest"][key]
+            cells.append(f"{row['per_s']:g} ({row['share_of_copy']:.2f}×)".rjust(12))
+        print(f"{label:<40}" + "".join(cells) + f"{'≥ 0.25× COPY':>12}")
+    print(
+        f"{'COPY into a real table, results/s':<40}"
+        + "".join(
+            f"{report['sizes'][s]['ingest']['outside_proposal']['copy']['per_s']:>12g}"
+            for s in sizes
+        )
+    )
+    for key, label in (
+        ("mixed", "50 connections mixed, p95 ms (errors)"),
+        ("mixed_rest", "  the same, no gaps or upgrade diff"),
+    ):
+        cells = []
+        for size in sizes:
+            mixed = report["sizes"][size].get(key)
+            text = f"{mixed['p95_ms']:g} ({mixed['errors']})" if mixed else "-"
+            cells.append(f"{text:>12}")
+        print(f"{label:<40}" + "".join(cells) + f"{'≤ 300, 0':>12}")
+    print(
+        f"{'largest worker RSS after diff, MB':<40}"
+        + "".join(
+            f"{max(report['sizes'][s].get('worker_rss_mb_after_diff') or [0]):>12g}"
+            for s in sizes
+        )
+        + f"{'≤ 300':>12}"
+    )
+    for size in sizes:
+        seed = report["sizes"][size]["seed"]
+        print(
+            f"{size}: {seed['results']:,} results, {seed['cells']:,} cells, "
+            f"longest history {seed['longest_history']}, "
+            f"{seed['database_bytes'] / 2**30:.2f} GiB; seeding took {seed['seed_s']} s"
+            f"{' (this run)' if seed.get('seeded_now') else ' (earlier)'}"
+        )
+
+
+def print_comparison(before: dict, after: dict) -> None:
+    """p95 of two runs, row by row: before → after, per size."""
+    sizes = [s for s in after["sizes"] if s in before["sizes"]]
+    print(f"{'p95 ms, before → after':<42}" + "".join(f"{s:>24}" for s in sizes))
+    for key, label, goal, _ in PAGE_ROWS:
+        cells = []
+        for size in sizes:
+            old = before["sizes"][size]["pages"].get(key)
+            new = after["sizes"][size]["pages"].get(key)
+            text = " → ".join(f"{r['p95_ms']:g}" if r else "-" for r in (old, new))
+            cells.append(f"{text:>24}")
+        print(f"{label:<42}" + "".join(cells) + f"  {goal}")
+    for key, label in (
+        ("outside_proposal", "ingest/s, no proposal touched"),
+        ("inside_proposal", "ingest/s, open proposal"),
+    ):
+        cells = []
+        for size in sizes:
+            old, new = (
+                r["sizes"][size]["ingest"][key]["per_s"] for r in (before, after)
+            )
+            cells.append(f"{f'{old:g} → {new:g}':>24}")
+        print(f"{label:<42}" + "".join(cells))
+    for key, label in (
+        ("mixed", "50 mixed connections, p95 ms/errors"),
+        ("mixed_rest", "  the same, no gaps or upgrade diff"),
+    ):
+        cells = []
+        for size in sizes:
+            old, new = (r["sizes"][size].get(key) for r in (before, after))
+            text = " → ".join(
+                f"{m['p95_ms']:g}/{m['errors']}" if m else "-" for m in (old, new)
+            )
+            cells.append(f"{text:>24}")
+        print(f"{label:<42}" + "".join(cells))
+    cells = []
+    for size in sizes:
+        old, new = (
+            max(r["sizes"][size].get("worker_rss_mb_after_diff") or [0])
+            for r in (before, after)
+        )
+        cells.append(f"{f'{old:g} → {new:g}':>24}")
+    print(f"{'largest worker RSS after diff, MB':<42}" + "".join(cells))
+    for name, run in (("before", before), ("after", after)):
+        print(
+            f"{name}: started {run['started']}, load average "
+            f"{run['host']['load_average_at_start'][0]:.1f} at start, "
+            f"{run['host']['load_average_at_end'][0]:.1f} at end"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,229 @@
+"""Reads computed once per data version, kept in the cache every web process
+shares.
+
+A read that depends only on the stored results, the catalogue and its
+filters is the same for every reader until one of those changes. It is
+computed once and kept under a key that names them, the data version
+included: ``queries.cells_version()`` (the newest result id) moves with
+every stored result, so the request after a result computes the read again
+and shows it. With ``TILEMATRIX_CACHE_URL`` the cache is one Redis for all
+web processes (a read is computed once, not once per process); without it,
+a cache inside each process (the embedded default). A cache that cannot be
+reached is a miss, never an error: the read is computed instead.
+
+The API's answers carry an ``ETag`` made from the same key, so a client
+that polls (a CI step) gets a 304 without a body until the data changes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+
+from django.core.cache import cache
+from django.core.cache.backends.redis import RedisCache
+from django.db import connection
+from django.http import HttpResponse
+from django.utils.cache import get_conditional_response
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+logger = logging.getLogger(__name__)
+UNREACHABLE = (RedisConnectionError, RedisTimeoutError, OSError)
+WARN_EVERY_S = 60
+# One reader computes a missing read; the others look for its answer this
+# often, for this long, before computing it themselves.
+COMPUTE_POLL_S = 0.01
+COMPUTE_WAIT_S = 5.0
+COMPUTE_LOCK_S = 30
+
+
+class TolerantRedisCache(RedisCache):
+    """Django's Redis cache, for reads that can always be computed again: while
+    Redis cannot be reached a get is a miss and a write is dropped (with a
+    warning a minute), so pages stay up, only slower."""
+
+    _warned_at = 0.0
+
+    def _unreachable(self, exc: Exception) -> None:
+        now = time.monotonic()
+        if now - TolerantRedisCache._warned_at > WARN_EVERY_S:
+            TolerantRedisCache._warned_at = now
+            logger.warning("shared cache unreachable, reads computed: %s", exc)
+
+    def get(self, key, default=None, version=None):
+        try:
+            return super().get(key, default, version)
+        except UNREACHABLE as exc:
+            self._unreachable(exc)
+            return default
+
+    def get_many(self, keys, version=None):
+        try:
+            return super().get_many(keys, version)
+        except UNREACHABLE as exc:
+            self._unreachable(exc)
+            return {}
+
+    def set(self, key, value, timeout=..., version=None):
+        try:
+            if timeout is ...:
+                return super().set(key, value, version=version)
+            return super().set(key, value, timeout, version)
+        except UNREACHABLE as exc:
+            self._unreachable(exc)
+
+    def add(self, key, value, timeout=..., version=None):
+        try:
+            if timeout is ...:
+                return super().add(key, value, version=version)
+            return super().add(key, value, timeout, version)
+        except UNREACHABLE as exc:
+            self._unreachable(exc)
+            # A cache that cannot be reached holds no entry: the caller goes
+            # on as the one that added it (cached_read then computes).
+            return True
+
+    def delete(self, key, version=None):
+        try:
+            return super().delete(key, version)
+        except UNREACHABLE as exc:
+            self._unreachable(exc)
+            return False
+
+
+def read_key(name: str, *parts) -> str:
+    """A cache key for the read ``name`` over ``parts`` (filters, versions)."""
+    return f"{name}:" + hashlib.sha256(repr(parts).encode()).hexdigest()
+
+
+def cached_read(key: str, compute, timeout: int | None = None):
+    """The value under ``key``, computed and kept when missing. Readers that
+    miss it together do not all compute it: one does while the others wait
+    for its answer (up to COMPUTE_WAIT_S, then they compute it too). A new
+    result misses every read at once, so under load each web worker would
+    otherwise compute the same read side by side."""
+    value = cache.get(key)
+    if value is not None:
+        return value
+    lock = key + ":computing"
+    if not cache.add(lock, 1, COMPUTE_LOCK_S):
+        deadline = time.monotonic() + COMPUTE_WAIT_S
+        while time.monotonic() < deadline:
+            time.sleep(COMPUTE_POLL_S)
+            value = cache.get(key)
+            if value is not None:
+                return value
+    try:
+        value = compute()
+        if timeout is None:
+            cache.set(key, value)
+        else:
+            cache.set(key, value, timeout)
+    finally:
+        cache.delete(lock)
+    return value
+
+
+def etag_of(key: str) -> str:
+    return '"' + hashlib.sha256(key.encode()).hexdigest()[:32] + '"'
+
+
+def json_answer(request, key: str, compute, schema) -> HttpResponse:
+    """An API answer for ``key``: 304 when the client holds it already (its
+    If-None-Match names the ETag), else the JSON of ``compute()``, checked
+    against ``schema`` (where the answer has one) and rendered as the API
+    renders, from the cache when another request computed it."""
+    from matrix.api import api
+
+    etag = etag_of(key)
+    not_modified = get_conditional_response(request, etag=etag)
+    if not_modified is None:
+
+        def render() -> bytes:
+            data = compute()
+            if schema is not None:
+                data = schema.model_validate(data).model_dump(by_alias=True)
+            content = api.renderer.render(request, data, response_status=200)
+            return content.encode() if isinstance(content, str) else content
+
+        response = HttpResponse(
+            cached_read(key, render),
+            content_type=f"{api.renderer.media_type}; charset={api.renderer.charset}",
+        )
+    else:
+        response = not_modified
+    response["ETag"] = etag
+    # Every use asks again, and a 304 costs no body.
+    response["Cache-Control"] = "private, no-cache"
+    return response
+
+
+def data_version() -> tuple:
+    """What the cached reads depend on, in one query: the newest result id
+    (every stored result moves it; ingest writes a result before it points
+    a cell at it) and a stamp of the catalogue: counts and newest ids of
+    shapes, device types, toolchains and kernel revisions, the served
+    shapes' total weight, the current toolchain and revisions, and the
+    rollouts (which make a toolchain older). A catalogue edit that changes
+    none of these (a rename) shows once the cached read expires."""
+    from matrix.models import (
+        DeviceType,
+        KernelRevision,
+        Result,
+        Shape,
+        Toolchain,
+        UpgradeProposal,
+    )
+
+    def table(model) -> str:
+        return connection.ops.quote_name(model._meta.db_table)
+
+    shape, revision = table(Shape), table(KernelRevision)
+    parts = [
+        f"SELECT MAX(id) FROM {table(Result)}",
+        f"SELECT COUNT(*) FROM {shape}",
+        f"SELECT MAX(id) FROM {shape}",
+        f"SELECT COUNT(*) FROM {shape} WHERE served",
+        f"SELECT SUM(weight) FROM {shape} WHERE served",
+        f"SELECT COUNT(*) FROM {table(DeviceType)}",
+        f"SELECT MAX(id) FROM {table(DeviceType)}",
+        f"SELECT COUNT(*) FROM {table(Toolchain)}",
+        f"SELECT MAX(id) FROM {table(Toolchain)} WHERE is_current",
+        f"SELECT MAX(id) FROM {revision}",
+        f"SELECT SUM(id) FROM {revision} WHERE is_current",
+        f"SELECT COUNT(*) FROM {table(UpgradeProposal)} WHERE state = %s",
+    ]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT " + ", ".join(f"({p})" for p in parts),
+            [UpgradeProposal.State.ROLLED_OUT],
+        )
+        return tuple(cursor.fetchone())
+
+
+def manifest_version() -> tuple:
+    """What the manifest depends on, in one query: its rows, the proposals
+    that approved them (an approval, a rollout or a withdrawal changes which
+    rows are served) and the device types it names."""
+    from matrix.models import DeviceType, ManifestEntry, UpgradeProposal
+
+    def table(model) -> str:
+        return connection.ops.quote_name(model._meta.db_table)
+
+    entries, proposals = table(ManifestEntry), table(UpgradeProposal)
+    served = f"FROM {proposals} WHERE state IN (%s, %s)"
+    parts = [
+        f"SELECT COUNT(*) FROM {entries}",
+        f"SELECT MAX(id) FROM {entries}",
+        f"SELECT COUNT(*) {served}",
+        f"SELECT SUM(id) {served}",
+        f"SELECT MAX(approved_at) {served}",
+        f"SELECT COUNT(*) FROM {table(DeviceType)}",
+        f"SELECT MAX(id) FROM {table(DeviceType)}",
+    ]
+    states = [UpgradeProposal.State.APPROVED, UpgradeProposal.State.ROLLED_OUT]
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT " + ", ".join(f"({p})" for p in parts), states * 3)
+        return tuple(cursor.fetchone())

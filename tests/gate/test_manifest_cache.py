@@ -1,0 +1,73 @@
+"""GET /api/v1/manifest is built once per change of the approved rows and
+answers 304 to a client that holds it: production hosts poll it."""
+
+from __future__ import annotations
+
+import pytest
+
+from matrix.gate.services import proposal_approve, proposal_open, proposal_reevaluate
+from matrix.models import Status
+
+MANIFEST = "/api/v1/manifest"
+
+
+@pytest.fixture(autouse=True)
+def empty_cache():
+    from django.core.cache import cache
+
+    cache.clear()
+    yield
+    cache.clear()
+
+
+@pytest.fixture
+def approved(world):
+    world.green(world.old)
+    world.record("softmax", world.cpu, world.new, Status.PASS)
+    world.record("gemm", world.cpu, world.new, Status.PASS)
+    proposal = proposal_open(
+        baseline=world.old,
+        candidate=world.new,
+        device_types=[world.cpu],
+        by=world.owner,
+    )
+    proposal_approve(proposal=proposal, by=world.reviewers[0], comment="clean")
+    proposal_approve(proposal=proposal, by=world.reviewers[1], comment="agreed")
+    return proposal
+
+
+def choices(response) -> set:
+    return {(e["operator"], e["choice"]) for e in response.json()["entries"]}
+
+
+def test_an_unchanged_manifest_answers_304_until_its_rows_change(
+    client, world, approved
+):
+    first = client.get(MANIFEST, {"toolchain": world.new.name})
+    assert ("softmax", "tilelang") in choices(first)
+    etag = first["ETag"]
+    again = client.get(
+        MANIFEST, {"toolchain": world.new.name}, headers={"If-None-Match": etag}
+    )
+    assert again.status_code == 304 and again.content == b""
+    # A failing rerun on the candidate withdraws the approval and its rows.
+    world.record("softmax", world.cpu, world.new, Status.COMPILE_ERROR)
+    proposal_reevaluate(proposal=approved)
+    changed = client.get(
+        MANIFEST, {"toolchain": world.new.name}, headers={"If-None-Match": etag}
+    )
+    assert changed.status_code == 200 and changed["ETag"] != etag
+    assert changed.json()["entries"] == []
+
+
+def test_a_result_that_changes_no_approved_row_keeps_the_manifest(
+    client, world, approved, django_assert_max_num_queries
+):
+    etag = client.get(MANIFEST, {"toolchain": world.new.name})["ETag"]
+    world.record("gemm", world.h200, world.old, Status.PASS)
+    # The toolchain, then the manifest's version: no row is read.
+    with django_assert_max_num_queries(2):
+        again = client.get(
+            MANIFEST, {"toolchain": world.new.name}, headers={"If-None-Match": etag}
+        )
+    assert again.status_code == 304

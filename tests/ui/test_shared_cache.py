@@ -1,0 +1,145 @@
+"""The shared cache (TILEMATRIX_CACHE_URL): reads computed once per data
+version are kept in Redis for every web process, and computed again, not
+refused, while Redis cannot be reached."""
+
+from __future__ import annotations
+
+import os
+import uuid
+
+import pytest
+import redis
+from django.urls import reverse
+
+from matrix.models import Status
+from tests.ui.conftest import record
+
+pytestmark = pytest.mark.django_db
+
+MATRIX = "/api/v1/matrix"
+
+
+def local_redis() -> str:
+    """The Redis the suite runs against (CI's, or this host's)."""
+    broker = os.environ.get("CELERY_BROKER_URL", "")
+    if broker.startswith("redis"):
+        return broker
+    return "redis://127.0.0.1:6379/0"
+
+
+@pytest.fixture
+def shared_cache(settings):
+    """The default cache in Redis under a prefix of this test's own (the
+    Redis may be shared with other runs: nothing else is touched)."""
+    prefix = f"test-{uuid.uuid4().hex}"
+    url = local_redis()
+    settings.CACHES = {
+        **settings.CACHES,
+        "default": {
+            "BACKEND": "matrix.cache.TolerantRedisCache",
+            "LOCATION": url,
+            "KEY_PREFIX": prefix,
+            "OPTIONS": {"socket_connect_timeout": 0.5, "socket_timeout": 0.5},
+        },
+    }
+    client = redis.Redis.from_url(url)
+    yield client, prefix
+    for key in client.scan_iter(f"{prefix}:*"):
+        client.delete(key)
+
+
+def test_a_read_computed_once_is_kept_in_redis_for_every_process(
+    client, results, shared_cache, django_assert_max_num_queries
+):
+    store, prefix = shared_cache
+    first = client.get(MATRIX)
+    assert first.status_code == 200
+    kept = [k.decode() for k in store.scan_iter(f"{prefix}:*")]
+    assert any(":api-matrix:" in k for k in kept)
+    # Another process would find it the same way: no cell is read again.
+    with django_assert_max_num_queries(2):
+        again = client.get(MATRIX)
+    assert again.json() == first.json()
+
+
+def test_a_new_result_is_read_through_the_shared_cache_at_once(
+    client, results, shared_cache, toolchains, device_types
+):
+    def statuses():
+        body = client.get(MATRIX, {"backend": "c", "limit": 5000}).json()
+        return [c["status"] for c in body["cells"]]
+
+    before = statuses()
+    record(results["second"], device_types["c"], toolchains[1], Status.MISMATCH)
+    assert statuses().count("mismatch") == before.count("mismatch") + 1
+
+
+def test_pages_and_the_api_answer_while_the_shared_cache_is_down(
+    client, results, settings
+):
+    expected = {
+        url: client.get(url).status_code
+        for url in (reverse("matrix"), reverse("errors"), MATRIX)
+    }
+    settings.CACHES = {
+        **settings.CACHES,
+        # Nothing listens on port 1.
+        "default": {
+            "BACKEND": "matrix.cache.TolerantRedisCache",
+            "LOCATION": "redis://127.0.0.1:1/0",
+            "OPTIONS": {"socket_connect_timeout": 0.2, "socket_timeout": 0.2},
+        },
+    }
+    for url, status in expected.items():
+        assert status == 200
+        assert client.get(url).status_code == 200, url
+
+
+def test_readers_that_miss_together_wait_for_the_one_computing(monkeypatch):
+    """Another web worker holds the read's lock and answers shortly: this
+    reader takes its answer instead of computing the read again."""
+    import threading
+
+    from django.core.cache import cache
+
+    from matrix import cache as reads
+
+    key = reads.read_key("test-read", uuid.uuid4().hex)
+    cache.add(key + ":computing", 1, 30)
+    threading.Timer(0.05, lambda: cache.set(key, "their answer")).start()
+
+    def compute():
+        raise AssertionError("computed a read another worker was computing")
+
+    assert reads.cached_read(key, compute) == "their answer"
+
+
+def test_a_reader_computes_itself_when_the_other_never_answers(monkeypatch):
+    from django.core.cache import cache
+
+    from matrix import cache as reads
+
+    monkeypatch.setattr(reads, "COMPUTE_WAIT_S", 0.05)
+    key = reads.read_key("test-read", uuid.uuid4().hex)
+    cache.add(key + ":computing", 1, 30)
+    assert reads.cached_read(key, lambda: "mine") == "mine"
+    assert cache.get(key) == "mine"
+
+
+def test_an_unreachable_cache_makes_no_reader_wait(settings, monkeypatch):
+    from matrix import cache as reads
+
+    settings.CACHES = {
+        **settings.CACHES,
+        "default": {
+            "BACKEND": "matrix.cache.TolerantRedisCache",
+            "LOCATION": "redis://127.0.0.1:1/0",
+            "OPTIONS": {"socket_connect_timeout": 0.2, "socket_timeout": 0.2},
+        },
+    }
+
+    def no_waiting(seconds):
+        raise AssertionError("waited on a cache that cannot answer")
+
+    monkeypatch.setattr(reads.time, "sleep", no_waiting)
+    assert reads.cached_read("test-read:down", lambda: "computed") == "computed"
