@@ -128,8 +128,13 @@ def matrix_page(request):
     # unknown operator opened, nor free search text kept, so made-up values
     # cannot fill the cache.
     names = {op.name for op in catalogue.operators}
-    open_names = [name for name in open_names if name in names]
-    cacheable = bool(cache_seconds()) and not filters.unknown and not filters.text
+    unknown_open = any(name not in names for name in open_names)
+    cacheable = (
+        bool(cache_seconds())
+        and not filters.unknown
+        and not filters.text
+        and not unknown_open
+    )
     parts = (
         sorted(filters.as_params().items()),
         catalogue.digest,
