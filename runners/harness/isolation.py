@@ -242,6 +242,10 @@ def system_mounts() -> tuple[str, ...]:
     merged-/usr links (or directories where /usr is not merged) and the
     loader's configuration."""
     args = ["--ro-bind", "/usr", "/usr"]
+    # /etc made before its files are bound: bwrap would make it 0700 root,
+    # and a child of another uid could then follow no /etc/alternatives link
+    # (CUDA_HOME=/usr/local/cuda -> /etc/alternatives/cuda on many hosts).
+    args += ["--perms", "0755", "--dir", "/etc"]
     for path in _MERGED_USR:
         if os.path.islink(path):
             args += ["--symlink", os.readlink(path), path]

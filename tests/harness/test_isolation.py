@@ -7,6 +7,7 @@ the GPU binds this host has no GPU to exercise."""
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -162,3 +163,20 @@ def test_the_mount_points_above_a_bind_are_open_to_the_childs_uid(tmp_path):
     home_parent = str(tmp_path)
     assert _contains(argv, ["--perms", "0755", "--dir", home_parent]) is not None
     assert _contains(argv, ["--perms", "0755", "--dir", "/tmp"]) is None
+
+
+def test_a_child_of_its_own_uid_follows_etc_alternatives_links():
+    # Hosts where CUDA_HOME=/usr/local/cuda -> /etc/alternatives/cuda: on the
+    # H200 the child could not reach nvcc because /etc was 0700 root inside.
+    # Needs root and bubblewrap, as the sandbox itself (CI runs as root).
+    assert isolation.confinement().level == isolation.FULL, (
+        "run as root with bubblewrap installed"
+    )
+    argv = isolation.bwrap_argv(
+        ["/usr/bin/stat", "-L", "-c", "%F", "/etc/alternatives", "/etc/ld.so.cache"],
+        isolation.NO_MOUNTS,
+        uid=61004,
+    )
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[0] == "directory"
