@@ -22,6 +22,18 @@ CHROMIUM_ARGS = [
 ]
 
 
+@pytest.fixture(autouse=True)
+def empty_cache():
+    """Reads are cached by data version, and database ids repeat between
+    tests: each test starts with an empty cache (a warm one left by another
+    test would answer with its data, and hide queries a cold page makes)."""
+    from django.core.cache import cache
+
+    cache.clear()
+    yield
+    cache.clear()
+
+
 def _viewer(user):
     """Every persona can read (the viewer role); rights beyond that are
     granted by the tests that need them."""

@@ -217,6 +217,10 @@ def matrix_context(
     query = urlencode(params)
     prefix = cell_link_prefix()
     shown = {row.operator.name for row in summary.rows}
+    known = {op.name for op in catalogue.operators}
+    notes_for = open_names
+    # Links carry on only the names that can open (the notice names the rest).
+    open_names = [name for name in open_names if name in known]
     for row in summary.rows:
         row.cells_html = summary_cells(row.cells)
         name = row.operator.name
@@ -238,7 +242,6 @@ def matrix_context(
                 "next": min(left, limit, MAX_ROWS - limit),
                 "more_query": urlencode([*params, *(("open", n) for n in open_names)]),
             }
-    known = {op.name for op in catalogue.operators}
     open_notes = [
         f"No operator “{name}” to open: "
         + (
@@ -246,7 +249,7 @@ def matrix_context(
             if name not in known
             else "it has no rows under these filters."
         )
-        for name in open_names
+        for name in notes_for
         if name not in shown
     ]
     return {

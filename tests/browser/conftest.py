@@ -12,7 +12,6 @@ import pytest
 from tests.ui.conftest import (  # noqa: F401  (fixtures shared with the page tests)
     cpu_runner,
     device_types,
-    empty_cache,
     results,
     sweeper,
     toolchains,

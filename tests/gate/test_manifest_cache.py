@@ -11,15 +11,6 @@ from matrix.models import Status
 MANIFEST = "/api/v1/manifest"
 
 
-@pytest.fixture(autouse=True)
-def empty_cache():
-    from django.core.cache import cache
-
-    cache.clear()
-    yield
-    cache.clear()
-
-
 @pytest.fixture
 def approved(world):
     world.green(world.old)

@@ -15,7 +15,6 @@ from runners.roles import ADMIN, KERNEL_AUTHOR, REVIEWER, RUNNER_ADMIN, VIEWER
 from tests.security.helpers import PERSONAS, SUPERUSER, attack_source
 from tests.ui.conftest import (  # noqa: F401
     device_types,
-    empty_cache,
     toolchains,
     ui_catalog,
 )

@@ -24,17 +24,6 @@ from matrix.services import DEMO_DEVICE_TYPES, toolchain_register
 SIGNATURE = "sig-shared-compile"
 
 
-@pytest.fixture(autouse=True)
-def empty_cache():
-    """The matrix table is cached by content version; database ids repeat
-    between tests, so each test starts with an empty cache."""
-    from django.core.cache import cache
-
-    cache.clear()
-    yield
-    cache.clear()
-
-
 def record(
     shape, device_type, toolchain, status, *, revision=None, when=None, **fields
 ):

@@ -72,9 +72,18 @@ def test_a_filtered_table_swap_is_kept_until_a_result(
     assert reads and after != first
 
 
-def test_an_unknown_operator_opens_nothing(client, results):
+def test_an_unknown_operator_opens_nothing_and_fills_no_cache(client, results):
     collapsed, _ = cell_reads(client, reverse("matrix"))
-    made_up, reads = cell_reads(client, reverse("matrix"), {"open": "no-such-op"})
-    assert made_up == collapsed and reads == []
+    made_up, _ = cell_reads(client, reverse("matrix"), {"open": "no-such-op"})
+    # Named, as every unknown filter value is, and otherwise the same page.
+    notice = (
+        '<p class="notice" role="status">'
+        "No operator “no-such-op” to open: none has that name.</p>"
+    )
+    assert notice in made_up and made_up.replace(notice, "") == collapsed
+    # Like an unknown status, it is not kept: made-up names cannot fill the
+    # cache, and the known page is still read from it.
+    again, reads = cell_reads(client, reverse("matrix"))
+    assert again == collapsed and reads == []
     response = client.get(reverse("matrix"), **htmx_rows("no-such-op"))
     assert response.status_code == 404
