@@ -527,13 +527,17 @@ def coverage_matrix(request, params: Query[MatrixParams]):
     )
 
 
-@router.get("/gaps", response={200: GapsOut, **REFUSED}, url_name="coverage_gaps")
+@router.get(
+    "/gaps", response={200: GapsOut, 304: None, **REFUSED}, url_name="coverage_gaps"
+)
 def coverage_gaps(request, params: Query[GapsQuery]):
     """The served gaps of one toolchain, ranked and counted as the gaps page
     ranks and counts them: cells with no result, a stale or failing one, or
     evidence only (lowered or built). A current pass is never a gap. An
     empty list: every served cell passes (or is unsupported), current.
-    Follow ``next`` to the last page."""
+    Follow ``next`` to the last page. Computed once per data version and
+    set of online runners for every reader; send the `ETag` back in
+    `If-None-Match` and an unchanged list answers 304 with no body."""
     filters = _checked(params)
     after = None
     if params.cursor:
@@ -544,10 +548,34 @@ def coverage_gaps(request, params: Query[GapsQuery]):
             raise HttpError(
                 400, "cursor is not one this API gave out: start from the first page"
             )
+    capabilities = capabilities_online()
+    version = gaps.gaps_version()
+    key = read_key(
+        "api-gaps",
+        sorted(filters.as_params().items()),
+        params.limit,
+        params.offset,
+        params.cursor,
+        # The next link is absolute; the runners online decide "no runner"
+        # and what is runnable.
+        request.build_absolute_uri("/"),
+        *(sorted(part) for part in vars(capabilities).values()),
+        version,
+    )
+    return json_answer(
+        request,
+        key,
+        lambda: _gaps_page(request, filters, params, after, capabilities, version),
+        GapsOut,
+    )
+
+
+def _gaps_page(request, filters, params, after, capabilities, version) -> dict:
     scope = gaps.GapScope(
         filters,
-        capabilities_online(),
+        capabilities,
         {d.pk: d for d in DeviceType.objects.all()},
+        version=version,
     )
     summary = gaps.gap_summary(scope)
     # One row more than asked for says whether there is a next page.

@@ -18,6 +18,7 @@ from matrix.models import (
     Status,
     Sweep,
     ValidationJob,
+    dims_key,
 )
 from matrix.services import toolchain_register
 from tests.ui.conftest import record
@@ -746,3 +747,31 @@ def test_an_empty_catalogue_says_what_is_missing_not_that_all_pass(client, db):
     note = body.split('id="nothing-served">')[1].split("</div>")[0]
     assert "Nothing is served yet" in note and "import_shapes" in note
     assert "No device types yet" in note and 'href="/runners/"' in note
+
+
+def test_the_gaps_api_answers_304_until_a_result_or_a_runner_changes_it(
+    client, results, cpu_runner, toolchains, device_types
+):
+    first = client.get("/api/v1/gaps", {"backend": "c"})
+    etag, body = first["ETag"], first.json()
+    assert body["count"] and all(g["reasons"] == [g["kind"]] for g in body["gaps"])
+    again = client.get("/api/v1/gaps", {"backend": "c"}, HTTP_IF_NONE_MATCH=etag)
+    assert again.status_code == 304 and again.content == b""
+
+    # A new result closes a gap: the next request sees it.
+    top = body["gaps"][0]
+    shape = Shape.objects.get(
+        operator__name=top["operator"],
+        dims_key=dims_key(top["dims"]),
+        dtype=top["dtype"],
+    )
+    record(shape, device_types["c"], toolchains[1], Status.PASS)
+    after = client.get("/api/v1/gaps", {"backend": "c"}, HTTP_IF_NONE_MATCH=etag)
+    assert after.status_code == 200 and after.json()["count"] == body["count"] - 1
+
+    # The runner going offline leaves every gap without a runner.
+    cpu_runner.state = cpu_runner.State.OFFLINE
+    cpu_runner.save(update_fields=["state"])
+    offline = client.get("/api/v1/gaps", {"backend": "c"}).json()
+    assert offline["runnable"] == 0
+    assert all("no runner" in g["reasons"] for g in offline["gaps"])
