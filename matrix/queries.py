@@ -494,11 +494,15 @@ def operator_list(filters: MatrixFilters) -> list[Operator]:
     current = KernelRevision.objects.filter(
         operator=OuterRef("pk"), is_current=True
     ).values("id")[:1]
+    # By name, said here: a grouped query does not take Meta.ordering, and
+    # PostgreSQL then returns its groups in any order.
     return list(
-        Operator.objects.only("id", "name", "dims").annotate(
+        Operator.objects.only("id", "name", "dims")
+        .annotate(
             shape_count=Count("shapes", filter=shape_q or None),
             current_revision_id=Subquery(current),
         )
+        .order_by("name")
     )
 
 
