@@ -201,7 +201,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device-type", default="H200", help="as `sweep` takes it")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out")
-    parser.add_argument("--concurrency", type=int, default=2)
+    parser.add_argument(
+        "--concurrency",
+        type=int,
+        default=None,
+        help="messages at once (default: what `runner work` picks on this host)",
+    )
     parser.add_argument("--timeout", type=float, default=300, help="cold sweep, s")
     parser.add_argument("--warm-timeout", type=float, default=None, help="warm, s")
     parser.add_argument("--rounds", type=int, default=2, help="1: cold only")
@@ -211,6 +216,10 @@ def main() -> int:
     os.environ["TILEMATRIX_VAR_DIR"] = str(var)
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "matrix.settings")
     sys.path.insert(0, str(ROOT))
+    if args.concurrency is None:
+        from runners.host import work_processes
+
+        args.concurrency = work_processes()
     deployment = Deployment(args.out, var, args.concurrency)
     runs = []
     try:
@@ -242,7 +251,8 @@ def main() -> int:
         "bench": "online_sweep",
         "device_type": args.device_type,
         "concurrency": args.concurrency,
-        "compile_workers": os.environ.get("TILEMATRIX_COMPILE_WORKERS"),
+        "compile_workers_per_process": os.environ.get("TILEMATRIX_COMPILE_WORKERS")
+        or max(1, min(16, os.cpu_count() or 1) // args.concurrency),
         "host_cores": os.cpu_count(),
         "runs": runs,
     }

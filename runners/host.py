@@ -25,8 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from runners import client, signing
+from runners.harness import isolation
 from runners.harness.fingerprint import matrix_fingerprint
-from runners.harness.sandbox import compile_workers
+from runners.harness.sandbox import COMPILE_WORKERS_ENV, compile_workers
 from runners.kernels.revision import library_sha256
 
 log = logging.getLogger(__name__)
@@ -291,6 +292,8 @@ def infra_result(job: dict, message: str) -> dict:
     }
 
 
+# The fewest jobs a harness child of a parallel batch is given.
+JOBS_PER_CHILD = 3
 HARNESS_FIELDS = ("operator", "shape", "dtype", "target", "stage", "seed")
 
 
@@ -307,14 +310,36 @@ def harness_job(job: dict) -> dict:
 def batch_workers(jobs: list[dict]) -> int:
     """Children for one batch. Library kernels for a device compile side by
     side, taking the device in turn to validate and time (the harness's
-    device lock); CPU timings, and submitted kernels, get one child at a
-    time, so that nothing else runs beside what is being timed."""
+    device lock), each child on at least JOBS_PER_CHILD of them: a child's
+    start (TileLang's import, the device context) costs more than a cached
+    kernel's whole job, so 24 jobs on 16 children spent most of a warm
+    message starting children. CPU timings, and submitted kernels, get one
+    child at a time, so that nothing else runs beside what is being timed."""
     parallel = all(
         job.get("library", True)
         and not (job["target"].get("kind") == "c" and job["stage"] == "validate")
         for job in jobs
     )
-    return min(compile_workers(), len(jobs)) if parallel else 1
+    return min(compile_workers(), -(-len(jobs) // JOBS_PER_CHILD)) if parallel else 1
+
+
+def work_processes() -> int:
+    """Messages a host's worker runs at once unless told: on a GPU host,
+    half its cores up to 8, so that while one message's children start or
+    compile, another's hold the GPU (one at a time, by the device lock);
+    elsewhere one, since CPU timings must not share the cores."""
+    if not any(isolation.gpu_nodes(kind) for kind in ("cuda", "hip")):
+        return 1
+    return max(1, min(8, (os.cpu_count() or 1) // 2))
+
+
+def share_cores(processes: int) -> None:
+    """Split the compile workers between a worker's ``processes``, each of
+    which runs one message at a time, rather than each starting a child per
+    core; a value set for the host stays."""
+    os.environ.setdefault(
+        COMPILE_WORKERS_ENV, str(max(1, compile_workers() // max(1, processes)))
+    )
 
 
 def jobs_run(

@@ -279,6 +279,10 @@ def child_mounts(
         spec,
         *extra.read_only,
     ]
+    if kinds:
+        read_only += isolation.bindable(
+            list(isolation.compiler_paths()), protected_paths()
+        )
     devices: list[str] = []
     for kind in sorted(kinds):
         nodes, paths = isolation.device_mounts(kind)

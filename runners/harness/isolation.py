@@ -315,6 +315,38 @@ def _within(path: str, top: str) -> bool:
     return path == top or path.startswith(top.rstrip("/") + "/")
 
 
+# The host compilers a toolchain may call: TileLang takes CXX, then CC, for
+# the C backend and as nvcc's -ccbin, and falls back to these on PATH.
+_COMPILER_VARIABLES = ("CXX", "CC")
+_COMPILER_NAMES = ("g++", "gcc", "c++", "cc")
+_COMPILER_PARTS = ("lib", "lib64", "libexec", "include")
+
+
+def compiler_paths() -> tuple[str, ...]:
+    """Where this host's C and C++ compilers live, for a child that
+    compiles: of each compiler the environment names or PATH finds first
+    (links followed), its directory and, for one in a ``bin`` directory,
+    the parts of its prefix a compiler reads (``/opt/gcc/{lib,lib64,
+    libexec,include}`` for ``/opt/gcc/bin/g++``: its cc1plus, runtime and
+    headers), never the whole prefix, which may be a home directory. A
+    compiler in /usr needs nothing more; one outside it (CXX set to a g++
+    under /opt on the H200 image) was missing in the sandbox, and nvcc
+    failed with "No such file or directory"."""
+    found = []
+    named = [os.environ.get(v) for v in _COMPILER_VARIABLES]
+    for name in [n for n in named if n] + list(_COMPILER_NAMES):
+        path = shutil.which(name)
+        if not path:
+            continue
+        for one in dict.fromkeys([os.path.abspath(path), os.path.realpath(path)]):
+            directory = os.path.dirname(one)
+            found.append(directory)
+            if os.path.basename(directory) == "bin":
+                prefix = os.path.dirname(directory)
+                found += [os.path.join(prefix, part) for part in _COMPILER_PARTS]
+    return tuple(dict.fromkeys(found))
+
+
 def device_mounts(kind: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(device nodes, read-only paths) a child needs for a ``kind`` target:
     the compiler's toolkit whether or not this host has the GPU (a

@@ -59,12 +59,13 @@ def run_job(
     return result
 
 
+COMPILE_WORKERS_ENV = "TILEMATRIX_COMPILE_WORKERS"
+
+
 def compile_workers() -> int:
     """Children compiling side by side: the host's cores, up to 16 (each child
     holds torch and TileLang, about 1.5 GB)."""
-    return int(
-        os.environ.get("TILEMATRIX_COMPILE_WORKERS") or min(16, os.cpu_count() or 1)
-    )
+    return int(os.environ.get(COMPILE_WORKERS_ENV) or min(16, os.cpu_count() or 1))
 
 
 def run_batch(

@@ -259,6 +259,12 @@ def device_turn(device: str | None):
 
     import torch
 
+    if device == "cuda":
+        # The context and cuBLAS handle take about a second to make and run
+        # nothing on the device: made before the turn, while another child
+        # times, instead of on the one device everyone queues for.
+        torch.cuda.init()
+        torch.cuda.current_blas_handle()
     with open(path, "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:

@@ -180,3 +180,55 @@ def test_a_child_of_its_own_uid_follows_etc_alternatives_links():
     done = subprocess.run(argv, capture_output=True, text=True, timeout=30)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split("\n")[0] == "directory"
+
+
+def test_a_host_compiler_outside_usr_is_reachable_in_the_sandbox(monkeypatch):
+    # The H200 image sets CXX to a g++ under /opt, which TileLang hands to
+    # nvcc as -ccbin (and runs itself for the C backend): the child could
+    # not find it. A real C-target job here, compiled through such a
+    # compiler (a wrapper that reads a file of its prefix, as cc1plus
+    # lives under libexec); it must reach neither its prefix's other parts.
+    import shutil
+    import tempfile
+
+    from runners.harness.sandbox import run_job
+
+    assert isolation.confinement().level == isolation.FULL, (
+        "run as root with bubblewrap installed"
+    )
+    prefix = Path(tempfile.mkdtemp(prefix="tm-compiler-"))
+    try:
+        prefix.chmod(0o755)
+        for part in ("bin", "libexec", "secrets"):
+            (prefix / part).mkdir(mode=0o755)
+        (prefix / "libexec" / "cc1plus-marker").write_text("here\n")
+        (prefix / "secrets" / "token").write_text("not for children\n")
+        wrapper = prefix / "bin" / "g++"
+        wrapper.write_text(
+            "#!/bin/sh\n"
+            'here="$(dirname "$0")/.."\n'
+            'cat "$here/libexec/cc1plus-marker" >/dev/null || exit 3\n'
+            'test -e "$here/secrets/token" && exit 4\n'
+            'exec /usr/bin/g++ "$@"\n'
+        )
+        wrapper.chmod(0o755)
+        monkeypatch.setenv("CXX", str(wrapper))
+        job = {
+            "operator": "row_sum",
+            "shape": {"M": 7, "N": 33},
+            "dtype": "float32",
+            "target": {"kind": "c"},
+            "stage": "build",
+        }
+        result = run_job(job, cache_dir=str(prefix / "cache"))
+        assert result["status"] == "built", result["error"]
+        assert str(prefix / "bin") in _bound(_mounts_for_compiler())
+        assert str(prefix / "secrets") not in _bound(_mounts_for_compiler())
+    finally:
+        shutil.rmtree(prefix, ignore_errors=True)
+
+
+def _mounts_for_compiler() -> isolation.Mounts:
+    return child_mounts(
+        sys.executable, home="/nonexistent", spec="/x", trusted=True, kinds={"c"}
+    )

@@ -153,7 +153,13 @@ class Command(BaseCommand):
             p = sub.add_parser(name, help=text)
             p.add_argument("--key-dir", type=not_empty)
             if name == "work":
-                p.add_argument("--concurrency", type=int, default=1)
+                p.add_argument(
+                    "--concurrency",
+                    type=int,
+                    default=None,
+                    help="messages run at once (default: 1, or on a GPU host "
+                    "half its cores up to 8)",
+                )
                 p.add_argument("--loglevel", default="info")
 
         execute = sub.add_parser(
@@ -360,6 +366,8 @@ class Command(BaseCommand):
         config = self._config(key_dir)
         os.environ[host.RUNNER_DIR_ENV] = str(config.directory)
         queues = self._approved_queues(config)
+        concurrency = concurrency or host.work_processes()
+        host.share_cores(concurrency)
         app.worker_main(
             [
                 "worker",
