@@ -7,9 +7,11 @@ import json
 from django.http import HttpResponse
 from django.shortcuts import get_object_or_404, render
 from django.template.defaultfilters import pluralize
+from django.template.loader import render_to_string
 from django.views.decorators.http import require_GET
 
 from matrix import queries
+from matrix.cache import cached_read, data_version, read_key
 from matrix.models import Cell, DeviceType, Result, Shape, Status
 from matrix.serving import (
     serve_speedup_floor,
@@ -18,27 +20,36 @@ from matrix.serving import (
     speedup,
 )
 from matrix.views.charts import TimeSeries, speed_scatter, time_chart
+from matrix.views.matrix import cache_seconds
 from matrix.views.operators import operator_points
 
 HISTORY = 100
 
 
-def _get_cell_for_user(request, shape_id: int, device_type_id: int):
-    # The matrix is readable by everyone who can open the site; no per-user
-    # restriction applies to a cell.
+def _cell_address(request, shape_id: int, device_type_id: int):
+    """(shape, device type, filters, toolchains) a cell URL names, or 404."""
     shape = get_object_or_404(Shape.objects.select_related("operator"), pk=shape_id)
     device_type = get_object_or_404(DeviceType, pk=device_type_id)
     toolchains = queries.toolchain_list()
-    filters = queries.MatrixFilters.from_params(request.GET, toolchains)
-    cell = None
-    if filters.toolchain is not None:
-        cell = (
-            Cell.objects.select_related("result__job", "revision", "toolchain")
-            .defer("revision__source")
-            .filter(shape=shape, device_type=device_type, toolchain=filters.toolchain)
-            .first()
-        )
-    return shape, device_type, filters, toolchains, cell
+    return (
+        shape,
+        device_type,
+        queries.MatrixFilters.from_params(request.GET, toolchains),
+        toolchains,
+    )
+
+
+def _cell_of(shape: Shape, device_type: DeviceType, filters) -> Cell | None:
+    # The matrix is readable by everyone who can open the site; no per-user
+    # restriction applies to a cell.
+    if filters.toolchain is None:
+        return None
+    return (
+        Cell.objects.select_related("result__job", "revision", "toolchain")
+        .defer("revision__source")
+        .filter(shape=shape, device_type=device_type, toolchain=filters.toolchain)
+        .first()
+    )
 
 
 def repro_job(shape: Shape, device_type: DeviceType, cell: Cell | None) -> dict:
@@ -56,9 +67,42 @@ def repro_job(shape: Shape, device_type: DeviceType, cell: Cell | None) -> dict:
 
 @require_GET
 def cell_page(request, shape_id: int, device_type_id: int):
-    shape, device_type, filters, toolchains, cell = _get_cell_for_user(
+    shape, device_type, filters, toolchains = _cell_address(
         request, shape_id, device_type_id
     )
+
+    def content() -> str:
+        return render_to_string(
+            "matrix/cell.html#page-content",
+            cell_context(shape, device_type, filters, toolchains),
+            request,
+        )
+
+    # The same for every reader until a result or the catalogue changes:
+    # rendered once per data version (a long history's rows and charts took
+    # most of a 120 ms view at 1M results). A page naming an unknown
+    # toolchain says so and is not kept, so made-up values cannot fill the
+    # cache.
+    if cache_seconds() and not filters.unknown:
+        key = read_key(
+            "cell-page",
+            shape_id,
+            device_type_id,
+            sorted(filters.as_params().items()),
+            data_version(),
+        )
+        html = cached_read(key, content, cache_seconds())
+    else:
+        html = content()
+    return render(
+        request,
+        "matrix/cell.html",
+        {"shape": shape, "device_type": device_type, "content_html": html},
+    )
+
+
+def cell_context(shape, device_type, filters, toolchains) -> dict:
+    cell = _cell_of(shape, device_type, filters)
     # A revision's source is 11-27 KB and a result's details hold its
     # generated kernel: neither is shown per row of the history.
     history = list(
@@ -114,7 +158,7 @@ def cell_page(request, shape_id: int, device_type_id: int):
         "job_json": json.dumps(repro_job(shape, device_type, cell), indent=2),
         "labels": queries.STATE_LABELS,
     }
-    return render(request, "matrix/cell.html", context)
+    return context
 
 
 def _time_chart(history):
@@ -178,9 +222,8 @@ def _shape_chart(shape: Shape, device_type: DeviceType, filters, floor: float):
 @require_GET
 def cell_job(request, shape_id: int, device_type_id: int):
     """The repro job as a download: `python -m runners.harness job.json`."""
-    shape, device_type, _, _, cell = _get_cell_for_user(
-        request, shape_id, device_type_id
-    )
+    shape, device_type, filters, _ = _cell_address(request, shape_id, device_type_id)
+    cell = _cell_of(shape, device_type, filters)
     body = json.dumps(repro_job(shape, device_type, cell), indent=2) + "\n"
     response = HttpResponse(body, content_type="application/json")
     response["Content-Disposition"] = 'attachment; filename="job.json"'
