@@ -382,6 +382,7 @@ def jobs_run(
                 timeout_s=timeout_s,
                 workers=batch_workers(batch),
                 on_result=ended,
+                keep_warm=True,
             )
         except Exception as exc:  # the harness must not take the worker down
             # A batch the harness refuses is refused again on retry: report it.

@@ -34,6 +34,16 @@ def empty_cache():
     cache.clear()
 
 
+@pytest.fixture(autouse=True)
+def no_warm_children_left():
+    """Harness children kept warm by a test end with it: the next test may
+    start them with another environment, and each holds its memory."""
+    yield
+    from runners.harness import warm
+
+    warm.end_all()
+
+
 def _viewer(user):
     """Every persona can read (the viewer role); rights beyond that are
     granted by the tests that need them."""

@@ -14,7 +14,9 @@ a kernel prints can be mistaken for a result:
     {"event": "broken", "message": "..."}   (the toolchain cannot start)
 
 After a runtime error it exits, so that the next job gets a fresh process
-(a CUDA context that saw an illegal address is unusable).
+(a CUDA context that saw an illegal address is unusable). A warm library
+child (``"persistent"`` in its spec, see ``warm``) then reads its next
+batch as one line ``{"jobs": [...]}`` on stdin, and ends when stdin closes.
 """
 
 from __future__ import annotations
@@ -91,7 +93,32 @@ def main(argv: list[str]) -> int:
     limit_address_space(spec["limits"]["address_space_extra_bytes"])
     send({"event": "ready", "fingerprint": toolchain})
 
-    for index, job in enumerate(spec["jobs"]):
+    jobs = spec["jobs"]
+    while True:
+        if not _run_jobs(jobs, run, toolchain, mode, send):
+            return 0  # a runtime error: the next job gets a fresh process
+        # A warm child (see warm.py) takes its next jobs on stdin, or ends
+        # when its supervisor closes it.
+        jobs = _next_jobs() if spec.get("persistent") else None
+        if jobs is None:
+            return 0
+
+
+def _next_jobs() -> list | None:
+    line = sys.stdin.readline()
+    if not line:
+        return None
+    try:
+        jobs = json.loads(line)["jobs"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    return jobs if isinstance(jobs, list) else None
+
+
+def _run_jobs(jobs: list, run, toolchain: dict, mode: str, send) -> bool:
+    """Run ``jobs``, each result sent as it ends; False after a runtime
+    error (the process should end)."""
+    for index, job in enumerate(jobs):
         send({"event": "start", "index": index})
 
         def wait_for_go(i=index) -> bool:
@@ -112,8 +139,8 @@ def main(argv: list[str]) -> int:
             result = _harness_failure(job, toolchain, mode)
         send({"event": "result", "index": index, "result": result})
         if result["status"] == "runtime_error":
-            return 0
-    return 0
+            return False
+    return True
 
 
 def _runner(mode: str, spec: dict):

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from runners.harness import isolation
+from runners.harness import isolation, warm
 from runners.harness.child import UNTRUSTED_MODES
 from runners.harness.result import (
     KERNEL_SOURCE_CAP,
@@ -155,6 +155,7 @@ def run_child(
     file_bytes: int | None = None,
     on_start=None,
     on_result: OnResult | None = None,
+    keep_warm: bool = False,
 ) -> list[dict]:
     """Run ``jobs`` in one child until they are done or the child dies or
     hangs. Returns the results of the jobs it finished and, if it failed,
@@ -165,12 +166,94 @@ def run_child(
     The child's HOME is ``BASE/home``; BASE itself stays the supervisor's, so
     the child cannot swap the directory that ``collect(BASE)`` reads after it
     is gone. ``mounts`` are host paths the child sees besides its own.
+
+    With ``keep_warm``, trusted library jobs with a shared kernel cache run
+    in a child kept from an earlier call where one is idle (see ``warm``),
+    and the child is kept for the next call when it ends well.
     """
+    timeouts = [job["timeout_s"] or timeout_s for job in jobs]
+    warm_key = None
+    if keep_warm and mode == "library" and cache_dir is not None:
+        warm_key = (
+            interpreter,
+            os.path.abspath(cache_dir),
+            tuple(sorted({job["target"]["kind"] for job in jobs})),
+            tuple(os.environ.get(name) for name in ENV_ALLOW),
+        )
+        spawned = warm.take(warm_key)
+        if spawned is not None:
+            return _run_in(spawned, jobs, timeouts, on_result, warm_key)
+    spawned = _spawn(
+        jobs,
+        timeouts,
+        interpreter=interpreter,
+        cache_dir=cache_dir,
+        mode=mode,
+        extra=extra,
+        mounts=mounts,
+        file_bytes=file_bytes,
+        interactive=on_waiting is not None or warm_key is not None,
+        persistent=warm_key is not None,
+    )
+    if warm_key is not None:
+        return _run_in(spawned, jobs, timeouts, on_result, warm_key)
+    try:
+        if on_start is not None:
+            on_start(spawned.child)
+        try:
+            results = _supervise(
+                spawned, jobs, timeouts, on_waiting, _with_sandbox(spawned, on_result)
+            )
+        finally:
+            spawned.child.kill()
+            spawned.identity.kill_all()
+            if collect is not None:
+                collect(spawned.base)
+        return results
+    finally:
+        _dispose(spawned)
+
+
+@dataclass
+class Spawned:
+    """A started child and what it was started with: its directory (BASE,
+    with HOME below), identity, kernel cache, the paths that are its own
+    (named by their file only in what it says) and, once it said so, its
+    toolchain's fingerprint."""
+
+    child: Child
+    base: str
+    identity: isolation.Identity
+    private: tuple[str, ...]
+    born: float
+    toolchain: dict | None = None
+    jobs_run: int = 0
+
+    def end(self) -> None:
+        """Kill the child and everything of its uid, remove its directory."""
+        self.child.kill()
+        self.identity.kill_all()
+        _dispose(self)
+
+
+def _spawn(
+    jobs: list[dict],
+    timeouts: list[float],
+    *,
+    interpreter: str,
+    cache_dir: str | None,
+    mode: str,
+    extra: dict | None,
+    mounts: isolation.Mounts,
+    file_bytes: int | None,
+    interactive: bool,
+    persistent: bool,
+) -> Spawned:
     base = tempfile.mkdtemp(prefix="tm-harness-")
     os.chmod(base, 0o755)
     home = os.path.join(base, "home")
     os.mkdir(home, 0o700)
-    spawned = time.perf_counter()
+    born = time.perf_counter()
     shared_cache = cache_dir is not None and mode == "library"
     identity = isolation.library() if shared_cache else isolation.acquire()
     try:
@@ -179,8 +262,10 @@ def run_child(
             if shared_cache
             else os.path.join(home, "tilelang-cache")
         )
-        timeouts = [job["timeout_s"] or timeout_s for job in jobs]
-        limits = Limits(cpu_s=math.ceil(2 * (STARTUP_TIMEOUT_S + sum(timeouts))))
+        # A warm child's CPU limit covers its whole life (warm.MAX_AGE_S of
+        # jobs); each job still has its own timeout.
+        budget = warm.MAX_AGE_S if persistent else sum(timeouts)
+        limits = Limits(cpu_s=math.ceil(2 * (STARTUP_TIMEOUT_S + budget)))
         if any(job["target"]["kind"] != "c" for job in jobs):
             limits = replace(limits, address_space_extra_bytes=None)
         if mode in UNTRUSTED_MODES:
@@ -194,6 +279,7 @@ def run_child(
             ],
             "limits": asdict(limits),
             "mode": mode,
+            "persistent": persistent,
             **(extra or {}),
         }
         spec_path = Path(base, "spec.json")
@@ -209,49 +295,76 @@ def run_child(
         identity.give(home)
         # The builder only calls program(): no toolkit, no GPU.
         kinds = set() if mode == "builder" else {j["target"]["kind"] for j in jobs}
-        child = Child(
+        child_mounted = child_mounts(
             interpreter,
-            spec_path,
-            env,
-            identity,
-            child_mounts(
-                interpreter,
-                home=home,
-                spec=str(spec_path),
-                trusted=mode not in UNTRUSTED_MODES,
-                kinds=kinds,
-                extra=mounts,
-                cache=cache if shared_cache else None,
-            ),
-            mode=mode,
-            interactive=on_waiting is not None,
+            home=home,
+            spec=str(spec_path),
+            trusted=mode not in UNTRUSTED_MODES,
+            kinds=kinds,
+            extra=mounts,
+            cache=cache if shared_cache else None,
         )
-        if on_start is not None:
-            on_start(child)
-        try:
-            # The child's sandbox and kernel cache are this run's or this
-            # host's own: a path in them is named by its file only.
-            private = (base, cache, env["TILELANG_CACHE_DIR"])
 
-            def ended(index: int, result: dict) -> None:
-                result["sandbox"] = identity.confinement.describe()
-                if on_result is not None:
-                    on_result(index, result)
-
-            results = _supervise(
-                child, jobs, timeouts, spawned, private, on_waiting, ended
+        def start() -> Child:
+            return Child(
+                interpreter,
+                spec_path,
+                env,
+                identity,
+                child_mounted,
+                mode=mode,
+                interactive=interactive,
             )
-        finally:
-            child.kill()
-            identity.kill_all()
-            if collect is not None:
-                collect(base)
-        for result in results:
-            result["sandbox"] = identity.confinement.describe()
-        return results
-    finally:
+
+        child = warm.start_in_keeper(start) if persistent else start()
+    except BaseException:
         identity.release()
         shutil.rmtree(base, ignore_errors=True)
+        raise
+    # The child's sandbox and kernel cache are this run's or this host's
+    # own: a path in them is named by its file only.
+    private = (base, cache, env["TILELANG_CACHE_DIR"])
+    return Spawned(child, base, identity, private, born)
+
+
+def _with_sandbox(spawned: Spawned, on_result: OnResult | None) -> OnResult:
+    def ended(index: int, result: dict) -> None:
+        result["sandbox"] = spawned.identity.confinement.describe()
+        if on_result is not None:
+            on_result(index, result)
+
+    return ended
+
+
+def _run_in(
+    spawned: Spawned, jobs: list[dict], timeouts, on_result, warm_key
+) -> list[dict]:
+    """Run ``jobs`` in a warm child (started for them or kept idle), then
+    keep it for the next call if it ended well, or end it."""
+    kept = False
+    try:
+        if spawned.jobs_run and not spawned.child.send_jobs(jobs):
+            # It died while idle: nothing of these jobs ran in it.
+            return []
+        results = _supervise(
+            spawned, jobs, timeouts, None, _with_sandbox(spawned, on_result)
+        )
+        spawned.jobs_run += len(results)
+        kept = (
+            len(results) == len(jobs)
+            and results[-1]["status"] != "runtime_error"
+            and spawned.child.proc.poll() is None
+            and warm.put(warm_key, spawned)
+        )
+        return results
+    finally:
+        if not kept:
+            spawned.end()
+
+
+def _dispose(spawned: Spawned) -> None:
+    spawned.identity.release()
+    shutil.rmtree(spawned.base, ignore_errors=True)
 
 
 def child_mounts(
@@ -313,26 +426,28 @@ def _own_cache(cache: str, identity: isolation.Identity) -> None:
         identity.give(cache)
 
 
-def _supervise(
-    child, jobs, timeouts, spawned, private, on_waiting, on_result
-) -> list[dict]:
+def _supervise(spawned: Spawned, jobs, timeouts, on_waiting, on_result) -> list[dict]:
+    """The results of ``jobs`` as the child sends them, until they are all
+    in (the child lives on) or it fails (it is killed)."""
+    child, private = spawned.child, spawned.private
     results: list[dict] = []
 
     def ended(result: dict) -> None:
         results.append(result)
         on_result(len(results) - 1, result)
 
-    toolchain = None
+    # A warm child said which toolchain it is when it started.
+    toolchain = spawned.toolchain
     current, stage, waited = None, None, False
-    mark = spawned
-    deadline = spawned + STARTUP_TIMEOUT_S
+    mark = time.perf_counter() if toolchain else spawned.born
+    deadline = mark + STARTUP_TIMEOUT_S
     while True:
         message = child.next_message(deadline)
         if message is None or message == "eof":
             break
         event = message.get("event")
         if event == "ready" and toolchain is None:
-            toolchain = message.get("fingerprint")
+            toolchain = spawned.toolchain = message.get("fingerprint")
         elif event == "start" and toolchain and current is None:
             if message.get("index") != len(results):
                 child.notes.append("the harness child started jobs out of order")
@@ -557,6 +672,16 @@ class Child:
                     self.line += chunk
                 else:
                     self._keep_output(chunk)
+
+    def send_jobs(self, jobs: list[dict]) -> bool:
+        """Give a warm child its next jobs; False if it is gone."""
+        line = json.dumps({"jobs": [{**job, "source": None} for job in jobs]})
+        try:
+            self.proc.stdin.write(line.encode() + b"\n")
+            self.proc.stdin.flush()
+        except OSError:
+            return False
+        return True
 
     def go(self) -> None:
         """Let a child waiting on its stdin go on."""

@@ -77,6 +77,7 @@ def run_batch(
     trusted: bool = True,
     workers: int = 1,
     on_result: OnResult | None = None,
+    keep_warm: bool = False,
 ) -> list[dict]:
     """Run jobs of one toolchain; results come back in the jobs' order.
 
@@ -86,6 +87,8 @@ def run_batch(
     ``timeout_s`` applies to each job that does not name its own.
     ``on_result(index, result)``, when given, hears of each job as soon as it
     ends, while the others still run (from several threads at once).
+    With ``keep_warm`` the library children stay for the next batch (see
+    ``warm``), as a runner's worker runs one message after another.
     """
     parsed = [parse_job(job) for job in jobs]
     workers = max(1, workers)
@@ -114,6 +117,7 @@ def run_batch(
             cache_dir=cache,
             timeout_s=timeout_s,
             on_result=ended,
+            keep_warm=keep_warm,
         )
 
     results: list[dict | None] = [None] * len(parsed)
@@ -133,6 +137,7 @@ def _run_group(
     cache_dir: str | None,
     timeout_s: float,
     on_result: OnResult,
+    keep_warm: bool = False,
 ) -> list[dict]:
     results: list[dict] = []
     while len(results) < len(jobs):
@@ -143,6 +148,7 @@ def _run_group(
             cache_dir=cache_dir,
             timeout_s=timeout_s,
             on_result=lambda k, result, done=done: on_result(done + k, result),
+            keep_warm=keep_warm,
         )
     return results
 

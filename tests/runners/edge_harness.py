@@ -41,6 +41,7 @@ def run_batch(
     trusted: bool = True,
     workers: int = 1,
     on_result=None,
+    keep_warm: bool = False,
 ) -> list[dict]:
     results = []
     for i, job in enumerate(jobs):
