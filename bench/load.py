@@ -444,7 +444,15 @@ class Fixture:
         result = {
             "status": status,
             "stage_reached": "validate" if ran else "lower",
-            "metrics": {"rel_err": 1e-4, "max_abs_err": 2e-4, "mismatch_ratio": 0.0},
+            # Within every operator's tolerance for a pass, far outside it
+            # for a mismatch: ingest checks a verdict against its metrics.
+            "metrics": (
+                {"rel_err": 1e-7, "max_abs_err": 2e-7, "mismatch_ratio": 0.0}
+                if status == "pass"
+                else {"rel_err": 0.5, "max_abs_err": 1.0, "mismatch_ratio": 0.2}
+                if status == "mismatch"
+                else {"rel_err": None, "max_abs_err": None, "mismatch_ratio": None}
+            ),
             "timings": {
                 "compile_s": 2.5,
                 "kernel_ms": 0.5 if ran else None,
@@ -535,7 +543,11 @@ def ingest_timed(messages: list[list], budget_s: float) -> dict:
             with lock:
                 latencies.append(elapsed)
                 stored[0] += sum(o.status == "stored" for o in outcomes)
-                refused.update(o.status for o in outcomes if o.status != "stored")
+                refused.update(
+                    f"{o.status}: {o.reason[:120]}"
+                    for o in outcomes
+                    if o.status != "stored"
+                )
         connections.close_all()
 
     started = time.perf_counter()
