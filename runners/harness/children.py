@@ -263,8 +263,9 @@ def _spawn(
             else os.path.join(home, "tilelang-cache")
         )
         # A warm child's CPU limit covers its whole life (warm.MAX_AGE_S of
-        # jobs); each job still has its own timeout.
-        budget = warm.MAX_AGE_S if persistent else sum(timeouts)
+        # jobs) on every core, as a CPU reference's threads may use them
+        # all; each job still has its own timeout.
+        budget = warm.MAX_AGE_S * (os.cpu_count() or 1) if persistent else sum(timeouts)
         limits = Limits(cpu_s=math.ceil(2 * (STARTUP_TIMEOUT_S + budget)))
         if any(job["target"]["kind"] != "c" for job in jobs):
             limits = replace(limits, address_space_extra_bytes=None)
