@@ -22,7 +22,7 @@ import logging
 import time
 
 from django.core.cache import cache
-from django.core.cache.backends.redis import RedisCache
+from django.core.cache.backends.redis import RedisCache, RedisCacheClient
 from django.db import connection
 from django.http import HttpResponse
 from django.utils.cache import get_conditional_response
@@ -39,7 +39,29 @@ COMPUTE_WAIT_S = 5.0
 COMPUTE_LOCK_S = 30
 
 
-class TolerantRedisCache(RedisCache):
+class _ReusedClient(RedisCacheClient):
+    """Django's Redis cache client, keeping one ``redis.Redis`` per pool:
+    the stock client builds a new one (and its table of a few hundred
+    response callbacks) for every get and set, which was a fifth of a page
+    view served from the cache. A ``redis.Redis`` is safe to share between
+    threads; its pool starts over in a forked process."""
+
+    def get_client(self, key=None, *, write=False):
+        pool = self._get_connection_pool(write)
+        clients = self.__dict__.setdefault("_clients", {})
+        client = clients.get(id(pool))
+        if client is None:
+            client = clients[id(pool)] = self._client(connection_pool=pool)
+        return client
+
+
+class SharedClientRedisCache(RedisCache):
+    """Django's Redis cache with one client per pool (the sessions' cache)."""
+
+    _class = _ReusedClient
+
+
+class TolerantRedisCache(SharedClientRedisCache):
     """Django's Redis cache, for reads that can always be computed again: while
     Redis cannot be reached a get is a miss and a write is dropped (with a
     warning a minute), so pages stay up, only slower."""
@@ -160,47 +182,90 @@ def json_answer(request, key: str, compute, schema) -> HttpResponse:
     return response
 
 
-def data_version() -> tuple:
-    """What the cached reads depend on, in one query: the newest result id
-    (every stored result moves it; ingest writes a result before it points
-    a cell at it) and a stamp of the catalogue: counts and newest ids of
-    shapes, device types, toolchains and kernel revisions, the served
-    shapes' total weight, the current toolchain and revisions, and the
-    rollouts (which make a toolchain older). A catalogue edit that changes
-    none of these (a rename) shows once the cached read expires."""
+def _table(model) -> str:
+    return connection.ops.quote_name(model._meta.db_table)
+
+
+def _catalogue_stamp() -> tuple[list[str], list]:
+    """Subqueries (and their parameters) stamping the catalogue: counts and
+    newest ids of shapes, device types, toolchains and kernel revisions, the
+    served shapes' total weight, the current toolchain and revisions, and
+    the rollouts (which make a toolchain older). A catalogue edit that
+    changes none of these (a rename) shows once the cached read expires."""
     from matrix.models import (
         DeviceType,
         KernelRevision,
-        Result,
         Shape,
         Toolchain,
         UpgradeProposal,
     )
 
-    def table(model) -> str:
-        return connection.ops.quote_name(model._meta.db_table)
-
-    shape, revision = table(Shape), table(KernelRevision)
+    shape, revision = _table(Shape), _table(KernelRevision)
     parts = [
-        f"SELECT MAX(id) FROM {table(Result)}",
         f"SELECT COUNT(*) FROM {shape}",
         f"SELECT MAX(id) FROM {shape}",
         f"SELECT COUNT(*) FROM {shape} WHERE served",
         f"SELECT SUM(weight) FROM {shape} WHERE served",
-        f"SELECT COUNT(*) FROM {table(DeviceType)}",
-        f"SELECT MAX(id) FROM {table(DeviceType)}",
-        f"SELECT COUNT(*) FROM {table(Toolchain)}",
-        f"SELECT MAX(id) FROM {table(Toolchain)} WHERE is_current",
+        f"SELECT COUNT(*) FROM {_table(DeviceType)}",
+        f"SELECT MAX(id) FROM {_table(DeviceType)}",
+        f"SELECT COUNT(*) FROM {_table(Toolchain)}",
+        f"SELECT MAX(id) FROM {_table(Toolchain)} WHERE is_current",
         f"SELECT MAX(id) FROM {revision}",
         f"SELECT SUM(id) FROM {revision} WHERE is_current",
-        f"SELECT COUNT(*) FROM {table(UpgradeProposal)} WHERE state = %s",
+        f"SELECT COUNT(*) FROM {_table(UpgradeProposal)} WHERE state = %s",
     ]
+    return parts, [UpgradeProposal.State.ROLLED_OUT]
+
+
+def _versions(parts: list[str], params: list) -> tuple:
     with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT " + ", ".join(f"({p})" for p in parts),
-            [UpgradeProposal.State.ROLLED_OUT],
-        )
+        cursor.execute("SELECT " + ", ".join(f"({p})" for p in parts), params)
         return tuple(cursor.fetchone())
+
+
+def data_version() -> tuple:
+    """What the cached reads depend on, in one query: the newest result id
+    (every stored result moves it; ingest writes a result before it points
+    a cell at it) and the catalogue's stamp."""
+    from matrix.models import Result
+
+    catalogue, params = _catalogue_stamp()
+    return _versions([f"SELECT MAX(id) FROM {_table(Result)}", *catalogue], params)
+
+
+def cell_version(shape_id: int, device_type_id: int, toolchain_id: int | None):
+    """What one cell's page depends on, in one query of index lookups: the
+    newest result of its history (the shape on the device type, any
+    toolchain), the newest of its column on the toolchain (the other shapes
+    its chart places it among), how many cells on the toolchain share its
+    error signature, and the catalogue's stamp. A result elsewhere in the
+    matrix leaves the page as it was: under a sweep, every page read again
+    after each result had cost most of the web workers' time."""
+    from matrix.models import Cell, Result
+
+    result, cell = _table(Result), _table(Cell)
+    catalogue, params = _catalogue_stamp()
+    signature = (
+        f"SELECT error_signature FROM {cell} WHERE shape_id = %s"
+        " AND device_type_id = %s AND toolchain_id = %s"
+    )
+    parts = [
+        f"SELECT MAX(id) FROM {result} WHERE shape_id = %s AND device_type_id = %s",
+        f"SELECT MAX(id) FROM {result} WHERE device_type_id = %s AND toolchain_id = %s",
+        f"SELECT COUNT(*) FROM {cell} WHERE toolchain_id = %s"
+        f" AND error_signature <> '' AND error_signature = ({signature})",
+    ]
+    cell_params = [
+        shape_id,
+        device_type_id,
+        device_type_id,
+        toolchain_id,
+        toolchain_id,
+        shape_id,
+        device_type_id,
+        toolchain_id,
+    ]
+    return _versions([*parts, *catalogue], cell_params + params)
 
 
 def manifest_version() -> tuple:
@@ -209,10 +274,7 @@ def manifest_version() -> tuple:
     rows are served) and the device types it names."""
     from matrix.models import DeviceType, ManifestEntry, UpgradeProposal
 
-    def table(model) -> str:
-        return connection.ops.quote_name(model._meta.db_table)
-
-    entries, proposals = table(ManifestEntry), table(UpgradeProposal)
+    entries, proposals = _table(ManifestEntry), _table(UpgradeProposal)
     served = f"FROM {proposals} WHERE state IN (%s, %s)"
     parts = [
         f"SELECT COUNT(*) FROM {entries}",
@@ -220,10 +282,8 @@ def manifest_version() -> tuple:
         f"SELECT COUNT(*) {served}",
         f"SELECT SUM(id) {served}",
         f"SELECT MAX(approved_at) {served}",
-        f"SELECT COUNT(*) FROM {table(DeviceType)}",
-        f"SELECT MAX(id) FROM {table(DeviceType)}",
+        f"SELECT COUNT(*) FROM {_table(DeviceType)}",
+        f"SELECT MAX(id) FROM {_table(DeviceType)}",
     ]
     states = [UpgradeProposal.State.APPROVED, UpgradeProposal.State.ROLLED_OUT]
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT " + ", ".join(f"({p})" for p in parts), states * 3)
-        return tuple(cursor.fetchone())
+    return _versions(parts, states * 3)

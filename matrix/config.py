@@ -195,7 +195,7 @@ def parse_cache(raw: str | None, shared: str | None = None) -> dict:
         "TILEMATRIX_SESSION_CACHE_URL", raw, CACHE_SCHEMES, "redis://HOST:PORT/DB"
     )
     caches["sessions"] = {
-        "BACKEND": "django.core.cache.backends.redis.RedisCache",
+        "BACKEND": "matrix.cache.SharedClientRedisCache",
         "LOCATION": raw,
         "KEY_PREFIX": "tilematrix",
         # A Redis that hangs costs a page view half a second, not forever.

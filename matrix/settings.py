@@ -101,7 +101,8 @@ AUTH_PASSWORD_VALIDATORS = [
 ]
 AUTHENTICATION_BACKENDS = [
     "axes.backends.AxesStandaloneBackend",  # refuses locked-out logins first
-    "django.contrib.auth.backends.ModelBackend",
+    # ModelBackend, reading the role check with the user (one query).
+    "runners.auth.RoleModelBackend",
 ]
 # Login throttling: 5 failures for one username from one address lock that
 # pair out for 15 minutes, and nobody else (matrix/lockout.py). The address

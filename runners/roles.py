@@ -111,16 +111,17 @@ def _has_any_grant(user) -> bool:
     cached = getattr(user, "_tilematrix_granted", None)
     if cached is None:
         from django.contrib.auth import get_user_model
-        from django.db.models import Q
 
-        cached = (
-            get_user_model()
-            .objects.filter(pk=user.pk)
-            .filter(Q(groups__name__in=ROLES) | Q(user_permissions__isnull=False))
-            .exists()
-        )
+        cached = get_user_model().objects.filter(pk=user.pk).filter(granted()).exists()
         user._tilematrix_granted = cached
     return cached
+
+
+def granted():
+    """The accounts that hold a role or a permission granted directly."""
+    from django.db.models import Q
+
+    return Q(groups__name__in=ROLES) | Q(user_permissions__isnull=False)
 
 
 def is_reviewer(user) -> bool:

@@ -144,15 +144,15 @@ def test_a_repeat_view_reads_no_cell_or_catalogue_table(client, results, viewer)
     assert 'id="op-gemm"' in response.content.decode()
 
 
-def test_a_signed_in_repeat_view_costs_four_queries(
+def test_a_signed_in_repeat_view_costs_three_queries(
     client, results, viewer, django_assert_num_queries, settings
 ):
-    """Session, user, the role check, the data version: the table itself
-    comes from the cache, and the navigation asks nothing more."""
+    """Session, the user with its role check, the data version: the table
+    itself comes from the cache, and the navigation asks nothing more."""
     settings.TILEMATRIX_ANONYMOUS_READ = False  # as deployed
     client.force_login(viewer)
     client.get(reverse("matrix"))
-    with django_assert_num_queries(4):
+    with django_assert_num_queries(3):
         response = client.get(reverse("matrix"))
     assert 'id="op-gemm"' in response.content.decode()
 
