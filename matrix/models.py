@@ -554,7 +554,12 @@ class Result(models.Model):
     class Meta:
         ordering = ["-created_at"]
         indexes = [
-            models.Index(fields=["shape", "device_type", "toolchain", "-created_at"])
+            models.Index(fields=["shape", "device_type", "toolchain", "-created_at"]),
+            # The newest result of a device type's column on a toolchain, read
+            # from the index alone (a cell page's version: matrix.cache).
+            models.Index(
+                fields=["device_type", "toolchain", "id"], name="result_column_newest"
+            ),
         ]
         constraints = [
             models.UniqueConstraint(

@@ -11,7 +11,7 @@ from django.template.loader import render_to_string
 from django.views.decorators.http import require_GET
 
 from matrix import queries
-from matrix.cache import cached_read, data_version, read_key
+from matrix.cache import cached_read, cell_version, read_key
 from matrix.models import Cell, DeviceType, Result, Shape, Status
 from matrix.serving import (
     serve_speedup_floor,
@@ -78,18 +78,19 @@ def cell_page(request, shape_id: int, device_type_id: int):
             request,
         )
 
-    # The same for every reader until a result or the catalogue changes:
-    # rendered once per data version (a long history's rows and charts took
-    # most of a 120 ms view at 1M results). A page naming an unknown
-    # toolchain says so and is not kept, so made-up values cannot fill the
-    # cache.
+    # The same for every reader until a result of this cell or of its
+    # column, or the catalogue, changes: rendered once per cell version (a
+    # long history's rows and charts took most of a 120 ms view at 1M
+    # results). A page naming an unknown toolchain says so and is not kept,
+    # so made-up values cannot fill the cache.
     if cache_seconds() and not filters.unknown:
+        toolchain = filters.toolchain.pk if filters.toolchain else None
         key = read_key(
             "cell-page",
             shape_id,
             device_type_id,
             sorted(filters.as_params().items()),
-            data_version(),
+            cell_version(shape_id, device_type_id, toolchain),
         )
         html = cached_read(key, content, cache_seconds())
     else:

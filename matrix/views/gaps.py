@@ -12,6 +12,7 @@ from django.core.exceptions import PermissionDenied
 from django.db import transaction
 from django.http import HttpResponse, StreamingHttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
+from django.template.loader import render_to_string
 from django.urls import reverse
 from django.utils.html import escape
 from django.utils.http import urlencode
@@ -20,7 +21,9 @@ from django.views.decorators.http import require_GET, require_POST
 from django.views.decorators.vary import vary_on_headers
 
 from matrix import gaps, queries
+from matrix.cache import cached_read, read_key
 from matrix.models import Backend, DeviceType, Dtype, JobStage, Shape, Sweep
+from matrix.views.matrix import cache_seconds
 from runners.services import capabilities_online, sweep_plan
 
 PAGE_SIZE = gaps.PAGE_SIZE
@@ -33,6 +36,21 @@ STOP_POLLING = 286
 def can_run_sweeps(user) -> bool:
     # Reviewers and runner admins hold it through their role.
     return user.is_authenticated and user.has_perm("matrix.add_sweep")
+
+
+# Whether the page offers Run missing follows a grant within this long: it
+# only shapes the page (gaps_run checks the permission on every POST), and
+# reading every permission of a user and their groups cost two queries on
+# each view of the page.
+OFFER_RUN_SECONDS = 60
+
+
+def _offers_run(user) -> bool:
+    if not user.is_authenticated:
+        return False
+    return cache.get_or_set(
+        f"offers-run:{user.pk}", lambda: can_run_sweeps(user), OFFER_RUN_SECONDS
+    )
 
 
 # A new toolchain, device type or rolled-out upgrade shows within this long,
@@ -82,7 +100,7 @@ def _page_links(page: int, last: int) -> list[int | None]:
     return links
 
 
-def _gaps_context(request, scope: gaps.GapScope, toolchains) -> dict:
+def _gaps_context(request, scope: gaps.GapScope, toolchains, can_run: bool) -> dict:
     filters = scope.filters
     query = urlencode(filters.as_params())
     summary = gaps.gap_summary(scope)
@@ -90,7 +108,6 @@ def _gaps_context(request, scope: gaps.GapScope, toolchains) -> dict:
     page = min(_page_number(request.GET.get("page")), last_page)
     offset = (page - 1) * PAGE_SIZE
     rows = gaps.gap_page(scope, limit=PAGE_SIZE, offset=offset) if summary.total else []
-    can_run = can_run_sweeps(request.user)
     # What Run missing would plan, with the time it takes, and what the
     # build choice would plan instead where a runner with nvcc could.
     preview, build_stage = [], None
@@ -142,7 +159,6 @@ def _gaps_context(request, scope: gaps.GapScope, toolchains) -> dict:
         "summary": summary,
         "kinds": [(kind, n) for kind, n in summary.kinds.items() if n],
         "gaps": rows,
-        "rows_html": gap_rows_html(rows, query),
         "gap_count": summary.total,
         "page": page,
         "last_page": last_page,
@@ -205,21 +221,61 @@ def _query_with(filters, **changed) -> str:
     return urlencode({**filters.as_params(), **changed})
 
 
+def _gap_list_html(request, scope: gaps.GapScope, context: dict) -> str:
+    """The list under the filters (counts, Run missing, the rows of a page),
+    rendered from ``context``.
+
+    For a signed-in reader who cannot run sweeps it is the same for every
+    such reader until the gaps or the online runners change: rendered once
+    per gap version (at 1M results its render took most of a 25 ms view, and
+    every result arriving during a sweep had each web worker render it
+    again). The Run missing form carries its user's CSRF token, and a
+    visitor's page their own login link: those are rendered per view."""
+
+    def render_list() -> str:
+        rows = {"rows_html": gap_rows_html(context["gaps"], context["query"])}
+        return render_to_string(
+            "matrix/gaps.html#gap-list", {**context, **rows}, request
+        )
+
+    filters = scope.filters
+    if (
+        context["can_run"]
+        or not request.user.is_authenticated
+        or not cache_seconds()
+        or filters.unknown
+        or filters.text
+    ):
+        return render_list()
+    capabilities = scope.capabilities
+    key = read_key(
+        "gaps-list",
+        sorted(filters.as_params().items()),
+        context["page"],
+        scope.build,
+        sorted(capabilities.validate),
+        sorted(capabilities.hosted),
+        sorted(capabilities.nvcc),
+        scope.version or gaps.gaps_version(),
+    )
+    return cached_read(key, render_list, cache_seconds())
+
+
 @require_GET
 @vary_on_headers("HX-Request")
 def gaps_page(request):
     scope, toolchains = _scope(request.GET)
-    context = _gaps_context(request, scope, toolchains)
-    template = "matrix/gaps.html"
+    context = _gaps_context(request, scope, toolchains, _offers_run(request.user))
+    html = _gap_list_html(request, scope, context)
     target = request.htmx.target if request.htmx else None
     if target == "gap-list":
-        template += "#gap-list"
-    else:
-        # Coming back to gaps already queued shows the sweep running them.
-        sweep = _newest_open_sweep(context["summary"])
-        if sweep is not None:
-            context.update(_progress_context(sweep))
-    return render(request, template, context)
+        return HttpResponse(html)
+    context["gap_list_html"] = html
+    # Coming back to gaps already queued shows the sweep running them.
+    sweep = _newest_open_sweep(context["summary"])
+    if sweep is not None:
+        context.update(_progress_context(sweep))
+    return render(request, "matrix/gaps.html", context)
 
 
 CSV_COLUMNS = (

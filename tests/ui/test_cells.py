@@ -164,6 +164,60 @@ def test_a_cell_page_is_rendered_once_per_data_version_and_a_new_result_shows(
     assert "<td>0.3125</td>" in history_rows(after)[0]
 
 
+def test_a_result_in_another_column_leaves_a_kept_cell_page_as_it_was(
+    client, results, toolchains, device_types, django_assert_max_num_queries
+):
+    # Under a sweep results arrive every few seconds, mostly elsewhere: a
+    # page read again after each had cost most of the web workers' time.
+    url = cell_url(results["top"], "c", device_types)
+    client.get(url)
+    _, current = toolchains
+    record(results["fourth"], device_types["cuda"], current, Status.PASS)
+    with django_assert_max_num_queries(4):
+        client.get(url)
+
+
+def test_a_result_of_another_shape_in_the_column_moves_the_cell_chart(
+    client, results, toolchains, device_types
+):
+    # The chart places the cell among the operator's other shapes on its
+    # device type and toolchain: one of them passing joins it.
+    top = results["top"]
+    url = cell_url(top, "c", device_types)
+    chart = re.compile(r"across (\d+) shapes? of")
+    before = int(chart.search(client.get(url).content.decode()).group(1))
+    other = (
+        type(top)
+        .objects.filter(operator=top.operator)
+        .exclude(pk=top.pk)
+        .order_by("pk")
+        .first()
+    )
+    _, current = toolchains
+    record(
+        other, device_types["c"], current, Status.PASS, kernel_ms=0.2, reference_ms=0.5
+    )
+    after = int(chart.search(client.get(url).content.decode()).group(1))
+    assert after == before + 1
+
+
+def test_a_kept_cell_page_counts_a_new_cell_sharing_its_signature(
+    client, results, toolchains, device_types
+):
+    url = cell_url(results["second"], "cuda", device_types)
+    assert "1 other cell</a>" in client.get(url).content.decode()
+    _, current = toolchains
+    record(
+        results["fourth"],
+        device_types["cuda"],
+        current,
+        Status.COMPILE_ERROR,
+        error_signature=SIGNATURE,
+        error_message="error: tile shape does not divide M",
+    )
+    assert "2 other cells</a>" in client.get(url).content.decode()
+
+
 def receipt_for(result, runner, issued_at: str):
     from runners.models import Receipt
 

@@ -205,10 +205,12 @@ def test_the_gaps_page_reads_in_a_fixed_number_of_queries(
     # gaps.
     with django_assert_num_queries(15):
         client.get(reverse("gaps"), {"page": 2})
-    # Again at the same data version: the toolchains and device types and
-    # the form's choices (kept for seconds), the counts, the rows, the job
-    # durations (and the roles) come from the cache.
-    with django_assert_num_queries(6):
+    # Again at the same data version: the session, the user with its role,
+    # what the online runners host and the gap version. The toolchains and
+    # device types and the form's choices (kept for seconds), whether Run
+    # missing is offered (a minute), the counts, the rows and the job
+    # durations come from the cache.
+    with django_assert_num_queries(4):
         client.get(reverse("gaps"), {"page": 2})
 
 
@@ -771,3 +773,31 @@ def test_the_gaps_api_answers_304_until_a_result_or_a_runner_changes_it(
     offline = client.get("/api/v1/gaps", {"backend": "c"}).json()
     assert offline["runnable"] == 0
     assert all("no runner" in g["reasons"] for g in offline["gaps"])
+
+
+def test_readers_share_one_kept_gap_list_and_the_run_form_stays_per_user(
+    client, results, cpu_runner, viewer, sweeper, django_user_model
+):
+    from django.contrib.auth.models import Group
+
+    client.force_login(viewer)
+    first = client.get(reverse("gaps")).content.decode()
+    assert 'id="run-missing"' not in first
+    # Another reader gets the list the first one's view rendered...
+    other = django_user_model.objects.create_user("other-viewer")
+    other.groups.add(Group.objects.get(name="viewer"))
+    client.force_login(other)
+    listed = re.compile(r'<div id="gap-list".*?</table>', re.S)
+    assert (
+        listed.search(client.get(reverse("gaps")).content.decode())[0]
+        == (listed.search(first)[0])
+    )
+    # ...while one who may run sweeps gets Run missing, with a CSRF token that
+    # works for their own session: the form never comes from the kept list.
+    client.force_login(sweeper)
+    page = client.get(reverse("gaps")).content.decode()
+    assert 'id="run-missing"' in page
+    token = re.search(r'name="csrfmiddlewaretoken" value="(\w+)"', page)[1]
+    client.handler.enforce_csrf_checks = True
+    response = client.post(reverse("gaps-run"), {"csrfmiddlewaretoken": token})
+    assert response.status_code in (200, 302)
