@@ -115,6 +115,11 @@ def main() -> None:
     )
     parser.add_argument("--ingest-results", type=int, default=1500)
     parser.add_argument("--ingest-budget-s", type=float, default=90.0)
+    parser.add_argument(
+        "--parts",
+        default="pages,ingest,mixed",
+        help="which parts to run (a comma list of pages, ingest, mixed)",
+    )
     parser.add_argument("--connections", type=int, default=50)
     parser.add_argument("--load-s", type=int, default=30)
     parser.add_argument("--server", default=load_seed.DEFAULT_SERVER)
@@ -230,8 +235,9 @@ def run_size(args) -> dict:
         client.login("bench-viewer", PASSWORD)
         paths = fixture.paths()
         out["paths"] = paths
+        parts = set(args.parts.split(","))
         rows = {}
-        for key, label, _, _ in PAGE_ROWS:
+        for key, label, _, _ in PAGE_ROWS if "pages" in parts else ():
             before = None
             if key.endswith("new_result"):
                 before = fixture.one_new_result
@@ -256,19 +262,23 @@ def run_size(args) -> dict:
                 flush=True,
             )
         out["pages"] = rows
-        out["ingest"] = fixture.ingest_rows(args.ingest_results, args.ingest_budget_s)
-        print(f"{args.size} ingest: {out['ingest']}", file=sys.stderr, flush=True)
-        out["drain_s_before_mixed"] = server.drain(client)
-        out["mixed"] = mixed_load(
-            client, paths, fixture, MIX, args.connections, args.load_s, server.port
-        )
-        # The same without the pages whose work is elsewhere (the gaps, in
-        # the API too, and the upgrade diff), to tell what the rest costs.
-        rest = [(key, share) for key, share in MIX if key not in SLOW_ELSEWHERE]
-        out["drain_s_before_mixed_rest"] = server.drain(client)
-        out["mixed_rest"] = mixed_load(
-            client, paths, fixture, rest, args.connections, args.load_s, server.port
-        )
+        if "ingest" in parts:
+            out["ingest"] = fixture.ingest_rows(
+                args.ingest_results, args.ingest_budget_s
+            )
+            print(f"{args.size} ingest: {out['ingest']}", file=sys.stderr, flush=True)
+        if "mixed" in parts:
+            out["drain_s_before_mixed"] = server.drain(client)
+            out["mixed"] = mixed_load(
+                client, paths, fixture, MIX, args.connections, args.load_s, server.port
+            )
+            # The same without the pages whose work is elsewhere (the gaps, in
+            # the API too, and the upgrade diff), to tell what the rest costs.
+            rest = [(key, share) for key, share in MIX if key not in SLOW_ELSEWHERE]
+            out["drain_s_before_mixed_rest"] = server.drain(client)
+            out["mixed_rest"] = mixed_load(
+                client, paths, fixture, rest, args.connections, args.load_s, server.port
+            )
         out["worker_rss_mb_at_end"] = server.worker_rss_mb()
     finally:
         server.stop()
@@ -631,14 +641,17 @@ def verdicts(report: dict) -> dict:
             "within_goal": goal is None or p95 <= goal,
             "ratio_largest_to_smallest": round(p95 / base, 2) if base else None,
         }
-    out.setdefault("api_matrix_304", {})["answers_304"] = 304 in {
-        int(k) for k in last["pages"]["api_matrix_304"]["statuses"]
-    }
-    for key in ("outside_proposal", "inside_proposal"):
+    if "api_matrix_304" in last["pages"]:
+        out.setdefault("api_matrix_304", {})["answers_304"] = 304 in {
+            int(k) for k in last["pages"]["api_matrix_304"]["statuses"]
+        }
+    for key in ("outside_proposal", "inside_proposal") if "ingest" in last else ():
         out[f"ingest_{key}"] = last["ingest"][key]["share_of_copy"] >= 0.25
-    out["mixed"] = last["mixed"]["p95_ms"] <= 300 and last["mixed"]["errors"] == 0
-    rss = last.get("worker_rss_mb_after_diff") or [0]
-    out["worker_rss"] = max(rss) <= 300
+    if "mixed" in last:
+        mixed = last["mixed"]
+        out["mixed"] = mixed["p95_ms"] <= 300 and mixed["errors"] == 0
+    if "worker_rss_mb_after_diff" in last:
+        out["worker_rss"] = max(last["worker_rss_mb_after_diff"] or [0]) <= 300
     return out
 
 
@@ -667,13 +680,16 @@ def print_table(report: dict) -> None:
     ):
         cells = []
         for size in sizes:
-            row = report["sizes"][size]["ingest"][key]
-            cells.append(f"{row['per_s']:g} ({row['share_of_copy']:.2f}×)".rjust(12))
+            row = report["sizes"][size].get("ingest", {}).get(key)
+            text = f"{row['per_s']:g} ({row['share_of_copy']:.2f}×)" if row else "-"
+            cells.append(text.rjust(12))
         print(f"{label:<40}" + "".join(cells) + f"{'≥ 0.25× COPY':>12}")
     print(
         f"{'COPY into a real table, results/s':<40}"
         + "".join(
             f"{report['sizes'][s]['ingest']['outside_proposal']['copy']['per_s']:>12g}"
+            if "ingest" in report["sizes"][s]
+            else f"{'-':>12}"
             for s in sizes
         )
     )
