@@ -10,12 +10,18 @@ pick. Prints one table per cell; writes JSON to ``--out``.
 
     python bench/kernel_tune.py [--ops gemm,attention] [--out PATH]
     python bench/kernel_tune.py --decode [--out PATH]
+    python bench/kernel_tune.py --decode-wide [--refine] [--shapes 4x4096x4096,...]
 
 ``--decode`` measures the decode variants instead: gemm at 1, 4 and 16 rows
 against every weight the profiles multiply, row sums over few long rows,
 and checks the float32 kernels at a few shapes; its calls are timed as
 CUDA-graph replays (``gpu_validate.time_graphs_in_turn``), since a kernel
 of a few microseconds timed call by call measures mostly its launch.
+``--decode-wide`` tries a wider grid of both decode variants' knobs at the
+bfloat16 decode gemm shapes alone (``--shapes`` picks and orders them;
+``--refine`` takes a narrower grid around round 2's winners), compiling and
+measuring a few cells at a time so that a run cut short keeps what it
+measured.
 """
 
 from __future__ import annotations
@@ -48,6 +54,8 @@ from gpu_validate import (  # noqa: E402
 )
 
 from runners.kernels import OPERATORS  # noqa: E402
+from runners.kernels.cluster import CLUSTER_MAX, ranks_for  # noqa: E402
+from runners.kernels.gemm import DECODE_M, H200_SMS, VEC  # noqa: E402
 
 BIG_GEMM = [
     {"M": 4096, "N": 4096, "K": 4096},
@@ -180,6 +188,118 @@ def decode_configs(shape: dict) -> list[dict]:
     return [c for i, c in enumerate(configs) if c != chosen or i == 0]
 
 
+# Decode round 2 (--decode-wide): round 1 tried each variant at the library's
+# knobs alone. Here the gemv (at most four rows: at sixteen it ran at a third
+# of torch.matmul in round 1) at 2, 4 and 8 lanes and 128 to 512 threads, and
+# the split-K tile at 32 to 128 columns and 64 to 256-deep K steps in 2 to 6
+# stages (3 at 64 columns alone). Each takes the cluster ranks that give
+# every SM two blocks (tile_config's rule); the split-K tile also the most
+# ranks that still fit every block on the GPU at once, as its shared memory
+# allows. Shapes past the shared memory are left out.
+WIDE_GEMV = [(lanes, threads, 8) for lanes in (2, 4, 8) for threads in (128, 256, 512)]
+WIDE_GEMV += [(4, 256, 4)]
+WIDE_GEMV_LONG_N = [(8, 256, 8), (8, 512, 8), (4, 512, 8)]  # past 8192 columns
+WIDE_SPLITK = [
+    (block_n, block_k, stages)
+    for block_n in (32, 64, 128)
+    for block_k, stages in ((64, 6), (128, 2), (128, 4), (256, 2))
+] + [(64, 128, 3)]
+WIDE_SMEM = 227 * 1024  # shared memory a block may take on Hopper
+# A router's 8 columns already run at 2-2.6x: a few configs only.
+WIDE_FEW_N = [
+    {"variant": "gemv", "lanes": 2, "threads": 256, "unroll": 8, "ranks": 8},
+    {"variant": "gemv", "lanes": 2, "threads": 512, "unroll": 8, "ranks": 8},
+    {"variant": "splitk", "block_n": 32, "block_k": 128, "stages": 4, "ranks": 8},
+    {"variant": "splitk", "block_n": 32, "block_k": 64, "stages": 6, "ranks": 8},
+]
+
+# Round 3 (--refine), at the shapes round 2 left below or near 1.0x: its
+# winners were split-K tiles of 128 columns at most one block per SM, and the
+# 8-lane gemv at one row. Here those tiles at every cluster ranks up to two
+# blocks per SM and in deeper pipelines, and the 8-lane gemv (one row alone)
+# at each block size and unroll, with its two-blocks-per-SM ranks and none.
+REFINE_GEMV = [(8, threads, unroll) for threads in (128, 256, 512) for unroll in (4, 8)]
+REFINE_SPLITK = [
+    (128, block_k, stages)
+    for block_k, stages in ((64, 4), (64, 6), (128, 3), (128, 4), (256, 2), (256, 3))
+] + [(64, 64, 6), (64, 128, 4)]
+
+
+def decode_wide_configs(shape: dict, refine: bool = False) -> list[dict]:
+    """The library's choice and the wide (or ``refine``) grid of both decode
+    variants."""
+    from runners.kernels.gemm import tile_config
+
+    M, N, K = shape["M"], shape["N"], shape["K"]
+    if N < 2 * VEC:
+        return [{}] + WIDE_FEW_N
+    configs = [{}]
+    gemv = REFINE_GEMV if refine else WIDE_GEMV if N <= 8192 else WIDE_GEMV_LONG_N
+    for lanes, threads, unroll in gemv if M <= (1 if refine else 4) else []:
+        tiles = -(-N // (lanes * VEC))
+        fill = ranks_for(tiles, 2 * H200_SMS, K // unroll, threads // lanes)
+        for ranks in sorted({fill, 1} if refine else {fill}):
+            configs.append(
+                dict(
+                    variant="gemv",
+                    lanes=lanes,
+                    threads=threads,
+                    unroll=unroll,
+                    ranks=ranks,
+                )
+            )
+    for block_n, block_k, stages in REFINE_SPLITK if refine else WIDE_SPLITK:
+        smem = stages * (DECODE_M + block_n) * block_k * 2 + DECODE_M * block_n * 4
+        if smem > WIDE_SMEM:
+            continue
+        tiles, steps = -(-N // block_n), -(-K // block_k)
+        slots = H200_SMS * (WIDE_SMEM // (smem + 1024))
+        fill = ranks_for(tiles, 2 * H200_SMS, steps, stages)
+        fit = max(
+            (
+                r
+                for r in (1, 2, 4, CLUSTER_MAX)
+                if steps % r == 0 and tiles * r <= slots
+            ),
+            default=1,
+        )
+        every = {
+            r
+            for r in (1, 2, 4, CLUSTER_MAX)
+            if steps % r == 0 and (r == 1 or tiles * r <= 2 * H200_SMS)
+        }
+        for ranks in sorted(every if refine else {fill, fit}):
+            configs.append(
+                dict(
+                    variant="splitk",
+                    block_n=block_n,
+                    block_k=block_k,
+                    stages=stages,
+                    ranks=ranks,
+                )
+            )
+    chosen = tile_config(shape, TARGET, "bfloat16")
+    return [
+        c
+        for i, c in enumerate(configs)
+        if i == 0 or (c != chosen and c not in configs[:i])
+    ]
+
+
+def plan_decode_wide(
+    shapes: list[dict] | None = None, refine: bool = False
+) -> list[dict]:
+    return [
+        {
+            "op": "gemm",
+            "shape": shape,
+            "dtype": "bfloat16",
+            "configs": decode_wide_configs(shape, refine),
+        }
+        for shape in shapes or decode_shapes()
+    ]
+
+
 def plan_decode() -> list[dict]:
     cells = [
         {
@@ -306,7 +426,19 @@ def main(argv: list[str] | None = None) -> int:
         __doc__, "kernel_tune.json", rounds="PyTorch and every trial of a cell"
     )
     parser.add_argument("--decode", action="store_true", help="the decode variants")
+    parser.add_argument(
+        "--decode-wide",
+        action="store_true",
+        help="a wide grid of the decode variants' knobs, bfloat16 gemm alone",
+    )
+    parser.add_argument(
+        "--shapes", default="", help="with --decode-wide: MxNxK,... in this order"
+    )
+    parser.add_argument(
+        "--refine", action="store_true", help="with --decode-wide: round 3's grid"
+    )
     args = parser.parse_args(argv)
+    args.decode = args.decode or args.decode_wide
 
     import torch
 
@@ -315,16 +447,32 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     started = time.perf_counter()
     ops = [o for o in args.ops.split(",") if o]
-    cells = plan_decode() if args.decode else plan(ops)
+    if args.decode_wide:
+        shapes = [
+            dict(zip("MNK", map(int, s.split("x")), strict=True))
+            for s in args.shapes.split(",")
+            if s
+        ]
+        cells = plan_decode_wide(shapes, args.refine)
+    else:
+        cells = plan_decode() if args.decode else plan(ops)
     if args.decode and ops:
         cells = [c for c in cells if c["op"] in ops]
     print(f"{sum(len(c['configs']) for c in cells)} kernels; compiling", flush=True)
-    compile_all(cells, args.workers)
+    # The wide grid compiles a few cells at a time (the GPU idle meanwhile:
+    # a CUDA graph captured while other threads load kernels could break).
+    batch = 4 if args.decode_wide else len(cells)
+    compile_all(cells[:batch], args.workers)
     print(f"compiled in {time.perf_counter() - started:.0f} s", flush=True)
     copy_gbs = copy_bandwidth_gbs()
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    for cell in cells:
+    for i, cell in enumerate(cells):
+        if i and i % batch == 0:
+            compile_all(cells[i : i + batch], args.workers)
+            print(
+                f"compiled to cell {i + batch} at {time.perf_counter() - started:.0f} s"
+            )
         try:
             measure(cell, copy_gbs, args.rounds, graphs=args.decode)
         except Exception:
@@ -346,7 +494,10 @@ def main(argv: list[str] | None = None) -> int:
                 for c in cells
             ],
         }
-        out.write_text(json.dumps(report, indent=1, default=str))
+        # Whole or not at all: a run cut short leaves the last cell's report.
+        partial = out.with_name(out.name + ".part")
+        partial.write_text(json.dumps(report, indent=1, default=str))
+        partial.replace(out)
     print(
         f"\ncopy {copy_gbs:.0f} GB/s; wrote {out}; {time.perf_counter() - started:.0f} s"
     )
