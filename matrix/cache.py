@@ -201,11 +201,14 @@ def _catalogue_stamp() -> tuple[list[str], list]:
     )
 
     shape, revision = _table(Shape), _table(KernelRevision)
+    # The shapes in one pass (four subqueries read the table four times).
+    shapes = (
+        "SELECT CAST(COUNT(*) AS TEXT) || ',' || CAST(MAX(id) AS TEXT) || ','"
+        " || CAST(SUM(CASE WHEN served THEN 1 ELSE 0 END) AS TEXT) || ','"
+        f" || CAST(SUM(CASE WHEN served THEN weight ELSE 0 END) AS TEXT) FROM {shape}"
+    )
     parts = [
-        f"SELECT COUNT(*) FROM {shape}",
-        f"SELECT MAX(id) FROM {shape}",
-        f"SELECT COUNT(*) FROM {shape} WHERE served",
-        f"SELECT SUM(weight) FROM {shape} WHERE served",
+        shapes,
         f"SELECT COUNT(*) FROM {_table(DeviceType)}",
         f"SELECT MAX(id) FROM {_table(DeviceType)}",
         f"SELECT COUNT(*) FROM {_table(Toolchain)}",

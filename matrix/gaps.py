@@ -263,17 +263,20 @@ def gaps_version() -> tuple:
     over the shapes. What the runners can take is not part of it: a page
     applies that to what it reads from the cache."""
     shape, revision = Shape._meta.db_table, KernelRevision._meta.db_table
-    served = f"FROM {shape} WHERE served = %s"
+    # The served shapes in one pass over the table.
+    served = (
+        "SELECT CAST(COUNT(*) AS TEXT) || ',' || CAST(SUM(id) AS TEXT) || ','"
+        f" || CAST(SUM(weight) AS TEXT) FROM {shape} WHERE served = %s"
+    )
     sql = f"""
         SELECT (SELECT MAX(id) FROM {Result._meta.db_table}),
             (SELECT MAX(id) FROM {ValidationJob._meta.db_table}),
-            (SELECT COUNT(*) {served}), (SELECT SUM(id) {served}),
-            (SELECT SUM(weight) {served}),
+            ({served}),
             (SELECT SUM(id) FROM {revision} WHERE is_current = %s),
             (SELECT COUNT(*) FROM {DeviceType._meta.db_table}),
             (SELECT SUM(id) FROM {DeviceType._meta.db_table})
     """
-    return tuple(_fetch(sql, [True, True, True, True])[0])
+    return tuple(_fetch(sql, [True, True])[0])
 
 
 def _cached(scope: GapScope, read: tuple, compute):

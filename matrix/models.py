@@ -607,6 +607,11 @@ class Cell(models.Model):
                 fields=["toolchain", "revision", "device_type", "status"],
                 name="cell_tally",
             ),
+            # How many cells on a toolchain share an error signature (a cell
+            # page's version counts them on every view), from the index alone.
+            models.Index(
+                fields=["toolchain", "error_signature"], name="cell_signature"
+            ),
         ]
         constraints = [
             models.UniqueConstraint(
