@@ -58,7 +58,10 @@ class _ReusedClient(RedisCacheClient):
 class SharedClientRedisCache(RedisCache):
     """Django's Redis cache with one client per pool (the sessions' cache)."""
 
-    _class = _ReusedClient
+    def __init__(self, server, params):
+        super().__init__(server, params)
+        # RedisCache sets its client class per instance.
+        self._class = _ReusedClient
 
 
 class TolerantRedisCache(SharedClientRedisCache):

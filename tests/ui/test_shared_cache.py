@@ -143,3 +143,23 @@ def test_an_unreachable_cache_makes_no_reader_wait(settings, monkeypatch):
 
     monkeypatch.setattr(reads.time, "sleep", no_waiting)
     assert reads.cached_read("test-read:down", lambda: "computed") == "computed"
+
+
+def test_a_page_view_builds_no_redis_client(client, results, shared_cache):
+    # Django's client built a redis.Redis (and its few hundred response
+    # callbacks) for every get and set: a fifth of a view served from the
+    # cache. One per pool is kept and shared.
+    client.get(reverse("matrix"))
+    built = []
+    original = redis.Redis.__init__
+
+    def counted(self, *args, **kwargs):
+        built.append(1)
+        original(self, *args, **kwargs)
+
+    redis.Redis.__init__ = counted
+    try:
+        assert client.get(reverse("matrix")).status_code == 200
+    finally:
+        redis.Redis.__init__ = original
+    assert built == []

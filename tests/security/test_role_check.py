@@ -1,0 +1,44 @@
+"""The role check every page makes, read with the signed-in user
+(runners.auth.RoleModelBackend): what it reads must be what holds now."""
+
+from __future__ import annotations
+
+import pytest
+from django.contrib.auth.models import Group, Permission
+from django.urls import reverse
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def reader(client, django_user_model, settings):
+    settings.TILEMATRIX_ANONYMOUS_READ = False  # as deployed
+    user = django_user_model.objects.create_user("a-reader", password="x-pass-123")
+    user.groups.add(Group.objects.get(name="viewer"))
+    client.force_login(user)
+    return user
+
+
+def test_a_role_taken_away_is_refused_on_the_next_request(client, reader):
+    assert client.get(reverse("matrix")).status_code == 200
+    reader.groups.clear()
+    assert client.get(reverse("matrix")).status_code == 403
+
+
+def test_a_group_that_is_no_role_grants_nothing(client, reader):
+    reader.groups.clear()
+    reader.groups.add(Group.objects.create(name="book club"))
+    assert client.get(reverse("matrix")).status_code == 403
+
+
+def test_a_permission_granted_directly_is_a_role_of_one(client, reader):
+    reader.groups.clear()
+    reader.user_permissions.add(Permission.objects.get(codename="view_cell"))
+    assert client.get(reverse("matrix")).status_code == 200
+
+
+def test_a_deactivated_account_is_signed_out(client, reader):
+    reader.is_active = False
+    reader.save()
+    response = client.get(reverse("matrix"))
+    assert response.status_code == 302 and reverse("login") in response["Location"]
