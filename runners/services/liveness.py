@@ -7,7 +7,7 @@ import hashlib
 from datetime import timedelta
 
 from django.conf import settings
-from django.core.exceptions import ValidationError
+from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
@@ -47,6 +47,11 @@ def runner_heartbeat(*, envelope) -> Runner:
     )
     sequence = payload["sequence"]
     runner = Runner.objects.select_for_update().get(pk=runner.pk)
+    # Checked again under the lock: a revocation committed since the check
+    # above would otherwise be undone by this heartbeat's "online".
+    if runner.revoked_at is not None:
+        state = "refused" if runner.is_refused else "revoked"
+        raise PermissionDenied(f"runner {runner.name!r} is {state}")
     if sequence <= runner.last_sequence:
         raise Conflict(
             f"stale heartbeat: sequence {sequence} is not above {runner.last_sequence}"

@@ -49,6 +49,25 @@ def test_a_revoked_runner_is_refused(cpu_runner):
         services.runner_heartbeat(envelope=cpu_runner.heartbeat())
 
 
+def test_a_heartbeat_racing_a_revocation_is_refused(cpu_runner, monkeypatch):
+    # The revocation commits after the heartbeat's signer was checked and
+    # before its runner row is locked: seen in the real-process suite as a
+    # revoked runner left "online".
+    from runners.services import liveness
+
+    checked = liveness.payload_verify
+
+    def revoked_meanwhile(*args, **kwargs):
+        payload = checked(*args, **kwargs)
+        services.runner_revoke(name=cpu_runner.name)
+        return payload
+
+    monkeypatch.setattr(liveness, "payload_verify", revoked_meanwhile)
+    # Refused, so it cannot mark the revoked runner online again.
+    with pytest.raises(PermissionDenied, match="revoked"):
+        services.runner_heartbeat(envelope=cpu_runner.heartbeat())
+
+
 def test_a_heartbeat_signed_with_another_key_is_refused(cpu_runner):
     cpu_runner.key = Ed25519PrivateKey.generate()
     with pytest.raises(PermissionDenied, match="bad signature"):
