@@ -44,6 +44,18 @@ def test_history_spans_toolchains(client, results, device_types):
     }
 
 
+def failing_with_the_signature(shape, device_type, toolchain):
+    """Another cell failing with the fixture's error signature."""
+    record(
+        shape,
+        device_type,
+        toolchain,
+        Status.COMPILE_ERROR,
+        error_signature=SIGNATURE,
+        error_message="error: tile shape does not divide M",
+    )
+
+
 def test_an_error_names_how_many_other_cells_share_its_signature(
     client, results, device_types
 ):
@@ -57,14 +69,7 @@ def test_the_shared_count_agrees_with_the_error_group_it_links(
     client, results, toolchains, device_types
 ):
     old, _ = toolchains
-    record(
-        results["fourth"],
-        device_types["cuda"],
-        old,
-        Status.COMPILE_ERROR,
-        error_signature=SIGNATURE,
-        error_message="error: tile shape does not divide M",
-    )
+    failing_with_the_signature(results["fourth"], device_types["cuda"], old)
     cell = client.get(cell_url(results["second"], "cuda", device_types))
     assert "1 other cell</a>" in cell.content.decode()
     errors = client.get(reverse("errors"), {"toolchain": "tl-0.1.15"})
@@ -207,14 +212,7 @@ def test_a_kept_cell_page_counts_a_new_cell_sharing_its_signature(
     url = cell_url(results["second"], "cuda", device_types)
     assert "1 other cell</a>" in client.get(url).content.decode()
     _, current = toolchains
-    record(
-        results["fourth"],
-        device_types["cuda"],
-        current,
-        Status.COMPILE_ERROR,
-        error_signature=SIGNATURE,
-        error_message="error: tile shape does not divide M",
-    )
+    failing_with_the_signature(results["fourth"], device_types["cuda"], current)
     assert "2 other cells</a>" in client.get(url).content.decode()
 
 
