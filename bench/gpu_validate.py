@@ -29,8 +29,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from runners.harness import timing  # noqa: E402
 from runners.harness.tensors import poisoned_outputs, spec_dict  # noqa: E402
-from runners.harness.timing import rotation_sets, throughput  # noqa: E402
+from runners.harness.timing import (  # noqa: E402
+    graphed,
+    rotation_sets,
+    throughput,
+    time_graph,
+)
 from runners.kernels import OPERATORS  # noqa: E402
 from runners.kernels.base import Unsupported  # noqa: E402
 
@@ -132,33 +138,9 @@ def decode_shapes() -> list[dict]:
     return [{"M": m, "N": n, "K": k} for n, k in sorted(weights) for m in DECODE_TOKENS]
 
 
-def graphed(fn, input_sets, calls: int):
-    """A CUDA graph of ``calls`` calls of ``fn`` over the rotated input sets,
-    as a serving engine replays its decode step: timing its replays leaves
-    out the host's launch overhead, which for a kernel of a few microseconds
-    would otherwise be most of what is measured. None when the call cannot
-    be captured."""
-    import torch
-
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    try:
-        with torch.cuda.stream(side):
-            fn(*input_sets[0])
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for i in range(calls):
-                fn(*input_sets[i % len(input_sets)])
-    except Exception:  # a launch the capture refuses: time it call by call
-        torch.cuda.synchronize()
-        return None
-    return graph
-
-
-def graph_calls(fn, input_sets, replay_ms: float = 2.0) -> int:
-    """How many calls make one replay last about ``replay_ms``: a multiple
-    of the rotation, at least one pass through it."""
+def graph_calls(fn, input_sets) -> int:
+    """How many calls of ``fn`` make one graph replay last about
+    ``timing.GRAPH_REPLAY_MS``: whole passes through the rotation."""
     import torch
 
     fn(*input_sets[0])
@@ -169,26 +151,8 @@ def graph_calls(fn, input_sets, replay_ms: float = 2.0) -> int:
         fn(*inputs)
     end.record()
     torch.cuda.synchronize()
-    per_call = max(start.elapsed_time(end) / len(input_sets), 1e-4)
-    passes = max(1, round(replay_ms / per_call / len(input_sets)))
-    return min(passes * len(input_sets), 4096)
-
-
-def time_graph(graph, calls: int, replays: int = 10) -> float:
-    """Median milliseconds per call over ``replays`` replays of ``graph``."""
-    import torch
-
-    graph.replay()
-    events = [
-        (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-        for _ in range(replays)
-    ]
-    for start, end in events:
-        start.record()
-        graph.replay()
-        end.record()
-    torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) for s, e in events) / calls
+    per_call = start.elapsed_time(end) / len(input_sets)
+    return timing.graph_calls(per_call, len(input_sets))
 
 
 def time_graphs_in_turn(fns, input_sets, rounds: int) -> tuple[list, list[bool]]:

@@ -214,8 +214,8 @@ def _time_both(job, operator, kernel, inputs, outputs, device) -> dict:
 
 def time_kernel(kernel, inputs, outputs, device: str, *, repeats: int | None) -> float:
     """Median milliseconds of ``kernel(*inputs, *outputs)``: wall clock on a
-    CPU; CUDA events on a GPU, each call on the next of several copies of
-    the inputs (together larger than L2)."""
+    CPU; CUDA events on a GPU (graph replays for short calls), each call on
+    the next of several copies of the inputs (together larger than L2)."""
     if device == "cpu":
         return timing.time_cpu(
             lambda i: kernel(*inputs, *outputs),
@@ -227,7 +227,8 @@ def time_kernel(kernel, inputs, outputs, device: str, *, repeats: int | None) ->
         for _ in range(timing.rotation_sets(input_bytes) - 1)
     ]
     return timing.time_gpu(
-        lambda i: kernel(*sets[i % len(sets)], *outputs),
+        lambda *xs: kernel(*xs, *outputs),
+        sets,
         repeats=repeats or DEFAULT_REPEATS["gpu"],
     )
 

@@ -1,8 +1,8 @@
 """Time a callable the way the GPU notes say: warm up, then take the median.
 
-CPU: wall clock per call. GPU: CUDA events per call, each call on the next of
-several copies of its inputs so that together they exceed L2 and no call reads
-inputs the previous one left cached.
+CPU: wall clock per call. GPU: CUDA events, each call on the next of several
+copies of its inputs so that together they exceed L2 and no call reads inputs
+the previous one left cached; calls of decode size as CUDA-graph replays.
 """
 
 from __future__ import annotations
@@ -17,6 +17,11 @@ MAX_ROTATION_SETS = 64
 MAX_ROTATION_BYTES = 4 * 2**30
 GPU_TIMED_BUDGET_MS = 200.0
 MIN_GPU_REPEATS = 10
+# A call shorter than this is timed as CUDA-graph replays (see time_gpu).
+GRAPH_BELOW_MS = 1.0
+GRAPH_REPLAY_MS = 2.0
+GRAPH_REPLAYS = 10
+MAX_GRAPH_CALLS = 4096
 
 
 def median_ms(samples_s: Sequence[float]) -> float:
@@ -55,26 +60,53 @@ def time_cpu(fn: Callable[[int], object], *, repeats: int, warmup: int = 1) -> f
     return median_ms(samples)
 
 
-def time_gpu(fn: Callable[[int], object], *, repeats: int, warmup: int = 10) -> float:
-    """Median milliseconds of ``fn(i)`` by CUDA events, after ``warmup`` calls.
+def time_gpu(
+    fn: Callable[..., object],
+    input_sets: Sequence[Sequence[object]],
+    *,
+    repeats: int,
+    warmup: int = 10,
+) -> float:
+    """Median milliseconds of a call of ``fn``, each call on the next of the
+    rotated ``input_sets``, after ``warmup`` calls.
 
-    ``fn(i)`` is expected to pick its i-th rotated input set. Long kernels
-    take fewer than ``repeats`` samples (no fewer than MIN_GPU_REPEATS): about
-    GPU_TIMED_BUDGET_MS of timed calls is as steady a median as more.
+    A call shorter than GRAPH_BELOW_MS is timed as replays of a CUDA graph of
+    many calls, as a serving engine replays its decode step: timed one by one
+    with events, such a call measures mostly the host's launch, which the
+    H200's repeats put at 0.27-0.34 of a decode call's time. Longer calls,
+    and calls a graph cannot capture, are timed one by one with events; long
+    kernels take fewer than ``repeats`` samples (no fewer than
+    MIN_GPU_REPEATS): about GPU_TIMED_BUDGET_MS of timed calls is as steady a
+    median as more.
     """
     import torch
 
+    def call(i: int) -> object:
+        return fn(*input_sets[i % len(input_sets)])
+
+    # One call before the warm-up is timed: a library's first call in a
+    # dtype loads its kernels (the reference was validated in float64), and
+    # on the H200 that made a 6 µs matmul's warm-up read as milliseconds, so
+    # it was timed call by call, launch and all, in one child and as a graph
+    # in the next.
+    call(0)
+    torch.cuda.synchronize()
     started, warmed = (
         torch.cuda.Event(enable_timing=True),
         torch.cuda.Event(enable_timing=True),
     )
     started.record()
     for i in range(warmup):
-        fn(i)
+        call(i)
     warmed.record()
     torch.cuda.synchronize()
     if warmup:
         per_call_ms = max(started.elapsed_time(warmed) / warmup, 1e-6)
+        if per_call_ms < GRAPH_BELOW_MS:
+            calls = graph_calls(per_call_ms, len(input_sets))
+            graph = graphed(fn, input_sets, calls)
+            if graph is not None:
+                return time_graph(graph, calls)
         affordable = math.ceil(GPU_TIMED_BUDGET_MS / per_call_ms)
         repeats = max(min(repeats, MIN_GPU_REPEATS), min(repeats, affordable))
     events = [
@@ -83,10 +115,74 @@ def time_gpu(fn: Callable[[int], object], *, repeats: int, warmup: int = 10) -> 
     ]
     for i, (start, end) in enumerate(events):
         start.record()
-        fn(warmup + i)
+        call(warmup + i)
         end.record()
     torch.cuda.synchronize()
     return statistics.median(start.elapsed_time(end) for start, end in events)
+
+
+def graph_calls(per_call_ms: float, rotation: int) -> int:
+    """How many calls make one replay last about GRAPH_REPLAY_MS: whole
+    passes through the rotation, at least one."""
+    passes = max(1, round(GRAPH_REPLAY_MS / max(per_call_ms, 1e-4) / rotation))
+    return min(passes * rotation, MAX_GRAPH_CALLS)
+
+
+def graphed(fn: Callable[..., object], input_sets, calls: int):
+    """A CUDA graph of ``calls`` calls of ``fn`` over the rotated input sets,
+    or None where the call cannot be captured (a host sync, an allocation
+    the capture refuses): it is then timed call by call."""
+    import torch
+
+    side = torch.cuda.Stream()
+    before = torch.cuda.current_stream()
+    side.wait_stream(before)
+    try:
+        # One call on a side stream first, as torch's capture notes ask, so
+        # that lazy initialisation happens outside the capture.
+        with torch.cuda.stream(side):
+            fn(*input_sets[0])
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for i in range(calls):
+                fn(*input_sets[i % len(input_sets)])
+    except Exception:  # noqa: BLE001 - any refusal means: time call by call
+        _capture_undo(before)
+        return None
+    return graph
+
+
+def _capture_undo(stream) -> None:
+    """Undo what a refused capture leaves behind. ``torch.cuda.graph`` ends
+    the capture on the way out, and when that raises it neither restores
+    the stream it made current nor lets torch's default CUDA generator
+    leave capture mode: every later random draw on the device then fails
+    ("Offset increment outside graph capture", seen on the H200). The
+    generator gets a copy of its own seed and offset, out of capture."""
+    import torch
+
+    torch.cuda.set_stream(stream)
+    torch.cuda.synchronize()
+    generator = torch.cuda.default_generators[torch.cuda.current_device()]
+    generator.graphsafe_set_state(generator.clone_state())
+
+
+def time_graph(graph, calls: int, replays: int = GRAPH_REPLAYS) -> float:
+    """Median milliseconds per call over ``replays`` replays of ``graph``."""
+    import torch
+
+    graph.replay()
+    events = [
+        (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+        for _ in range(replays)
+    ]
+    for start, end in events:
+        start.record()
+        graph.replay()
+        end.record()
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) for s, e in events) / calls
 
 
 def throughput(*, flops: int, bytes_moved: int, kernel_ms: float | None) -> dict:
