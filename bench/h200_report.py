@@ -57,8 +57,10 @@ def report(data: dict, name: str) -> str:
         "",
         "Every result is signed by the runner and was imported through the "
         "normal ingest (`manage.py evidence import` replays it into another "
-        "server). Latencies are CUDA-event medians with inputs rotated past "
-        "L2, TileLang's kernel against the operator's PyTorch reference in the "
+        "server). Latencies are medians by CUDA events with inputs rotated "
+        "past L2 (a call under 1 ms as replays of a CUDA graph of many calls, "
+        "as a serving engine replays its decode step), TileLang's kernel "
+        "against the operator's PyTorch reference in the "
         "same child; while one child timed, others compiled on the host's "
         "other cores.",
         "",

@@ -15,7 +15,8 @@ results:
 The signed results of each bundle's cold run (``STEM-results.json``) are
 what comes home and is uploaded with ``manage.py runner upload``;
 ``STEM-results-warm.json`` repeats every timing, which gives the noise band
-of a comparison between two bundles' results.
+of a comparison between two bundles' results; ``repeats.json`` pairs them
+per job (``bench/h200_ab_report.py`` reads it).
 """
 
 from __future__ import annotations
@@ -104,6 +105,9 @@ def main() -> None:
         report.setdefault(jobs.stem, {})[run] = summarize(results, wall, workers)
         # Rewritten after every run, so a call cut short keeps what ran.
         (args.out / "h200_sweep.json").write_text(json.dumps(report, indent=1) + "\n")
+    (args.out / "repeats.json").write_text(
+        json.dumps(repeats(args.out, args.jobs), indent=1) + "\n"
+    )
     print(
         f"{'bundle':<16}{'run':<6}{'cells':>7}{'wall s':>9}{'compile s':>11}"
         f"{'gpu s':>8}{'overhead s':>12}  status"
@@ -115,6 +119,44 @@ def main() -> None:
                 f"{row['compile_s']:>11}{row['gpu_run_s']:>8}{row['overhead_s']:>12}"
                 f"  {row['status']}"
             )
+
+
+def signed_results(path: Path) -> dict[int, dict]:
+    return {
+        r["payload"]["job"]: r["payload"]["result"]
+        for r in json.loads(path.read_text())["results"]
+    }
+
+
+def repeats(out: Path, bundles: list[Path]) -> dict:
+    """Each job's cold and warm statuses and timings, as [cold, warm], per
+    TileLang release: what ``bench/h200_ab_report.py`` reads as REPEATS.json
+    for the noise band of each cell."""
+    runs = {}
+    for jobs in bundles:
+        cold = signed_results(out / f"{jobs.stem}-results.json")
+        warm = signed_results(out / f"{jobs.stem}-results-warm.json")
+        some = next(iter(cold.values()), {})
+        version = some.get("fingerprint", {}).get("components", {}).get("tilelang")
+        runs[version or jobs.stem] = [
+            {
+                "job": job,
+                "status": [cold[job]["status"], warm.get(job, {}).get("status")],
+                **{
+                    key: [
+                        (cold[job].get("timings") or {}).get(key),
+                        (warm.get(job, {}).get("timings") or {}).get(key),
+                    ]
+                    for key in ("kernel_ms", "reference_ms")
+                },
+            }
+            for job in sorted(cold)
+        ]
+    return {
+        "about": "Each job of the served sweep timed twice: the cold run (the "
+        "signed results to upload) and the warm run, as [cold, warm].",
+        "runs": runs,
+    }
 
 
 def compile_workers() -> int:

@@ -11,16 +11,17 @@ GPU, one kernel chosen by shape (``tile_config``):
   whose stride is not 16-byte aligned (K or N not a multiple of 8 halves)
   are loaded with guarded cp.async instead of TMA, which TileLang decides
   per buffer.
-- ``gemv`` (decode, M <= 4, Hopper): a few rows of A against all of B is a
-  stream of B through the GPU once, so it runs at memory speed or not at
-  all. Each thread loads 16 bytes of a B row (8 columns) from 8 rows at a
-  time and keeps M x 8 float32 sums in registers; the threads of a block
-  split K and add up through warp shuffles and shared memory; where N has
-  too few column tiles to give every SM work, a cluster of blocks splits K
-  further and adds up through distributed shared memory (``cluster``).
+- ``gemv`` (decode, one row, or a router's few columns at up to four rows,
+  Hopper): a row of A against all of B is a stream of B through the GPU
+  once, so it runs at memory speed or not at all. Each thread loads 16
+  bytes of a B row (8 columns) from 8 rows at a time and keeps M x 8 float32
+  sums in registers; the threads of a block split K and add up through warp
+  shuffles and shared memory; where N has too few column tiles to give every
+  SM two blocks, a cluster of blocks splits K further and adds up through
+  distributed shared memory (``cluster``).
 - ``splitk`` (decode, M <= 16, Hopper): the tile kernel with a 16-row tile
   (tensor-core mma, A zero-filled past M) and K split across a cluster the
-  same way.
+  same way, at most one block per SM.
 - ``simt`` (float32): the tensor cores would run float32 as tf32, which is
   not the float32 operator the reference computes (nor what
   ``torch.matmul`` does by default); a register-tiled CUDA-core kernel does
@@ -42,7 +43,10 @@ from .common import (
 H200_SMS = 132
 VEC = 8  # halves in 16 bytes
 DECODE_M = 16
-GEMV_MAX_N, GEMV_MAX_K = 8192, 8192
+# One row past this many columns (the vocabulary heads) keeps the split-K
+# tile: the gemv ran no faster there (0.98-1.00x against 0.99-1.01x).
+GEMV_MAX_N = 65536
+ROUTER_N = 64  # fewer columns than this: a router (8 experts)
 
 
 def decode_variant(shape: dict, dtype: str, target: dict) -> str | None:
@@ -59,41 +63,62 @@ def decode_variant(shape: dict, dtype: str, target: dict) -> str | None:
         or N * K >= 2**31
     ):
         return None
-    # Measured on the H200 (bench/kernel_tune.py --decode, round 1 in
-    # docs/evidence/2026-12-02-h200-kernel-tune-decode-1.json, CUDA-graph
-    # replays against torch.matmul): the gemv ran 1.00-1.19x at one row
-    # against the weights up to 6144 columns (K up to 14336), and 0.71-0.92x
-    # at four rows (K up to 4096), where the split-K tile ran 0.5-0.8x; the
-    # split-K tile won at longer K (3584 x 18944: 1.07x) and past 8192
-    # columns (0.91-1.01x at one and four rows, where the gemv ran
-    # 0.62-0.69x), and at sixteen rows everywhere but 4096 and 6144
-    # columns, where it and the tile kernel both stay near 0.7x.
-    if M <= 4 and N <= GEMV_MAX_N and K <= (GEMV_MAX_K if M > 1 else 2 * GEMV_MAX_K):
+    # Measured on the H200 in bfloat16 (bench/kernel_tune.py --decode-wide,
+    # rounds 2 and 3: docs/evidence/2026-12-03-h200-kernel-tune-decode-2.json
+    # and -3.json, CUDA-graph replays against torch.matmul, at decode_config's
+    # knobs). One row: the gemv ran 1.05-1.31x against the weights up to 6144
+    # columns (K up to 18944, where the best split-K tile ran 1.16x as it
+    # did) and 0.98-1.05x at 28672-37888 columns (the split-K tile 0.97-1.05x);
+    # the vocabulary heads (128256-152064 columns) keep the split-K tile,
+    # 0.99-1.01x, both variants at copy bandwidth there. Four and sixteen
+    # rows: the split-K tile ran 0.96-1.23x to 6144 columns (at 3584 columns,
+    # and four rows at 6144, the same tile at other ranks or pipelines ran
+    # 1.02-1.24x) and 0.97-1.05x past them, where the gemv had run 0.64-0.92x
+    # (round 1, 2026-12-02-h200-kernel-tune-decode-1.json). A router's 8
+    # columns take the gemv at up to four rows (2.1-2.5x), the split-K tile at
+    # sixteen (2.0x).
+    if (M == 1 and N <= GEMV_MAX_N) or (M <= 4 and N < ROUTER_N):
         return "gemv"
     return "splitk"
 
 
 def decode_config(shape: dict, variant: str) -> dict:
-    """A decode variant's knobs, with the cluster ranks that give every SM
-    two blocks where the column tiles alone would not."""
-    N, K = shape["N"], shape["K"]
+    """A decode variant's knobs (bench/kernel_tune.py --decode-wide and
+    --refine measured them; figures are bfloat16 against torch.matmul)."""
+    M, N, K = shape["M"], shape["N"], shape["K"]
     if variant == "gemv":
-        lanes, threads = 4, 256
         # Sixteen rows of sums in registers leave room for half the loads.
-        unroll = VEC if shape["M"] <= 8 else VEC // 2
-        tiles = -(-N // (lanes * VEC))
-        # A cluster split of K measured slower wherever the columns give a
-        # hundred tiles or more (3584 columns: 0.97x at 8 ranks against
-        # 1.19x at none); a router's few columns need it (8 columns, one
-        # row: 2.5x at 8 ranks, 1.25x at none).
-        ranks = 1
-        if tiles < CLUSTER_MAX:
-            ranks = ranks_for(tiles, 2 * H200_SMS, K // unroll, threads // lanes)
-        return dict(
-            variant="gemv", lanes=lanes, threads=threads, unroll=unroll, ranks=ranks
-        )
-    block_n, block_k, stages = 64, 128, 4
-    ranks = ranks_for(-(-N // block_n), 2 * H200_SMS, -(-K // block_k), stages)
+        unroll = VEC if M <= 8 else VEC // 2
+        if N < ROUTER_N:
+            # A router's one column tile: 2 lanes (16 columns) and a cluster
+            # of 8 splitting K (2.55x at one row, 2.12x at four; 4 lanes
+            # had run 2.49x and 1.94x).
+            return dict(variant="gemv", lanes=2, threads=256, unroll=unroll, ranks=8)
+        # 8 lanes (64 columns, a 128-byte row of B per load): 1.05-1.31x at
+        # one row where 4 lanes ran 0.95-1.24x at best. To 8192 columns, 128
+        # threads a block and a cluster splitting K until every SM has two
+        # blocks (3584 and 4096 columns: 8 ranks, 1.05-1.31x; 4608 and 6144:
+        # 4 ranks, 1.05-1.14x); past them 256 threads and no cluster
+        # (28672-37888 columns: 0.98-1.05x).
+        if N > 8192:
+            return dict(variant="gemv", lanes=8, threads=256, unroll=unroll, ranks=1)
+        tiles = -(-N // (8 * VEC))
+        ranks = ranks_for(tiles, 2 * H200_SMS, K // unroll, 128 // 8)
+        return dict(variant="gemv", lanes=8, threads=128, unroll=unroll, ranks=ranks)
+    # 64 columns a tile while that gives at most two tiles per SM, 128 past
+    # it (the 28672-152064-column weights: 0.97-1.05x at 128 against
+    # 0.91-1.01x at 64 in round 1). K splits across a cluster into equal shares of at
+    # least 4 steps, as far as every block still has an SM to itself: one
+    # block per SM ran 1.21-1.23x at 4096 x 4096 (64 tiles, 2 ranks) where
+    # two per SM (4 ranks) ran 0.74x.
+    block_n = 64 if -(-N // 64) <= 2 * H200_SMS else 128
+    block_k, stages = 128, 4
+    tiles, steps = -(-N // block_n), -(-K // block_k)
+    ranks = max(
+        r
+        for r in (1, 2, 4, CLUSTER_MAX)
+        if steps % r == 0 and (r == 1 or steps // r >= 4 and tiles * r <= H200_SMS)
+    )
     return dict(
         variant="splitk", block_n=block_n, block_k=block_k, stages=stages, ranks=ranks
     )

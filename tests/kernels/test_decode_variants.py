@@ -25,15 +25,20 @@ needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="no nvcc")
 @pytest.mark.parametrize(
     ("shape", "variant"),
     [
-        # The gemv: one to four rows against weights of up to 8192 columns.
+        # The gemv: one row against every weight up to 65536 columns, at
+        # any K, and a router's few columns at up to four rows.
         ({"M": 1, "N": 4096, "K": 14336}, "gemv"),
-        ({"M": 4, "N": 6144, "K": 4096}, "gemv"),
-        # The split-K tile: longer K, wider weights, sixteen rows.
+        ({"M": 1, "N": 3584, "K": 18944}, "gemv"),
+        ({"M": 1, "N": 28672, "K": 4096}, "gemv"),
+        ({"M": 4, "N": 8, "K": 4096}, "gemv"),
+        # The split-K tile: more rows, and the vocabulary heads.
+        ({"M": 4, "N": 6144, "K": 4096}, "splitk"),
         ({"M": 4, "N": 4096, "K": 14336}, "splitk"),
-        ({"M": 1, "N": 3584, "K": 18944}, "splitk"),
+        ({"M": 2, "N": 3584, "K": 3584}, "splitk"),
         (LM_HEAD_152K, "splitk"),
         ({"M": 4, "N": 28672, "K": 4096}, "splitk"),
         ({"M": 16, "N": 4096, "K": 14336}, "splitk"),
+        ({"M": 16, "N": 8, "K": 4096}, "splitk"),
         ({"M": 17, "N": 4096, "K": 14336}, "tile"),
         ({"M": 4096, "N": 4096, "K": 4096}, "tile"),
         # A row of B that is not whole 16-byte vectors keeps the tile kernel.
@@ -50,31 +55,57 @@ def test_decode_gemm_keeps_the_tile_kernel_without_clusters():
 
 
 @pytest.mark.parametrize(
-    ("shape", "ranks"),
+    ("shape", "block_n", "ranks"),
     [
-        ({"M": 4, "N": 4096, "K": 14336}, 8),
-        ({"M": 16, "N": 4096, "K": 4096}, 8),
-        # 148 steps of K share evenly among 4 ranks, not 8.
-        ({"M": 1, "N": 3584, "K": 18944}, 4),
-        ({"M": 16, "N": 3584, "K": 18944}, 4),
+        ({"M": 4, "N": 4096, "K": 14336}, 64, 2),
+        ({"M": 16, "N": 4096, "K": 4096}, 64, 2),
+        ({"M": 16, "N": 3584, "K": 18944}, 64, 2),
+        # 96 tiles: a second rank would put two blocks on some SMs.
+        ({"M": 4, "N": 6144, "K": 4096}, 64, 1),
+        # A router: one tile, 32 steps of K, 4 for each of 8 ranks.
+        ({"M": 16, "N": 8, "K": 4096}, 64, 8),
+        # 29 steps of K do not share evenly.
+        ({"M": 16, "N": 4104, "K": 3592}, 64, 1),
+        # Past two 64-column tiles per SM, 128 columns and no cluster.
+        ({"M": 4, "N": 28672, "K": 4096}, 128, 1),
+        (LM_HEAD_152K, 128, 1),
     ],
 )
-def test_split_k_tiles_split_k_until_every_sm_has_two_blocks(shape, ranks):
+def test_split_k_tiles_split_k_while_every_block_has_an_sm(shape, block_n, ranks):
     config = tile_config(shape, CUDA, "float16")
     steps = -(-shape["K"] // config["block_k"])
     blocks = -(-shape["N"] // config["block_n"]) * config["ranks"]
-    assert config["variant"] == "splitk" and config["ranks"] == ranks
-    assert blocks >= 2 * H200_SMS or steps % (2 * ranks)
+    assert config["variant"] == "splitk"
+    assert (config["block_n"], config["ranks"]) == (block_n, ranks)
+    assert steps % ranks == 0 and (ranks == 1 or steps // ranks >= 4)
+    assert ranks == 1 or blocks <= H200_SMS
 
 
-def test_a_gemv_splits_k_across_a_cluster_only_for_a_few_columns():
-    assert tile_config({"M": 1, "N": 4096, "K": 4096}, CUDA, "float16")["ranks"] == 1
-    router = tile_config({"M": 1, "N": 8, "K": 4096}, CUDA, "float16")
-    assert router["variant"] == "gemv" and router["ranks"] == 8
+@pytest.mark.parametrize(
+    ("shape", "threads", "ranks"),
+    [
+        # 56 and 64 column tiles: 8 ranks give every SM two blocks.
+        ({"M": 1, "N": 3584, "K": 18944}, 128, 8),
+        ({"M": 1, "N": 4096, "K": 4096}, 128, 8),
+        # 96 tiles: 4 ranks do.
+        ({"M": 1, "N": 6144, "K": 4096}, 128, 4),
+        # An odd number of 8-row chunks of K does not share evenly.
+        ({"M": 1, "N": 4096, "K": 4104}, 128, 1),
+        ({"M": 1, "N": 28672, "K": 4096}, 256, 1),
+        ({"M": 1, "N": 14336, "K": 4096}, 256, 1),
+    ],
+)
+def test_a_one_row_gemv_takes_64_columns_a_block(shape, threads, ranks):
+    config = tile_config(shape, CUDA, "float16")
+    assert config == dict(
+        variant="gemv", lanes=8, threads=threads, unroll=8, ranks=ranks
+    )
 
 
-def test_a_vocabulary_head_needs_no_cluster():
-    assert tile_config(LM_HEAD_152K, CUDA, "bfloat16")["ranks"] == 1
+def test_a_router_gemv_splits_k_eight_ways():
+    for rows in (1, 4):
+        router = tile_config({"M": rows, "N": 8, "K": 4096}, CUDA, "bfloat16")
+        assert router == dict(variant="gemv", lanes=2, threads=256, unroll=8, ranks=8)
 
 
 def test_float32_gemm_and_attention_run_on_the_cuda_cores():
@@ -99,6 +130,10 @@ def test_few_long_rows_share_a_cluster_and_many_rows_do_not():
     [
         ("gemm", {"M": 4, "N": 4096, "K": 14336}, "float16", "tm_cluster_sum("),
         ("gemm", {"M": 16, "N": 4096, "K": 14336}, "bfloat16", "mma_sync"),
+        ("gemm", {"M": 1, "N": 3584, "K": 18944}, "bfloat16", "tm_cluster_sum("),
+        ("gemm", {"M": 1, "N": 28672, "K": 4096}, "float16", "__shfl_xor_sync"),
+        ("gemm", {"M": 4, "N": 8, "K": 4096}, "bfloat16", "tm_cluster_sum("),
+        ("gemm", LM_HEAD_152K, "bfloat16", "mma_sync"),
         ("row_sum", {"M": 3, "N": 1_000_003}, "float32", "tm_cluster_sum("),
     ],
 )

@@ -17,11 +17,13 @@ pytestmark = [
 
 CUDA = {"target": {"kind": "cuda", "arch": "sm_90a"}}
 CELLS = [
-    # gemv, one block per 32 columns
+    # split-K tensor-core tile of 128 columns, N not a multiple of the tile
     library_job("gemm", {"M": 1, "N": 151936, "K": 3584}, dtype="bfloat16", **CUDA),
-    # gemv, K split across a cluster, K not a multiple of the ranks' share
-    library_job("gemm", {"M": 4, "N": 3584, "K": 3592}, dtype="float16", **CUDA),
-    # split-K tensor-core tile, N not a multiple of the tile
+    # gemv, K split across a cluster of 8
+    library_job("gemm", {"M": 1, "N": 3584, "K": 3584}, dtype="bfloat16", **CUDA),
+    # router gemv, K's 449 chunks not a multiple of the 8 ranks
+    library_job("gemm", {"M": 4, "N": 8, "K": 3592}, dtype="float16", **CUDA),
+    # split-K tile of 64 columns over 2 ranks, N not a multiple of the tile
     library_job("gemm", {"M": 16, "N": 4104, "K": 4096}, dtype="bfloat16", **CUDA),
     library_job("row_sum", {"M": 3, "N": 1_000_003}, dtype="float32", **CUDA),
     library_job("row_sum", {"M": 3, "N": 1_000_003}, dtype="bfloat16", **CUDA),
