@@ -3,9 +3,9 @@
 Production code imports this module without Django: it reads the JSON that
 ``GET /api/v1/manifest`` or ``manage.py export_manifest`` wrote. The TileLang
 kernel runs only where the manifest chose it: that exact operator, dtype,
-device type, toolchain fingerprint and shape validated, no slower than the
-PyTorch reference there (beyond the noise band and the policy's speed
-budget) and approved, and, given the kernel revisions this host runs, that
+device type, toolchain fingerprint and shape validated, measured no slower
+than the PyTorch reference there (beyond the policy's speed budget) and
+approved, and, given the kernel revisions this host runs, that
 revision; every other call takes the reference and logs why ("pass, but
 0.69× of the reference") once per (operator, dtype, dims), with shapes and
 never values.

@@ -26,12 +26,13 @@ from matrix.models import Cell, Result, Shape, Status
 # Relative noise assumed for a side that has a single timing: a lone median
 # says nothing about its own spread.
 DEFAULT_NOISE_BAND = 0.05
-# A lone timing of a call of a few microseconds is mostly the host's launch
-# path: on the H200 the cold and warm runs of one cell
-# (docs/evidence/2026-12-02-h200-ab-repeats.json) differ by up to 13.6 µs
-# for calls under 50 µs (9 µs at the 90th percentile), where longer calls
-# repeat within 1-3%. A lone timing's band covers that spread.
-LAUNCH_JITTER_MS = 0.014
+# A lone timing of a call of a few microseconds carries more than 5%: on the
+# H200 the harness times such calls as CUDA-graph replays, and the cold and
+# warm runs of one cell (docs/evidence/2026-12-03-h200-ab-repeats.json)
+# differ by up to 3.4 µs for calls under 50 µs at the 99th percentile (1 µs
+# at the 95th). Timed call by call, launch and all, they had differed by up
+# to 13.6 µs (2026-12-02). A lone timing's band covers that spread.
+LAUNCH_JITTER_MS = 0.0035
 # How many recent results of one cell count as its repeat timings.
 REPEAT_WINDOW = 5
 PERF_STEP = 0.05
@@ -133,10 +134,13 @@ class CellDiff:
         return self.ratio is not None and self.ratio - self.band > 1 + budget
 
     def slower_than_reference(self, budget: float) -> bool:
-        """The candidate's kernel takes longer than its PyTorch reference on
-        this cell by more than ``budget``, even at the favourable edge of
-        the band."""
-        return self.speed is not None and 1 / self.speed - self.speed_band > 1 + budget
+        """The candidate's kernel was measured taking longer than its PyTorch
+        reference on this cell by more than ``budget``. The measured speed
+        decides, not the favourable edge of its band: serving TileLang has
+        to be earned, and where the two are within noise of each other the
+        reference is the one production already trusts. (Judged at the
+        band's edge, the H200's decode cells at 0.95-0.99x were served.)"""
+        return self.speed is not None and 1 / self.speed > 1 + budget
 
     def row_fields(self) -> dict:
         """The stored row's fields (``DiffRow``), but for its place."""

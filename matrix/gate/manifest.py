@@ -26,9 +26,9 @@ def times(speed: float) -> str:
 
 
 def manifest_choice(row: CellDiff, *, toolchain: str, speed_budget: float):
-    """TileLang only where the candidate passed and its kernel is no slower
-    than the PyTorch reference on that cell, beyond the noise band, than the
-    policy's speed budget allows; the reference elsewhere, with why."""
+    """TileLang only where the candidate passed and its kernel was measured
+    no slower than the PyTorch reference on that cell than the policy's
+    speed budget allows; the reference elsewhere, with why."""
     if row.candidate_status is None:
         return Choice.REFERENCE, f"not validated on {toolchain}"
     if row.candidate_status != Status.PASS:

@@ -32,8 +32,8 @@ class Policy(models.Model):
     speed_budget = models.FloatField(
         default=DEFAULT_SPEED_BUDGET,
         help_text="how much slower than the PyTorch reference on the same cell a "
-        "passing TileLang kernel may be, beyond the noise band, and still be "
-        "served: 0 = not slower, 0.1 = up to 10% slower",
+        "passing TileLang kernel may be measured and still be served: "
+        "0 = not slower, 0.1 = up to 10% slower",
     )
     require_candidate_results = models.BooleanField(
         default=True, help_text="every served cell needs a candidate result"

@@ -162,8 +162,8 @@ def test_a_newcomer_runs_the_whole_loop(chromium, cluster):
     entries = manifest(cluster, toolchains["0.1.15"][1])["entries"]
     assert len(entries) == 10
     speeds = {key(e): speed_of(e) for e in entries}
-    # With the default speed budget, TileLang only where it is at least as
-    # fast as the reference beyond the noise; the reference elsewhere, with
+    # With the default speed budget, TileLang only where it was measured at
+    # least as fast as the reference; the reference elsewhere, with
     # how much slower it is, or why it is not served at all.
     for entry in entries:
         if entry["choice"] == "tilelang":

@@ -74,11 +74,16 @@ def test_a_pass_slower_than_the_reference_is_served_the_reference(world):
     }
 
 
-def test_within_the_noise_band_is_not_slower(world):
-    # 3% slower with one timing a side: inside the default band (0.07).
+def test_slower_within_the_noise_band_is_not_served(world):
+    # 3% slower with one timing a side: inside the default band (0.07), so
+    # not shown to be slower, but not shown to keep up either. The H200's
+    # decode cells at 0.95-0.99x were served TileLang under that reading.
     proposal = approved_with(world, softmax_ms=1.03, softmax_reference_ms=1.0)
     approve(world, proposal)
-    assert served(world)["softmax"][0] == "tilelang"
+    assert served(world)["softmax"] == (
+        "reference",
+        "pass on tilelang-0.1.15, but 0.97× of the reference",
+    )
 
 
 def test_a_pass_with_no_reference_timing_is_served_the_reference(world):
