@@ -125,15 +125,16 @@ def report(data: dict, name: str) -> str:
         "## Per served shape",
         "",
         "Speed is the reference's time over TileLang's: above 1 TileLang is "
-        "faster. A cell that passed is safe to run with TileLang on that device "
-        "with this toolchain (one under 1× is correct but slower than PyTorch, "
-        "and the manifest's owner may still route it to the reference); "
-        "`lowered` is compile-only evidence, not validation, and anything else "
-        "falls back to the reference.",
+        "faster. A cell that passed is correct with TileLang on that device "
+        "with this toolchain; `served` is what an approved manifest chooses "
+        "there at the default speed budget (0): TileLang where it passed and "
+        "was measured at least as fast as the reference, the reference "
+        "elsewhere. `lowered` is compile-only evidence, not validation. "
+        f"{served_summary(rows)}",
         "",
         "| operator | shape | dtype | target | profile | weight | status | rel. error | "
-        "TileLang ms | reference ms | speed |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "TileLang ms | reference ms | speed | served |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for job, result in rows:
         timings, metrics = result["timings"], result["metrics"] or {}
@@ -145,9 +146,29 @@ def report(data: dict, name: str) -> str:
             f"{ms(metrics.get('rel_err'))} | {ms(timings.get('kernel_ms'))} | "
             f"{ms(timings.get('reference_ms'))} | "
             + (f"{speed:.2f}×" if speed else "–")
-            + " |"
+            + f" | {served(result)} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def served(result: dict) -> str:
+    """The manifest's choice at the default speed budget
+    (``matrix.gate.manifest.manifest_choice`` on one timing a side)."""
+    speed = (result.get("timings") or {}).get("speedup")
+    if result["status"] == "pass" and speed and speed >= 1:
+        return "TileLang"
+    return "reference"
+
+
+def served_summary(rows: list) -> str:
+    passed = [result for _, result in rows if result["status"] == "pass"]
+    if not passed:
+        return ""
+    fast = sum(served(r) == "TileLang" for r in passed)
+    return (
+        f"Of the {len(passed)} cells that passed, {fast} are served TileLang "
+        f"and {len(passed) - fast} the reference, as slower than it here."
+    )
 
 
 def main() -> None:
