@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -25,6 +27,23 @@ EVIDENCE = Path(__file__).resolve().parents[2] / "docs" / "evidence"
 DEMO = [str(p) for p in sorted(EVIDENCE.glob("*-h200-*.evidence.json"))]
 CPU_AB = EVIDENCE / "2026-12-02-cpu-ab-tilelang-0.1.13-0.1.15.evidence.json"
 SHOWN_ONCE = re.compile(r"reviewer account: (reviewer\d) / (\S+)  \(shown once\)")
+
+
+def report_served(version: str) -> dict:
+    """What ``bench/h200_report.py`` writes in the served column of the
+    report on the candidate's evidence file, per cell."""
+    sys.path.insert(0, str(EVIDENCE.parents[1] / "bench"))
+    from h200_report import served
+
+    (path,) = EVIDENCE.glob(f"*-h200-ab-tilelang-{version}.evidence.json")
+    data = json.loads(path.read_text())
+    jobs = {job["job"]: job for job in data["jobs"]}
+    cells = {}
+    for envelope in data["results"]:
+        job = jobs[envelope["payload"]["job"]]
+        key = (job["operator"], json.dumps(job["dims"], sort_keys=True), job["dtype"])
+        cells[key] = served(envelope["payload"]["result"]).lower()
+    return cells
 
 
 def sign_in(client, username: str, password: str) -> None:
@@ -99,6 +118,15 @@ def test_two_demo_reviewers_approve_with_the_passwords_printed_once(client, seed
     slower = [e for e in entries if e["choice"] == "reference"]
     assert fast and slower
     assert all(re.search(r"but [\d.]+× of the reference", e["reason"]) for e in slower)
+    # The candidate's evidence report names the same choice for every cell.
+    assert report_served(proposal.candidate.tilelang_version) == {
+        (
+            e["operator"],
+            json.dumps(e["shape_rule"]["dims"], sort_keys=True),
+            e["dtype"],
+        ): e["choice"]
+        for e in entries
+    }
     # The admin proposed it, so cannot decide on it.
     sign_in(client, "admin", "admin-pass-123")
     response = client.post(
