@@ -2,8 +2,9 @@
 status counts, worst error and TileLang against the PyTorch reference; per
 served shape its latencies; and the sweep's wall time split.
 
-    python bench/h200_report.py docs/evidence/2026-12-02-h200-ab-tilelang-0.1.15.evidence.json \\
-        > docs/evidence/2026-12-02-h200-ab-tilelang-0.1.15.md
+    python bench/h200_report.py docs/evidence/2026-12-03-h200-ab-tilelang-0.1.15.evidence.json \\
+        --sustained docs/evidence/2026-12-03-h200-sustained-speed-decode.json \\
+        > docs/evidence/2026-12-03-h200-ab-tilelang-0.1.15.md
 """
 
 from __future__ import annotations
@@ -23,7 +24,23 @@ def ms(value) -> str:
     return "–" if value is None else f"{value:.4g}"
 
 
-def report(data: dict, name: str) -> str:
+def cell_key(operator: str, dims: dict, dtype: str) -> tuple:
+    return operator, json.dumps(dims, sort_keys=True), dtype
+
+
+def sustained_speeds(data: dict) -> dict:
+    """Cell -> speed at the power cap from a ``bench/sustained_speed.py``
+    file: the median round's ratio, as ``manage.py evidence import-sustained``
+    keeps it."""
+    return {
+        cell_key(c["op"], c["shape"], c["dtype"]): c["ratio"]
+        for c in data["cells"]
+        if c.get("status") == "pass" and c.get("ratio")
+    }
+
+
+def report(data: dict, name: str, sustained: dict | None = None) -> str:
+    sustained = sustained or {}
     jobs = {job["job"]: job for job in data["jobs"]}
     rows = []
     for envelope in data["results"]:
@@ -128,9 +145,11 @@ def report(data: dict, name: str) -> str:
         "faster. A cell that passed is correct with TileLang on that device "
         "with this toolchain; `served` is what an approved manifest chooses "
         "there at the default speed budget (0): TileLang where it passed and "
-        "was measured at least as fast as the reference, the reference "
+        "was measured at least as fast as the reference, here and, for the "
+        "cells also run at the power cap (`bench/sustained_speed.py`, imported "
+        "by `manage.py evidence import-sustained`), there too; the reference "
         "elsewhere. `lowered` is compile-only evidence, not validation. "
-        f"{served_summary(rows)}",
+        f"{served_summary(rows, sustained)}",
         "",
         "| operator | shape | dtype | target | profile | weight | status | rel. error | "
         "TileLang ms | reference ms | speed | served |",
@@ -139,6 +158,10 @@ def report(data: dict, name: str) -> str:
     for job, result in rows:
         timings, metrics = result["timings"], result["metrics"] or {}
         speed = timings.get("speedup")
+        at_cap = sustained.get(cell_key(job["operator"], job["dims"], job["dtype"]))
+        choice = served(result, at_cap)
+        if choice == "reference" and at_cap is not None and speed and speed >= 1:
+            choice += f" ({at_cap:.4f}× at the power cap)"
         lines.append(
             f"| {job['operator']} | {dims_text(job['dims'])} | {job['dtype']} | "
             f"{result['target']['kind']} | {job['profile']} | {job['weight']:g} | "
@@ -146,38 +169,59 @@ def report(data: dict, name: str) -> str:
             f"{ms(metrics.get('rel_err'))} | {ms(timings.get('kernel_ms'))} | "
             f"{ms(timings.get('reference_ms'))} | "
             + (f"{speed:.2f}×" if speed else "–")
-            + f" | {served(result)} |"
+            + f" | {choice} |"
         )
     return "\n".join(lines) + "\n"
 
 
-def served(result: dict) -> str:
+def served(result: dict, at_cap: float | None = None) -> str:
     """The manifest's choice at the default speed budget
-    (``matrix.gate.manifest.manifest_choice`` on one timing a side)."""
+    (``matrix.gate.manifest.manifest_choice`` on one timing a side, and the
+    cell's speed at the power cap where it has one)."""
     speed = (result.get("timings") or {}).get("speedup")
     if result["status"] == "pass" and speed and speed >= 1:
-        return "TileLang"
+        if at_cap is None or at_cap >= 1:
+            return "TileLang"
     return "reference"
 
 
-def served_summary(rows: list) -> str:
-    passed = [result for _, result in rows if result["status"] == "pass"]
+def served_summary(rows: list, sustained: dict) -> str:
+    passed = [(job, r) for job, r in rows if r["status"] == "pass"]
     if not passed:
         return ""
-    fast = sum(served(r) == "TileLang" for r in passed)
-    return (
-        f"Of the {len(passed)} cells that passed, {fast} are served TileLang "
-        f"and {len(passed) - fast} the reference, as slower than it here."
+    choices = [
+        served(r, sustained.get(cell_key(job["operator"], job["dims"], job["dtype"])))
+        for job, r in passed
+    ]
+    fast = choices.count("TileLang")
+    by_cap = sum(
+        choice == "reference" and (r["timings"].get("speedup") or 0) >= 1
+        for choice, (_, r) in zip(choices, passed, strict=True)
     )
+    text = (
+        f"Of the {len(passed)} cells that passed, {fast} are served TileLang "
+        f"and {len(passed) - fast} the reference, as slower than it"
+    )
+    if by_cap:
+        text += f" ({by_cap} of them only at the power cap)"
+    return text + "."
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("evidence", type=Path)
+    parser.add_argument(
+        "--sustained",
+        type=Path,
+        help="a bench/sustained_speed.py file of the same toolchain and device",
+    )
     args = parser.parse_args()
     data = json.loads(args.evidence.read_text())
     name = args.evidence.name.removesuffix(".evidence.json")
-    print(report(data, name), end="")
+    sustained = None
+    if args.sustained:
+        sustained = sustained_speeds(json.loads(args.sustained.read_text()))
+    print(report(data, name, sustained), end="")
 
 
 if __name__ == "__main__":

@@ -56,6 +56,7 @@ from gpu_validate import (  # noqa: E402
 )
 
 from runners.kernels import OPERATORS  # noqa: E402
+from runners.kernels.revision import library_source, revision_sha256  # noqa: E402
 
 QUERY = "clocks.sm,power.draw,clocks_event_reasons.active"
 SAMPLE_MS = 50
@@ -226,6 +227,10 @@ def main(argv: list[str] | None = None) -> int:
         f"{'op':<17} {'shape':<30} {'dtype':<9} {'goal':>5} {'ratio':>6} met  "
         f"{'rounds':<20} {'tl MHz/W':>10} {'torch MHz/W':>11}"
     )
+    revisions = {
+        name: revision_sha256(library_source(name))
+        for name in sorted({cell["op"] for cell in cells})
+    }
     for cell in cells:
         if cell.get("status") == "built":
             run_cell(cell, args.seconds, args.rounds, graphs=args.decode)
@@ -242,7 +247,9 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
         report = {
-            "environment": environment(),
+            # The kernel revisions measured, which the server's import checks
+            # against its current ones.
+            "environment": {**environment(), "revisions": revisions},
             "seconds": args.seconds,
             "rounds": args.rounds,
             "total_s": time.perf_counter() - started,

@@ -698,5 +698,6 @@ from matrix.gate.models import (  # noqa: E402, F401
     DiffRow,
     ManifestEntry,
     Policy,
+    SustainedSpeed,
     UpgradeProposal,
 )

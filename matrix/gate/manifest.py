@@ -12,6 +12,7 @@ from matrix.gate.models import (
     ProposalState,
     UpgradeProposal,
 )
+from matrix.gate.sustained import sustained_key, sustained_speeds
 from matrix.models import Status, Toolchain
 
 FORMAT = "tilematrix-manifest/1"
@@ -25,10 +26,18 @@ def times(speed: float) -> str:
     return f"{speed:.2f}×" if speed >= 0.1 else f"{speed:.2g}×"
 
 
-def manifest_choice(row: CellDiff, *, toolchain: str, speed_budget: float):
+def manifest_choice(
+    row: CellDiff,
+    *,
+    toolchain: str,
+    speed_budget: float,
+    sustained: float | None = None,
+):
     """TileLang only where the candidate passed and its kernel was measured
     no slower than the PyTorch reference on that cell than the policy's
-    speed budget allows; the reference elsewhere, with why."""
+    speed budget allows, by the harness and, where the cell was also run at
+    the power cap (``sustained``, its speed there), by that run too; the
+    reference elsewhere, with why."""
     if row.candidate_status is None:
         return Choice.REFERENCE, f"not validated on {toolchain}"
     if row.candidate_status != Status.PASS:
@@ -39,6 +48,12 @@ def manifest_choice(row: CellDiff, *, toolchain: str, speed_budget: float):
         return (
             Choice.REFERENCE,
             f"pass on {toolchain}, but {times(row.speed)} of the reference",
+        )
+    if sustained is not None and 1 / sustained > 1 + speed_budget:
+        return (
+            Choice.REFERENCE,
+            f"pass on {toolchain}, {times(row.speed)} of the reference, but "
+            f"{sustained:.4f}× at the power cap",
         )
     return (
         Choice.TILELANG,
@@ -52,11 +67,15 @@ def manifest_entries_write(*, proposal: UpgradeProposal, policy: Policy) -> int:
     reference under ``policy``, the reference elsewhere, with why."""
     proposal.manifest_entries.all().delete()
     candidate = proposal.candidate
+    sustained = sustained_speeds(toolchain=candidate)
     entries = []
     for stored in proposal.diff_rows.select_related("shape").order_by("position"):
         row = CellDiff.from_row(stored)
         choice, reason = manifest_choice(
-            row, toolchain=candidate.name, speed_budget=policy.speed_budget
+            row,
+            toolchain=candidate.name,
+            speed_budget=policy.speed_budget,
+            sustained=sustained.get(sustained_key(row)),
         )
         entries.append(
             ManifestEntry(

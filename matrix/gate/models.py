@@ -461,3 +461,43 @@ class ManifestEntry(models.Model):
 
     def __str__(self) -> str:
         return f"{self.operator} {self.dtype} {self.dims} → {self.choice}"
+
+
+class SustainedSpeed(models.Model):
+    """TileLang's speed against the PyTorch reference on one cell, measured
+    outside the harness over a sustained run at the device's power cap
+    (``bench/sustained_speed.py``), for the kernel revision current when it
+    was imported. It is not signed, so it can only take TileLang away: the
+    manifest serves the reference where this says slower, and never serves
+    TileLang because of it."""
+
+    toolchain = models.ForeignKey(
+        "matrix.Toolchain", on_delete=models.CASCADE, related_name="+"
+    )
+    device_type = models.ForeignKey(
+        "matrix.DeviceType", on_delete=models.CASCADE, related_name="+"
+    )
+    shape = models.ForeignKey(
+        "matrix.Shape", on_delete=models.CASCADE, related_name="+"
+    )
+    revision = models.ForeignKey(
+        "matrix.KernelRevision", on_delete=models.CASCADE, related_name="+"
+    )
+    # The reference's median time over TileLang's: above 1 TileLang is faster.
+    speed = models.FloatField()
+    source = models.CharField(max_length=200, help_text="the file it came from")
+    imported_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["toolchain", "device_type", "shape", "revision"],
+                name="sustained_speed_unique",
+            ),
+            models.CheckConstraint(
+                condition=Q(speed__gt=0), name="sustained_speed_positive"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.speed:.3f}x at the power cap ({self.source})"

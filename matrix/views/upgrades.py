@@ -22,6 +22,7 @@ from matrix.gate.diff import CellDiff, Change
 from matrix.gate.forms import DecisionForm, ExceptionForm, PolicyForm, ProposalForm
 from matrix.gate.manifest import manifest_choice, times
 from matrix.gate.models import Approval, BackendException, Policy, UpgradeProposal
+from matrix.gate.sustained import sustained_key, sustained_speeds
 from matrix.models import AuditEvent, Backend
 from matrix.refusals import Refused
 
@@ -183,11 +184,13 @@ def _rows_context(request, proposal: UpgradeProposal, policy: Policy) -> dict:
         count = rows.count()
     page = RowsPage.of(rows, count=count, query=request.GET)
     candidate = proposal.candidate.name
+    sustained = sustained_speeds(toolchain=proposal.candidate)
     for row in page.rows:
         row.serves = manifest_choice(
             CellDiff.from_row(row),
             toolchain=candidate,
             speed_budget=policy.speed_budget,
+            sustained=sustained.get(sustained_key(row)),
         )
         row.speed_shown = times(row.speed) if row.speed is not None else ""
     return {

@@ -1,10 +1,12 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 
+from matrix.gate.sustained import sustained_import
 from matrix.management.commands._files import OutputFile, read_json
 from matrix.management.commands._options import database_id, not_empty
 from matrix.models import Sweep
@@ -46,9 +48,21 @@ class Command(BaseCommand):
             action="store_true",
             help="make the evidence's toolchain current where none is (the demo)",
         )
+        sustained = sub.add_parser(
+            "import-sustained",
+            help="keep the speeds a bench/sustained_speed.py run measured at the "
+            "power cap, for the operators' current revisions: the manifest serves "
+            "the reference where they say slower",
+        )
+        sustained.add_argument("file")
+        sustained.add_argument(
+            "--toolchain",
+            type=not_empty,
+            help="the toolchain it ran (default: the one of the file's TileLang)",
+        )
 
     def handle(self, *args, action, **options):
-        getattr(self, f"do_{action}")(**options)
+        getattr(self, f"do_{action.replace('-', '_')}")(**options)
 
     def do_export(self, *, sweep, results, measured, out, **_):
         output = OutputFile(out)
@@ -91,3 +105,18 @@ class Command(BaseCommand):
             failed |= bool(counts["refused"])
         if failed:
             raise CommandError("some results were refused (reasons above)")
+
+    def do_import_sustained(self, *, file, toolchain, verbosity, **_):
+        try:
+            outcome = sustained_import(
+                read_json(file), source=Path(file).name, toolchain_name=toolchain
+            )
+        except ValidationError as exc:
+            raise CommandError(f"{file}: {'; '.join(exc.messages)}") from None
+        self.stdout.write(
+            f"{file}: {outcome.stored} speeds kept, {outcome.failed} cells without "
+            f"one (not passing), {outcome.stale} of another kernel revision, "
+            f"{len(outcome.unknown)} not in this catalogue"
+        )
+        for where in outcome.unknown if verbosity > 1 else ():
+            self.stdout.write(f"  not here: {where}")
