@@ -54,6 +54,14 @@ def served(world) -> dict:
     }
 
 
+def softmax_row_on_page(client, world, proposal) -> str:
+    """The softmax cell's row on the proposal's page, as a reviewer sees it."""
+    client.force_login(world.reviewers[0])
+    body = client.get(f"/upgrades/{proposal.pk}/").content.decode()
+    row = body.split('data-cell="softmax[M=64,N=256] float32 on x86-64 CPU · c"')[1]
+    return row.split("</tr>")[0]
+
+
 def test_a_pass_slower_than_the_reference_is_served_the_reference(world):
     # As fast as on the baseline, so the gate lets the upgrade through: only
     # the comparison with the reference keeps the kernel out.
@@ -150,10 +158,7 @@ def test_the_page_shows_what_the_manifest_would_serve(client, world):
     proposal = approved_with(
         world, softmax_ms=1.45, softmax_reference_ms=1.0, samples=[1.45, 1.46, 1.44]
     )
-    client.force_login(world.reviewers[0])
-    body = client.get(f"/upgrades/{proposal.pk}/").content.decode()
-    row = body.split('data-cell="softmax[M=64,N=256] float32 on x86-64 CPU · c"')[1]
-    row = row.split("</tr>")[0]
+    row = softmax_row_on_page(client, world, proposal)
     assert "0.69× ± 0.05" in row
     assert (
         "reference<br><small>pass on tilelang-0.1.15, but 0.69× of the reference" in row

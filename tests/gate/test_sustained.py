@@ -12,7 +12,12 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from matrix.gate.models import SustainedSpeed
-from tests.gate.test_right_and_fast import approve, approved_with, served
+from tests.gate.test_right_and_fast import (
+    approve,
+    approved_with,
+    served,
+    softmax_row_on_page,
+)
 
 
 def speed_file(tmp_path, cells, **environment):
@@ -81,10 +86,8 @@ def test_slower_at_the_power_cap_is_served_the_reference(world, tmp_path, client
         ),
     }
     # The proposal's page says the same for the cell.
-    client.force_login(world.reviewers[0])
-    body = client.get(f"/upgrades/{proposal.pk}/").content.decode()
-    row = body.split('data-cell="softmax[M=64,N=256] float32 on x86-64 CPU · c"')[1]
-    assert "but 0.9700× at the power cap" in row.split("</tr>")[0]
+    row = softmax_row_on_page(client, world, proposal)
+    assert "but 0.9700× at the power cap" in row
 
 
 def test_faster_at_the_power_cap_never_serves_what_the_harness_found_slower(
