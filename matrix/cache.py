@@ -21,6 +21,7 @@ import hashlib
 import logging
 import time
 
+from django.conf import settings
 from django.core.cache import cache
 from django.core.cache.backends.redis import RedisCache, RedisCacheClient
 from django.db import connection
@@ -116,6 +117,12 @@ class TolerantRedisCache(SharedClientRedisCache):
         except UNREACHABLE as exc:
             self._unreachable(exc)
             return False
+
+
+def cache_seconds() -> int:
+    """How long a read is kept (0: not kept): at most this long past the
+    version change that a key would name anyway."""
+    return int(getattr(settings, "TILEMATRIX_MATRIX_CACHE_S", 300))
 
 
 def read_key(name: str, *parts) -> str:
@@ -272,6 +279,22 @@ def cell_version(shape_id: int, device_type_id: int, toolchain_id: int | None):
         toolchain_id,
     ]
     return _versions([*parts, *catalogue], cell_params + params)
+
+
+def jobs_version(sweep_id: int | None = None) -> tuple:
+    """What counts of open jobs depend on, in one query of index lookups: the
+    newest job (planning adds jobs), the newest result (a job ends done or
+    failed with its result, lost with an infra_error one) and, for one
+    sweep, its latest claim (a claim moves a job from queued to running)."""
+    from matrix.models import Result, ValidationJob
+
+    jobs = _table(ValidationJob)
+    parts = [f"SELECT MAX(id) FROM {jobs}", f"SELECT MAX(id) FROM {_table(Result)}"]
+    params = []
+    if sweep_id is not None:
+        parts.append(f"SELECT MAX(started_at) FROM {jobs} WHERE sweep_id = %s")
+        params.append(sweep_id)
+    return _versions(parts, params)
 
 
 def manifest_version() -> tuple:

@@ -489,6 +489,9 @@ class ValidationJob(models.Model):
         indexes = [
             models.Index(fields=["state", "runner"]),
             models.Index(fields=["sweep", "state"]),
+            # A sweep's latest claim, one index lookup: its progress is kept
+            # until the next (matrix.cache.jobs_version).
+            models.Index(fields=["sweep", "started_at"]),
         ]
         constraints = [
             choices_check("state", JobState, "job_state_valid"),

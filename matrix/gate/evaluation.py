@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from django.contrib.auth import get_user_model
 from django.db.models import Count
 
+from matrix.cache import cache_seconds, cached_read, jobs_version, read_key
 from matrix.gate.diff import CellDiff, Change
 from matrix.gate.models import Approval, Policy, ProposalState, UpgradeProposal
 from matrix.models import DeviceType, JobStage, Status, Toolchain, ValidationJob
@@ -93,16 +94,23 @@ class JobsInFlight:
         return self.open - self.stalled_count
 
 
-def proposal_jobs_in_flight(*, proposal: UpgradeProposal) -> JobsInFlight:
+def online_runners() -> tuple[set[str], list[Toolchain]]:
+    """The queues the online runners read and the toolchains they host."""
+    return Runner.objects.online().queues_read(), list(toolchains_online())
+
+
+def proposal_jobs_in_flight(
+    *, proposal: UpgradeProposal, runners: tuple | None = None
+) -> JobsInFlight:
     """What a proposal waits for: its open jobs, and those of them that no
     online runner can take (the rule of ``manage.py sweep``'s warning),
-    with the runner each group lacks."""
+    with the runner each group lacks. ``runners``: ``online_runners()``
+    when already read."""
     jobs = open_jobs(proposal)
     total = jobs.count()
     if not total:
         return JobsInFlight(open=0, stalled=[])
-    read = Runner.objects.online().queues_read()
-    online = list(toolchains_online())
+    read, online = runners or online_runners()
     hosted = {toolchain.pk for toolchain in online}
     groups = (
         jobs.filter(state=ValidationJob.State.QUEUED)
@@ -127,6 +135,29 @@ def proposal_jobs_in_flight(*, proposal: UpgradeProposal) -> JobsInFlight:
             StalledJobs(toolchain, device_type, group["count"], missing, group["stage"])
         )
     return JobsInFlight(open=total, stalled=stalled, hosted=online)
+
+
+def proposal_jobs_in_flight_read(*, proposal: UpgradeProposal) -> JobsInFlight:
+    """``proposal_jobs_in_flight`` for the proposal's page, kept until a job
+    is planned, a result is stored or the online runners change what they
+    read: counting the open jobs reads every one of them (26 ms of
+    PostgreSQL at 16,000 open jobs), on every view and every poll. A claim
+    changes nothing here: the runner that claims a job reads its queue, so
+    the job was not stalled."""
+    runners = online_runners()
+    read, online = runners
+    key = read_key(
+        "proposal-jobs",
+        proposal.pk,
+        jobs_version(),
+        sorted(read),
+        [toolchain.pk for toolchain in online],
+    )
+    return cached_read(
+        key,
+        lambda: proposal_jobs_in_flight(proposal=proposal, runners=runners),
+        cache_seconds(),
+    )
 
 
 # -- the policy over the stored diff --------------------------------------------

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from django.core.exceptions import ValidationError
 from django.db import transaction
+from django.db.models import Count, Max
 
 from matrix.gate.models import SustainedSpeed
 from matrix.models import DeviceType, KernelRevision, Shape, Toolchain, dims_key
@@ -180,3 +181,11 @@ def sustained_key(row) -> tuple:
     """A diff row's key in ``sustained_speeds``: its cell and the candidate's
     revision, so a speed measured on another revision does not count."""
     return (row.shape_id, row.device_type_id, row.candidate_revision_sha256)
+
+
+def sustained_version(*, toolchain_id: int) -> tuple:
+    """Changes when speeds of the toolchain are imported again."""
+    found = SustainedSpeed.objects.filter(toolchain_id=toolchain_id).aggregate(
+        n=Count("id"), last=Max("imported_at")
+    )
+    return found["n"], found["last"]

@@ -11,7 +11,7 @@ from django.template.loader import render_to_string
 from django.views.decorators.http import require_GET
 
 from matrix import queries
-from matrix.cache import cached_read, cell_version, read_key
+from matrix.cache import cache_seconds, cached_read, cell_version, read_key
 from matrix.models import Cell, DeviceType, Result, Shape, Status
 from matrix.serving import (
     serve_speedup_floor,
@@ -20,7 +20,6 @@ from matrix.serving import (
     speedup,
 )
 from matrix.views.charts import TimeSeries, speed_scatter, time_chart
-from matrix.views.matrix import cache_seconds
 from matrix.views.operators import operator_points
 
 HISTORY = 100

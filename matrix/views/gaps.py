@@ -4,6 +4,7 @@ sweep's live progress."""
 from __future__ import annotations
 
 import csv
+import time
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
@@ -21,9 +22,8 @@ from django.views.decorators.http import require_GET, require_POST
 from django.views.decorators.vary import vary_on_headers
 
 from matrix import gaps, queries
-from matrix.cache import cached_read, read_key
+from matrix.cache import cache_seconds, cached_read, jobs_version, read_key
 from matrix.models import Backend, DeviceType, Dtype, JobStage, Shape, Sweep
-from matrix.views.matrix import cache_seconds
 from runners.services import capabilities_online, sweep_plan
 
 PAGE_SIZE = gaps.PAGE_SIZE
@@ -466,13 +466,41 @@ def _get_sweep_for_user(request, pk: int) -> Sweep:
     return get_object_or_404(Sweep, pk=pk)
 
 
+# While nothing in a sweep changes, its ETA still follows the clock: the
+# progress is read again at least this often.
+PROGRESS_KEPT_S = 10
+
+
+def _sweep_progress(sweep: Sweep) -> dict:
+    """``Sweep.progress``, kept for every reader until a job of the sweep is
+    claimed, a job is planned or a result stored, and at most
+    PROGRESS_KEPT_S: counting a sweep's jobs reads every one of them (8 ms
+    of PostgreSQL at 16,000), on the gaps page and on every poll of an open
+    sweep's page. A job given another attempt after its runner went silent
+    shows as queued again within those seconds."""
+    durations = gaps.job_durations().per_stage()
+    if not cache_seconds():
+        return sweep.progress(stage_seconds=durations)
+    key = read_key(
+        "sweep-progress",
+        sweep.pk,
+        sweep.total,
+        jobs_version(sweep.pk),
+        sorted(durations.items()),
+        int(time.time() // PROGRESS_KEPT_S),
+    )
+    return cached_read(
+        key, lambda: sweep.progress(stage_seconds=durations), PROGRESS_KEPT_S
+    )
+
+
 def _progress_context(sweep: Sweep) -> dict:
     # The filters the sweep was planned under carry over to its links back
     # to the matrix and the gaps; other keys (an offline bundle's runner)
     # are not filters. In the pages' own order: PostgreSQL's jsonb returns
     # keys sorted, SQLite as written.
     links = [(k, sweep.filters[k]) for k in queries.FILTER_PARAMS if k in sweep.filters]
-    progress = sweep.progress(stage_seconds=gaps.job_durations().per_stage())
+    progress = _sweep_progress(sweep)
     progress["eta"] = gaps.duration_text(progress["eta_s"])
     return {"sweep": sweep, "p": progress, "links_query": urlencode(links)}
 

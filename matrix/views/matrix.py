@@ -20,7 +20,6 @@ import csv
 import hashlib
 from dataclasses import dataclass, field
 
-from django.conf import settings
 from django.core.cache import cache
 from django.http import Http404, HttpResponse
 from django.shortcuts import render
@@ -30,7 +29,7 @@ from django.views.decorators.http import require_GET
 from django.views.decorators.vary import vary_on_headers
 
 from matrix import queries
-from matrix.cache import cached_read, read_key
+from matrix.cache import cache_seconds, cached_read, read_key
 from matrix.models import Backend, DeviceType, Dtype, Operator, Toolchain
 from matrix.serving import serve_speedup_floor
 from matrix.views.matrix_html import (
@@ -45,10 +44,6 @@ from matrix.views.matrix_html import (
 ROWS = 100
 MAX_ROWS = 2000
 CATALOGUE_SECONDS = 5
-
-
-def cache_seconds() -> int:
-    return int(getattr(settings, "TILEMATRIX_MATRIX_CACHE_S", 300))
 
 
 @dataclass

@@ -11,18 +11,22 @@ from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db.models import CharField, Q
 from django.db.models.functions import Cast
+from django.http import HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
+from django.template.loader import render_to_string
 from django.urls import reverse
+from django.utils.safestring import mark_safe
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 from django.views.decorators.vary import vary_on_headers
 from django_htmx.http import HttpResponseClientRedirect, HttpResponseClientRefresh
 
+from matrix.cache import cache_seconds, cached_read, read_key
 from matrix.gate import services
 from matrix.gate.diff import CellDiff, Change
 from matrix.gate.forms import DecisionForm, ExceptionForm, PolicyForm, ProposalForm
 from matrix.gate.manifest import manifest_choice, times
 from matrix.gate.models import Approval, BackendException, Policy, UpgradeProposal
-from matrix.gate.sustained import sustained_key, sustained_speeds
+from matrix.gate.sustained import sustained_key, sustained_speeds, sustained_version
 from matrix.models import AuditEvent, Backend
 from matrix.refusals import Refused
 
@@ -99,12 +103,7 @@ def upgrade_new(request):
 def upgrade_page(request, pk: int):
     proposal = _get_proposal_for_user(request.user, pk)
     if request.htmx and request.htmx.target == "diff-rows":
-        policy = Policy.current()
-        return render(
-            request,
-            "gate/detail.html#diff-rows",
-            {"proposal": proposal, **_rows_context(request, proposal, policy)},
-        )
+        return HttpResponse(_diff_rows_html(request, proposal, Policy.current()))
     if request.htmx:
         # The gate status polls while collecting or while a re-evaluation
         # is pending; once one has stored a new diff, the whole page reloads.
@@ -122,6 +121,9 @@ def _evaluated(proposal: UpgradeProposal) -> str:
     """When the proposal was last evaluated, as the page carries it."""
     when = proposal.evaluated_at
     return when.isoformat() if when else ""
+
+
+CHANGES = [(c, Change.LABELS[c]) for c in Change.ORDER]
 
 
 class RowFilter:
@@ -193,11 +195,39 @@ def _rows_context(request, proposal: UpgradeProposal, policy: Policy) -> dict:
             sustained=sustained.get(sustained_key(row)),
         )
         row.speed_shown = times(row.speed) if row.speed is not None else ""
-    return {
-        "rows_page": page,
-        "rows_filter": rows_filter,
-        "changes": [(c, Change.LABELS[c]) for c in Change.ORDER],
-    }
+    return {"rows_page": page, "rows_filter": rows_filter, "changes": CHANGES}
+
+
+# The query keys that choose which rows a page lists.
+ROWS_QUERY = (*RowFilter.KEYS, "after", "before", "start", "last")
+
+
+def _diff_rows_html(request, proposal: UpgradeProposal, policy: Policy) -> str:
+    """The page of diff rows, rendered. The first page unfiltered, which
+    every view of the proposal opens on, is kept for every reader until the
+    stored diff, its evaluation, the policy or the power-cap speeds change:
+    fifty rows were most of a view (a reviewer's page polls while the gate
+    collects). A filtered or later page, whose values a visitor makes up,
+    is rendered for its request."""
+
+    def rows_html() -> str:
+        return render_to_string(
+            "gate/detail.html#diff-rows",
+            {"proposal": proposal, **_rows_context(request, proposal, policy)},
+        )
+
+    if not cache_seconds() or any(k in request.GET for k in ROWS_QUERY):
+        return rows_html()
+    key = read_key(
+        "proposal-rows",
+        proposal.pk,
+        proposal.diff_digest,
+        proposal.diff_computed_at,
+        proposal.evaluated_at,
+        policy.version,
+        sustained_version(toolchain_id=proposal.candidate_id),
+    )
+    return mark_safe(cached_read(key, rows_html, cache_seconds()))  # noqa: S308  rendered here
 
 
 @dataclass
@@ -294,7 +324,7 @@ def _detail_context(
     policy = Policy.current()
     reviewer = services.is_reviewer(request.user, policy)
     is_proposer = request.user.pk == proposal.proposer_id
-    jobs = services.proposal_jobs_in_flight(proposal=proposal)
+    jobs = services.proposal_jobs_in_flight_read(proposal=proposal)
     summary = proposal.summary or {}
     collecting = proposal.state == UpgradeProposal.State.COLLECTING
     device_types = list(proposal.device_types.all())
@@ -312,7 +342,8 @@ def _detail_context(
         "summary": summary,
         "by_operator": sorted((summary.get("by_operator") or {}).items()),
         "by_backend": sorted((summary.get("by_backend") or {}).items()),
-        **(_rows_context(request, proposal, policy) if rows else {}),
+        "diff_rows_html": _diff_rows_html(request, proposal, policy) if rows else "",
+        "changes": CHANGES,
         "approvals": proposal.approvals.select_related("reviewer"),
         "exceptions": exceptions,
         "events": _proposal_events(proposal),

@@ -4,6 +4,8 @@ nothing more can arrive, a decision on the evidence there is."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from django.core.exceptions import ValidationError
 from django.urls import reverse
@@ -57,6 +59,36 @@ def test_the_page_names_the_jobs_no_online_runner_can_take(
         "cuda that hosts tilelang-0.1.13</li>"
     ) in stalled
     assert "Online runners host tilelang-0.1.15." in stalled
+
+
+def jobs_panel(client, proposal) -> tuple[int, str]:
+    """The open jobs the page counts, and its note on the stalled ones."""
+    body = client.get(reverse("upgrade", args=[proposal.pk])).content.decode()
+    count = re.search(r"(\d+) validation jobs? on its served cells are queued", body)
+    stalled = body.partition('id="stalled-jobs"')[2].split("</div>", 1)[0]
+    return int(count[1]), stalled
+
+
+def test_the_page_follows_its_jobs_and_runners_from_one_view_to_the_next(
+    client, world, unhosted_baseline
+):
+    """The counts are kept between views: a runner coming online, a result
+    and a new job each show on the next view."""
+    client.force_login(world.reviewers[0])
+    count, stalled = jobs_panel(client, unhosted_baseline)
+    assert count == 6 and "2 of them wait on queues no online" in stalled
+    online_runner("h200-old", device_types=[world.h200], toolchains=[world.old])
+    assert jobs_panel(client, unhosted_baseline) == (6, "")
+    job = ValidationJob.objects.open().filter(toolchain=world.new).first()
+    job.state = ValidationJob.State.DONE
+    job.save()
+    world.record(job.shape, job.device_type, job.toolchain, Status.PASS)
+    assert jobs_panel(client, unhosted_baseline) == (5, "")
+    queued(
+        world, "gemm", world.h200, world.old, stage=JobStage.VALIDATE, queue="nowhere"
+    )
+    count, stalled = jobs_panel(client, unhosted_baseline)
+    assert count == 6 and "1 of them wait" in stalled
 
 
 def test_approving_while_collecting_says_what_to_wait_for(world, unhosted_baseline):

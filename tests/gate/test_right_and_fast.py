@@ -163,3 +163,13 @@ def test_the_page_shows_what_the_manifest_would_serve(client, world):
     assert (
         "reference<br><small>pass on tilelang-0.1.15, but 0.69× of the reference" in row
     )
+
+
+def test_the_page_follows_a_new_speed_budget(client, world, admin_user):
+    """The rows are kept between views, until the policy changes."""
+    proposal = approved_with(
+        world, softmax_ms=1.45, softmax_reference_ms=1.0, samples=[1.45, 1.46, 1.44]
+    )
+    assert "reference<br>" in softmax_row_on_page(client, world, proposal)
+    policy_save(by=admin_user, speed_budget=0.6)
+    assert "tilelang<br>" in softmax_row_on_page(client, world, proposal)

@@ -654,12 +654,21 @@ def test_the_proposal_page_runs_a_fixed_number_of_queries(
     client, world, many_missing, django_assert_max_num_queries
 ):
     client.force_login(world.reviewers[0])
-    # However many rows: the page's, 5 for its stalled jobs, the layout's,
-    # one for the speeds kept at the power cap, and with a cold cache 3
-    # catalogue reads cached for the next page.
-    with django_assert_max_num_queries(21):
+    # However many rows: the page's, 6 for its stalled jobs, the layout's,
+    # 3 for its rows and the speeds kept at the power cap, and with a cold
+    # cache 3 catalogue reads cached for the next page.
+    with django_assert_max_num_queries(23):
         response = client.get(url("upgrade", many_missing))
     assert response.status_code == 200
+    # The next view reads its rows and its open jobs' counts from the cache.
+    with django_assert_max_num_queries(15) as again:
+        assert client.get(url("upgrade", many_missing)).status_code == 200
+    sqls = [q["sql"] for q in again.captured_queries]
+    assert [q for q in sqls if "matrix_validationjob" in q] == [
+        'SELECT (SELECT MAX(id) FROM "matrix_validationjob"), '
+        '(SELECT MAX(id) FROM "matrix_result")'
+    ]
+    assert not any("matrix_diffrow" in q for q in sqls)
 
 
 def test_the_form_says_why_its_choices_are_empty(client, people):

@@ -14,6 +14,7 @@ from matrix.models import (
     DeviceType,
     JobStage,
     JobState,
+    Result,
     Shape,
     Status,
     Sweep,
@@ -480,7 +481,17 @@ def test_progress_polling_stops_with_286_when_the_sweep_ends(client, results):
     running = client.get(url, HTTP_HX_REQUEST="true")
     assert running.status_code == 200
     assert 'hx-trigger="every 2s"' in running.content.decode()
+    # The job ends with its result, as ingest ends it.
     ValidationJob.objects.filter(pk=job.pk).update(state=JobState.DONE)
+    Result.objects.create(
+        job=job,
+        attempt=1,
+        revision=job.revision,
+        shape=shape,
+        device_type_id=job.device_type_id,
+        toolchain_id=job.toolchain_id,
+        status=Status.PASS,
+    )
     done = client.get(url, HTTP_HX_REQUEST="true")
     assert done.status_code == 286
     assert done["HX-Trigger"] == "sweep-finished"
@@ -505,6 +516,31 @@ def sweep_of(jobs: int, results, stage=JobStage.VALIDATE) -> Sweep:
         for _ in range(jobs)
     )
     return sweep
+
+
+def test_each_poll_shows_the_claims_and_results_since_the_last(client, results):
+    """Progress is kept between polls, until a job of the sweep is claimed
+    or a result comes."""
+    sweep = sweep_of(3, results)
+    url = reverse("sweep", args=[sweep.pk])
+
+    def counts() -> str:
+        body = client.get(url, HTTP_HX_REQUEST="true").content.decode()
+        return re.search(r"\d+ running · \d+ queued", body)[0]
+
+    assert counts() == "0 running · 3 queued"
+    first, second, _ = sweep.jobs.order_by("pk")
+    ValidationJob.objects.filter(pk=first.pk).update(
+        state=JobState.RUNNING, started_at=timezone.now()
+    )
+    assert counts() == "1 running · 2 queued"
+    ValidationJob.objects.filter(pk=second.pk).update(
+        state=JobState.RUNNING, started_at=timezone.now() + timedelta(seconds=1)
+    )
+    assert counts() == "2 running · 1 queued"
+    ValidationJob.objects.filter(pk=first.pk).update(state=JobState.DONE)
+    record(first.shape, first.device_type, first.toolchain, Status.PASS)
+    assert counts() == "1 running · 1 queued"
 
 
 def test_the_eta_follows_the_recent_pace_not_the_sweeps_age(client, results):
