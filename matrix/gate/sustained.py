@@ -52,7 +52,12 @@ def _speed(cell: dict) -> float | None:
 
 def _device_type(environment: dict) -> DeviceType:
     gpu, target = environment.get("gpu"), environment.get("target")
-    if not isinstance(gpu, str) or not isinstance(target, dict):
+    if not (
+        isinstance(gpu, str)
+        and isinstance(target, dict)
+        and isinstance(target.get("kind"), str)
+        and isinstance(target.get("arch") or "", str)
+    ):
         raise ValidationError(
             "environment must name the gpu and the target it ran on "
             '({"gpu": "NVIDIA H200", "target": {"kind": "cuda", "arch": "sm_90a"}})'
@@ -75,6 +80,8 @@ def _device_type(environment: dict) -> DeviceType:
 
 def _toolchain(environment: dict, name: str | None) -> Toolchain:
     version = environment.get("tilelang")
+    if not isinstance(version, str):
+        raise ValidationError("environment must name its TileLang release (tilelang)")
     if name:
         toolchain = Toolchain.objects.filter(name=name).first()
         if toolchain is None:
@@ -139,9 +146,12 @@ def sustained_import(
             dims = op.clean_dims(cell.get("shape"))
         except ValidationError as exc:
             raise ValidationError(f"cells[{n}]: {'; '.join(exc.messages)}") from None
-        shape = Shape.objects.filter(
-            operator=op, dims_key=dims_key(dims), dtype=cell.get("dtype")
-        ).first()
+        dtype = cell.get("dtype")
+        shape = None
+        if isinstance(dtype, str):
+            shape = Shape.objects.filter(
+                operator=op, dims_key=dims_key(dims), dtype=dtype
+            ).first()
         if shape is None:
             outcome.unknown.append(where)
             continue

@@ -135,6 +135,8 @@ def test_a_second_import_replaces_the_speed(world, tmp_path):
         ({"tilelang": "0.2.0"}, "0 toolchains here are TileLang '0.2.0'"),
         ({"target": "c"}, "environment must name the gpu and the target"),
         ({"revisions": ["softmax"]}, "environment.revisions must map"),
+        ({"tilelang": ["0.1.15"]}, "must name its TileLang release"),
+        ({"target": {"kind": ["c"]}}, "environment must name the gpu and the target"),
     ],
 )
 def test_a_file_that_names_no_device_or_toolchain_here_is_refused_whole(
