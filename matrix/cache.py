@@ -11,6 +11,14 @@ web processes (a read is computed once, not once per process); without it,
 a cache inside each process (the embedded default). A cache that cannot be
 reached is a miss, never an error: the read is computed instead.
 
+Each web process also keeps what it read from Redis, or wrote there, for
+``NEAR_S`` (as the bytes Redis holds, so every read still gets its own
+copy): most keys name a data version and never change, and under load a
+page view asked Redis for the same few values several times a second in
+every process. A key that expires or is written by time (a catalogue kept
+for 5 s, a user's admin link for a minute) may show its old value in a
+process for up to ``NEAR_S`` longer.
+
 The API's answers carry an ``ETag`` made from the same key, so a client
 that polls (a CI step) gets a 304 without a body until the data changes.
 """
@@ -19,7 +27,9 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import threading
 import time
+from collections import OrderedDict
 
 from django.conf import settings
 from django.core.cache import cache
@@ -56,6 +66,110 @@ class _ReusedClient(RedisCacheClient):
         return client
 
 
+# How long a process keeps a value it read from the shared cache, and how
+# much it keeps: at most NEAR_BYTES, no single value over NEAR_VALUE_BYTES.
+NEAR_S = 2.0
+NEAR_BYTES = 32 * 1024 * 1024
+NEAR_VALUE_BYTES = 4 * 1024 * 1024
+
+
+class _NearClient(_ReusedClient):
+    """The shared cache's client, keeping each value this process read or
+    wrote for ``NEAR_S`` (least recently used first out past
+    ``NEAR_BYTES``). Values are kept as the serialized bytes, and loaded
+    again on each read, exactly as from Redis."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._near: OrderedDict[str, tuple[float, object]] = OrderedDict()
+        self._near_bytes = 0
+        self._near_lock = threading.Lock()
+
+    def _near_get(self, key):
+        with self._near_lock:
+            found = self._near.get(key)
+            if found is None:
+                return None
+            if found[0] <= time.monotonic():
+                self._near_drop_locked(key)
+                return None
+            self._near.move_to_end(key)
+            return found[1]
+
+    def _near_put(self, key, raw, timeout=None) -> None:
+        size = len(raw) if isinstance(raw, bytes) else 64
+        if size > NEAR_VALUE_BYTES:
+            self.near_drop(key)
+            return
+        keep_s = NEAR_S if timeout is None else min(NEAR_S, timeout)
+        with self._near_lock:
+            self._near_drop_locked(key)
+            self._near[key] = (time.monotonic() + keep_s, raw)
+            self._near_bytes += size
+            while self._near_bytes > NEAR_BYTES:
+                self._near_drop_locked(next(iter(self._near)))
+
+    def _near_drop_locked(self, key) -> None:
+        found = self._near.pop(key, None)
+        if found is not None:
+            raw = found[1]
+            self._near_bytes -= len(raw) if isinstance(raw, bytes) else 64
+
+    def near_drop(self, *keys) -> None:
+        with self._near_lock:
+            for key in keys:
+                self._near_drop_locked(key)
+
+    def get(self, key, default):
+        raw = self._near_get(key)
+        if raw is None:
+            raw = self.get_client(key).get(key)
+            if raw is None:
+                return default
+            self._near_put(key, raw)
+        return self._serializer.loads(raw)
+
+    def set(self, key, value, timeout):
+        raw = self._serializer.dumps(value)
+        client = self.get_client(key, write=True)
+        if timeout == 0:
+            self.near_drop(key)
+            client.delete(key)
+        else:
+            client.set(key, raw, ex=timeout)
+            self._near_put(key, raw, timeout)
+
+    def add(self, key, value, timeout):
+        self.near_drop(key)
+        return super().add(key, value, timeout)
+
+    def touch(self, key, timeout):
+        self.near_drop(key)
+        return super().touch(key, timeout)
+
+    def delete(self, key):
+        self.near_drop(key)
+        return super().delete(key)
+
+    def incr(self, key, delta):
+        self.near_drop(key)
+        return super().incr(key, delta)
+
+    def set_many(self, data, timeout):
+        self.near_drop(*data)
+        return super().set_many(data, timeout)
+
+    def delete_many(self, keys):
+        self.near_drop(*keys)
+        return super().delete_many(keys)
+
+    def clear(self):
+        with self._near_lock:
+            self._near.clear()
+            self._near_bytes = 0
+        return super().clear()
+
+
 class SharedClientRedisCache(RedisCache):
     """Django's Redis cache with one client per pool (the sessions' cache)."""
 
@@ -68,9 +182,14 @@ class SharedClientRedisCache(RedisCache):
 class TolerantRedisCache(SharedClientRedisCache):
     """Django's Redis cache, for reads that can always be computed again: while
     Redis cannot be reached a get is a miss and a write is dropped (with a
-    warning a minute), so pages stay up, only slower."""
+    warning a minute), so pages stay up, only slower. Each process keeps
+    what it read for ``NEAR_S`` (``_NearClient``)."""
 
     _warned_at = 0.0
+
+    def __init__(self, server, params):
+        super().__init__(server, params)
+        self._class = _NearClient
 
     def _unreachable(self, exc: Exception) -> None:
         now = time.monotonic()

@@ -163,3 +163,77 @@ def test_a_page_view_builds_no_redis_client(client, results, shared_cache):
     finally:
         redis.Redis.__init__ = original
     assert built == []
+
+
+def _other_process(prefix: str):
+    """The shared cache as another web process holds it: its own client,
+    its own values kept near."""
+    from matrix.cache import TolerantRedisCache
+
+    return TolerantRedisCache(
+        local_redis(),
+        {
+            "KEY_PREFIX": prefix,
+            "OPTIONS": {"socket_connect_timeout": 0.5, "socket_timeout": 0.5},
+        },
+    )
+
+
+def test_a_process_keeps_what_it_read_for_near_s_then_reads_redis_again(
+    shared_cache, monkeypatch
+):
+    import time
+
+    from django.core.cache import cache
+
+    from matrix import cache as reads
+
+    _, prefix = shared_cache
+    monkeypatch.setattr(reads, "NEAR_S", 0.2)
+    other = _other_process(prefix)
+    other.set("catalogue", "before", 60)
+    assert cache.get("catalogue") == "before"
+    other.set("catalogue", "after", 60)
+    # Within NEAR_S this process answers from what it holds, without Redis.
+    assert cache.get("catalogue") == "before"
+    time.sleep(0.25)
+    assert cache.get("catalogue") == "after"
+
+
+def test_what_this_process_writes_or_deletes_it_reads_at_once(shared_cache):
+    from django.core.cache import cache
+
+    cache.set("key", "first", 60)
+    assert cache.get("key") == "first"
+    cache.set("key", "second", 60)
+    assert cache.get("key") == "second"
+    cache.delete("key")
+    assert cache.get("key") is None
+    cache.set("key", "third", 60)
+    cache.clear()
+    assert cache.get("key") is None
+
+
+def test_each_read_of_a_value_kept_near_is_its_own_copy(shared_cache):
+    from django.core.cache import cache
+
+    cache.set("rows", [1, 2], 60)
+    cache.get("rows").append(3)
+    assert cache.get("rows") == [1, 2]
+
+
+def test_a_process_keeps_at_most_near_bytes(shared_cache, monkeypatch):
+    from django.core.cache import cache
+
+    from matrix import cache as reads
+
+    monkeypatch.setattr(reads, "NEAR_BYTES", 3_500)
+    for i in range(6):
+        cache.set(f"page-{i}", "x" * 1_000, 60)
+        cache.get(f"page-{i}")
+    held = cache._cache
+    assert held._near_bytes <= 3_500
+    assert len(held._near) <= 3
+    # The oldest went first, and is still read from Redis.
+    assert not any(key.endswith(":page-0") for key in held._near)
+    assert cache.get("page-0") == "x" * 1_000
