@@ -263,6 +263,26 @@ def toolchain_list() -> list[Toolchain]:
     )
 
 
+# A new toolchain, device type or rolled-out upgrade shows within this long
+# on the pages that read these lists on every view; what each page shows of
+# the data follows its data version.
+CATALOGUE_S = 5
+
+
+def catalogue_lists(*, fresh: bool = False) -> tuple[list[Toolchain], dict]:
+    """``toolchain_list()`` and the device types by id, kept for every
+    reader for ``CATALOGUE_S``; read again when ``fresh`` (a page that plans
+    work reads what is there now)."""
+    from django.core.cache import cache
+
+    found = None if fresh else cache.get("catalogue-lists")
+    if found is None:
+        device_types = {d.pk: d for d in DeviceType.objects.all()}
+        found = (toolchain_list(), device_types)
+        cache.set("catalogue-lists", found, CATALOGUE_S)
+    return found
+
+
 def toolchain_hosts() -> dict[int, list[str]]:
     """toolchain id -> the names of the runner hosts that host it (a lab's
     runner whose evidence was imported included). One query."""

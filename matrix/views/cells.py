@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from django.http import HttpResponse
-from django.shortcuts import get_object_or_404, render
+from django.shortcuts import get_object_or_404
 from django.template.defaultfilters import pluralize
 from django.template.loader import render_to_string
 from django.views.decorators.http import require_GET
@@ -13,6 +13,7 @@ from django.views.decorators.http import require_GET
 from matrix import queries
 from matrix.cache import cache_seconds, cached_read, cell_version, read_key
 from matrix.models import Cell, DeviceType, Result, Shape, Status
+from matrix.page_cache import page_response
 from matrix.serving import (
     serve_speedup_floor,
     serving_verdict,
@@ -25,10 +26,15 @@ from matrix.views.operators import operator_points
 HISTORY = 100
 
 
+def _cell_named(shape_id: int, device_type_id: int) -> tuple[Shape, DeviceType]:
+    """The shape and device type a cell URL names, or 404."""
+    shape = get_object_or_404(Shape.objects.select_related("operator"), pk=shape_id)
+    return shape, get_object_or_404(DeviceType, pk=device_type_id)
+
+
 def _cell_address(request, shape_id: int, device_type_id: int):
     """(shape, device type, filters, toolchains) a cell URL names, or 404."""
-    shape = get_object_or_404(Shape.objects.select_related("operator"), pk=shape_id)
-    device_type = get_object_or_404(DeviceType, pk=device_type_id)
+    shape, device_type = _cell_named(shape_id, device_type_id)
     toolchains = queries.toolchain_list()
     return (
         shape,
@@ -66,22 +72,15 @@ def repro_job(shape: Shape, device_type: DeviceType, cell: Cell | None) -> dict:
 
 @require_GET
 def cell_page(request, shape_id: int, device_type_id: int):
-    shape, device_type, filters, toolchains = _cell_address(
-        request, shape_id, device_type_id
-    )
-
-    def content() -> str:
-        return render_to_string(
-            "matrix/cell.html#page-content",
-            cell_context(shape, device_type, filters, toolchains),
-            request,
-        )
-
+    toolchains, _ = queries.catalogue_lists()
+    filters = queries.MatrixFilters.from_params(request.GET, toolchains)
     # The same for every reader until a result of this cell or of its
     # column, or the catalogue, changes: rendered once per cell version (a
     # long history's rows and charts took most of a 120 ms view at 1M
     # results). A page naming an unknown toolchain says so and is not kept,
-    # so made-up values cannot fill the cache.
+    # so made-up values cannot fill the cache; an unknown cell is a 404,
+    # never kept either.
+    key = None
     if cache_seconds() and not filters.unknown:
         toolchain = filters.toolchain.pk if filters.toolchain else None
         key = read_key(
@@ -91,14 +90,25 @@ def cell_page(request, shape_id: int, device_type_id: int):
             sorted(filters.as_params().items()),
             cell_version(shape_id, device_type_id, toolchain),
         )
-        html = cached_read(key, content, cache_seconds())
-    else:
-        html = content()
-    return render(
-        request,
-        "matrix/cell.html",
-        {"shape": shape, "device_type": device_type, "content_html": html},
-    )
+
+    def page(frame: dict) -> str:
+        shape, device_type = _cell_named(shape_id, device_type_id)
+
+        def content() -> str:
+            return render_to_string(
+                "matrix/cell.html#page-content",
+                cell_context(shape, device_type, filters, toolchains),
+                request,
+            )
+
+        html = cached_read(key, content, cache_seconds()) if key else content()
+        return render_to_string(
+            "matrix/cell.html",
+            {"shape": shape, "device_type": device_type, "content_html": html, **frame},
+            request,
+        )
+
+    return page_response(request, key, page)
 
 
 def cell_context(shape, device_type, filters, toolchains) -> dict:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import re
 
-from django.shortcuts import render
 from django.template.loader import render_to_string
 from django.utils.http import urlencode
 from django.utils.safestring import mark_safe
@@ -13,6 +12,7 @@ from django.views.decorators.http import require_GET
 
 from matrix import error_groups, queries
 from matrix.cache import cached_read, data_version, read_key
+from matrix.page_cache import page_response
 
 # A Python list of quoted names as the kernel library words a declaration:
 # "supports ['float16', 'float32'], not bfloat16".
@@ -34,8 +34,9 @@ def readable_declaration(message: str) -> str:
 def errors_page(request):
     """A page of failing groups and a page of unsupported ones, each with its
     own cursor (``after``, ``unsupported_after``); rendered once per data
-    version, toolchain and pair of pages, for every reader."""
-    toolchains = queries.toolchain_list()
+    version, toolchain and pair of pages, for every reader (hundreds of rows
+    through the template engine cost more than reading them)."""
+    toolchains, _ = queries.catalogue_lists()
     filters = queries.MatrixFilters.from_params(request.GET, toolchains)
     toolchain = filters.toolchain
     version = data_version()
@@ -49,8 +50,13 @@ def errors_page(request):
         error_groups.page_start(counts[True], request.GET.get("unsupported_after", "")),
     )
     query = urlencode({"toolchain": toolchain.name} if toolchain else {})
-
-    key = read_key("error-pages", toolchain and toolchain.pk, starts, version)
+    key = read_key(
+        "error-pages",
+        toolchain and toolchain.pk,
+        starts,
+        sorted(filters.as_params().items()),
+        version,
+    )
 
     def pages():
         failing, unsupported = error_groups.error_pages(
@@ -60,26 +66,30 @@ def errors_page(request):
             group.message = readable_declaration(group.message)
         return failing, unsupported
 
-    failing, unsupported = cached_read(key, pages)
-    context = {
-        "groups": failing.groups,
-        "failing": failing,
-        "unsupported": unsupported,
-        "query": query,
-    }
-    # The groups rendered once too: hundreds of rows through the template
-    # engine cost more than reading them.
-    content_html = cached_read(
-        key + ":html",
-        lambda: render_to_string("matrix/errors.html#error-pages", context, request),
-    )
-    return render(
-        request,
-        "matrix/errors.html",
-        {
-            "filters": filters,
-            "toolchains": toolchains,
-            "content_html": mark_safe(content_html),
-            **context,
-        },
-    )
+    def page(frame: dict) -> str:
+        failing, unsupported = cached_read(key, pages)
+        context = {
+            "groups": failing.groups,
+            "failing": failing,
+            "unsupported": unsupported,
+            "query": query,
+        }
+        content_html = cached_read(
+            key + ":html",
+            lambda: render_to_string(
+                "matrix/errors.html#error-pages", context, request
+            ),
+        )
+        return render_to_string(
+            "matrix/errors.html",
+            {
+                "filters": filters,
+                "toolchains": toolchains,
+                "content_html": mark_safe(content_html),
+                **context,
+                **frame,
+            },
+            request,
+        )
+
+    return page_response(request, None if filters.unknown else key, page)

@@ -23,7 +23,8 @@ from django.views.decorators.vary import vary_on_headers
 
 from matrix import gaps, queries
 from matrix.cache import cache_seconds, cached_read, jobs_version, read_key
-from matrix.models import Backend, DeviceType, Dtype, JobStage, Shape, Sweep
+from matrix.models import Backend, Dtype, JobStage, Shape, Sweep
+from matrix.page_cache import page_response
 from runners.services import capabilities_online, sweep_plan
 
 PAGE_SIZE = gaps.PAGE_SIZE
@@ -53,25 +54,9 @@ def _offers_run(user) -> bool:
     )
 
 
-# A new toolchain, device type or rolled-out upgrade shows within this long,
-# as on the matrix page; the gaps themselves follow the data version.
-CATALOGUE_S = 5
-
-
-def _catalogue(*, fresh: bool) -> tuple[list, dict[int, DeviceType]]:
-    """The toolchains and the device types by id; read again when ``fresh``
-    (a page that plans work reads what is there now)."""
-    found = None if fresh else cache.get("gaps:catalogue")
-    if found is None:
-        device_types = {d.pk: d for d in DeviceType.objects.all()}
-        found = (queries.toolchain_list(), device_types)
-        cache.set("gaps:catalogue", found, CATALOGUE_S)
-    return found
-
-
 def _scope(params, *, fresh: bool = False) -> tuple[gaps.GapScope, list]:
     """The gap list the query string or form names, and the toolchains."""
-    toolchains, device_types = _catalogue(fresh=fresh)
+    toolchains, device_types = queries.catalogue_lists(fresh=fresh)
     filters = queries.MatrixFilters.from_params(params, toolchains)
     scope = gaps.GapScope(
         filters,
@@ -265,17 +250,52 @@ def _gap_list_html(request, scope: gaps.GapScope, context: dict) -> str:
 @vary_on_headers("HX-Request")
 def gaps_page(request):
     scope, toolchains = _scope(request.GET)
-    context = _gaps_context(request, scope, toolchains, _offers_run(request.user))
-    html = _gap_list_html(request, scope, context)
-    target = request.htmx.target if request.htmx else None
-    if target == "gap-list":
-        return HttpResponse(html)
-    context["gap_list_html"] = html
-    # Coming back to gaps already queued shows the sweep running them.
-    sweep = _newest_open_sweep(context["summary"])
-    if sweep is not None:
-        context.update(_progress_context(sweep))
-    return render(request, "matrix/gaps.html", context)
+    can_run = _offers_run(request.user)
+    if request.htmx and request.htmx.target == "gap-list":
+        context = _gaps_context(request, scope, toolchains, can_run)
+        return HttpResponse(_gap_list_html(request, scope, context))
+
+    def page(frame: dict) -> str:
+        context = _gaps_context(request, scope, toolchains, can_run)
+        context["gap_list_html"] = _gap_list_html(request, scope, context)
+        # Coming back to gaps already queued shows the sweep running them.
+        sweep = _newest_open_sweep(context["summary"])
+        if sweep is not None:
+            context.update(_progress_context(sweep))
+        return render_to_string("matrix/gaps.html", {**context, **frame}, request)
+
+    return page_response(request, _gaps_page_key(request, scope, can_run), page)
+
+
+def _gaps_page_key(request, scope: gaps.GapScope, can_run: bool) -> str | None:
+    """What the whole page of a reader who cannot run sweeps depends on: the
+    gap list's own key, the page shown and the progress of the sweep the
+    gaps are queued in. A reader who can run sees a plan whose durations
+    follow the clock: their page is rendered per view."""
+    filters = scope.filters
+    if can_run or filters.unknown or filters.text:
+        return None
+    summary = gaps.gap_summary(scope)
+    last_page = max(1, -(-summary.total // PAGE_SIZE))
+    sweep = None
+    if summary.newest_sweep:
+        sweep = (
+            summary.newest_sweep,
+            jobs_version(summary.newest_sweep),
+            int(time.time() // PROGRESS_KEPT_S),
+        )
+    capabilities = scope.capabilities
+    return read_key(
+        "gaps-page",
+        sorted(filters.as_params().items()),
+        min(_page_number(request.GET.get("page")), last_page),
+        scope.build,
+        sorted(capabilities.validate),
+        sorted(capabilities.hosted),
+        sorted(capabilities.nvcc),
+        scope.version or gaps.gaps_version(),
+        sweep,
+    )
 
 
 CSV_COLUMNS = (

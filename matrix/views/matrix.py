@@ -31,6 +31,7 @@ from django.views.decorators.vary import vary_on_headers
 from matrix import queries
 from matrix.cache import cache_seconds, cached_read, read_key
 from matrix.models import Backend, DeviceType, Dtype, Operator, Toolchain
+from matrix.page_cache import page_response
 from matrix.serving import serve_speedup_floor
 from matrix.views.matrix_html import (
     backend_headers,
@@ -168,17 +169,28 @@ def matrix_page(request):
             template += "#matrix-table"
         return render(request, template, context)
     partial = "#matrix-table" if target == "matrix" else "#page-content"
-    html = _rendered(
-        (*parts, partial),
-        lambda: render_to_string(
-            "matrix/matrix.html" + partial,
-            matrix_context(filters, catalogue, open_names, limit),
-            request,
+    key = read_key("matrix-page", (*parts, partial), queries.cells_version())
+
+    def content() -> str:
+        return cached_read(
+            key,
+            lambda: render_to_string(
+                "matrix/matrix.html" + partial,
+                matrix_context(filters, catalogue, open_names, limit),
+                request,
+            ),
+            cache_seconds(),
+        )
+
+    if target == "matrix":
+        return HttpResponse(content())
+    return page_response(
+        request,
+        key,
+        lambda frame: render_to_string(
+            "matrix/matrix.html", {"content_html": content(), **frame}, request
         ),
     )
-    if target == "matrix":
-        return HttpResponse(html)
-    return render(request, "matrix/matrix.html", {"content_html": html})
 
 
 def _rendered(parts: tuple, render_content) -> str:

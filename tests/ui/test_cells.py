@@ -133,14 +133,14 @@ def test_it_refuses_post(client, owner, results, device_types):
     assert client.post(url).status_code == 405
 
 
-def test_a_cell_page_stays_within_twelve_queries(
+def test_a_cell_page_stays_within_thirteen_queries(
     client, results, device_types, django_assert_max_num_queries
 ):
     # One reads the operator's other shapes for the across-shapes chart,
-    # three the toolchains' hosts and the filter choices (shared by every
-    # page for a few seconds; the cache is empty here), one the data
-    # version the rendered page is kept under.
-    with django_assert_max_num_queries(12):
+    # four the toolchains, device types, toolchains' hosts and the filter
+    # choices (shared by every page for a few seconds; the cache is empty
+    # here), one the data version the rendered page is kept under.
+    with django_assert_max_num_queries(13):
         client.get(cell_url(results["second"], "cuda", device_types))
 
 

@@ -28,10 +28,12 @@ def test_an_older_toolchain_has_no_failures(client, results):
     assert "No failing cells" in response.content.decode()
 
 
-def test_errors_page_stays_within_ten_queries(
+def test_errors_page_stays_within_eleven_queries(
     client, results, django_assert_max_num_queries
 ):
-    with django_assert_max_num_queries(10):
+    # The cache is empty here: the toolchains and device types (kept a few
+    # seconds for every page) are read too.
+    with django_assert_max_num_queries(11):
         client.get(reverse("errors"))
 
 
