@@ -21,6 +21,9 @@ runs out first; the count is printed):
 - gaps, the cell with the longest history, errors, the upgrade diff,
 - the API's matrix, gaps and manifest, the matrix again with the ETag it
   got (304 where conditional requests are answered) and after a new result,
+- each page of the mix alone under wrk at saturation for ``--cost-s``
+  seconds: what one request costs of the machine (its cores over the rate),
+  so the rate the mix can reach is known page by page,
 - ingest of signed results through the control worker's path, in messages
   of 5 to 25 results, on cells outside the open proposal and on cells in
   it, beside COPY of the same rows into a real (logged) table,
@@ -59,6 +62,7 @@ from load_web import (  # noqa: E402
     Gunicorn,
     gunicorn_command,
     mixed_load,
+    page_costs,
     percentile,
     time_row,
 )
@@ -117,8 +121,14 @@ def main() -> None:
     parser.add_argument("--ingest-budget-s", type=float, default=90.0)
     parser.add_argument(
         "--parts",
-        default="pages,ingest,mixed",
-        help="which parts to run (a comma list of pages, ingest, mixed)",
+        default="pages,cost,ingest,mixed",
+        help="which parts to run (a comma list of pages, cost, ingest, mixed)",
+    )
+    parser.add_argument(
+        "--cost-s",
+        type=int,
+        default=8,
+        help="seconds of wrk on each page of the mix alone (the cost part)",
     )
     parser.add_argument("--connections", type=int, default=50)
     parser.add_argument("--load-s", type=int, default=30)
@@ -262,6 +272,23 @@ def run_size(args) -> dict:
                 flush=True,
             )
         out["pages"] = rows
+        if "cost" in parts:
+            out["cost"] = page_costs(
+                client,
+                paths,
+                fixture,
+                [key for key, _ in MIX],
+                args.cost_s,
+                server.port,
+                os.cpu_count(),
+            )
+            for key, row in out["cost"].items():
+                print(
+                    f"{args.size} {key} alone: {row['requests_per_s']} requests/s, "
+                    f"{row['machine_ms_per_request']} ms of the machine a request",
+                    file=sys.stderr,
+                    flush=True,
+                )
         if "ingest" in parts:
             out["ingest"] = fixture.ingest_rows(
                 args.ingest_results, args.ingest_budget_s
@@ -693,6 +720,27 @@ def print_table(report: dict) -> None:
             for s in sizes
         )
     )
+    costs = [report["sizes"][s].get("cost") for s in sizes]
+    if any(costs):
+        print("ms of the machine a request, each page of the mix alone at saturation")
+        weights = dict(MIX)
+        for key in weights:
+            cells = [
+                f"{c[key]['machine_ms_per_request']:>12g}" if c else f"{'-':>12}"
+                for c in costs
+            ]
+            print(f"{'  ' + key:<40}" + "".join(cells))
+        mean = [
+            sum(weights[k] * c[k]["machine_ms_per_request"] for k in weights)
+            / sum(weights.values())
+            if c
+            else None
+            for c in costs
+        ]
+        print(
+            f"{'  the mix, weighted':<40}"
+            + "".join(f"{m:>12.2f}" if m else f"{'-':>12}" for m in mean)
+        )
     for key, label in (
         ("mixed", "50 connections mixed, p95 ms (errors)"),
         ("mixed_rest", "  the same, no gaps or upgrade diff"),

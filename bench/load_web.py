@@ -255,10 +255,6 @@ def mixed_load(client, paths, fixture, mix, connections, seconds, port) -> dict:
     # load measures serving, not a cold start.
     for path in dict.fromkeys(weighted):
         client.get(path)
-    lua = WRK_SCRIPT.replace(
-        "{PATHS}", "{" + ", ".join(json.dumps(p) for p in weighted) + "}"
-    )
-    lua = lua.replace("%%", "%")
     stop = threading.Event()
     arrived = [0]
 
@@ -278,32 +274,46 @@ def mixed_load(client, paths, fixture, mix, connections, seconds, port) -> dict:
         db.close_all()
 
     feeder = threading.Thread(target=sweep)
+    feeder.start()
+    try:
+        result = wrk(client, weighted, connections, seconds, port)
+    finally:
+        stop.set()
+        feeder.join()
+    result["connections"] = connections
+    result["results_arrived"] = arrived[0]
+    result["mix"] = dict(mix)
+    return result
+
+
+def wrk(client, paths: list[str], connections: int, seconds: int, port: int) -> dict:
+    """wrk over ``paths`` in turn, signed in as ``client``: latencies,
+    requests a second and errors of every kind."""
+    lua = WRK_SCRIPT.replace(
+        "{PATHS}", "{" + ", ".join(json.dumps(p) for p in paths) + "}"
+    )
+    lua = lua.replace("%%", "%")
     with tempfile.NamedTemporaryFile("w", suffix=".lua") as script:
         script.write(lua)
         script.flush()
-        feeder.start()
-        try:
-            run = subprocess.run(
-                [
-                    "wrk",
-                    "-t2",
-                    f"-c{connections}",
-                    f"-d{seconds}s",
-                    "--timeout",
-                    "10s",
-                    "-H",
-                    f"Cookie: {client.cookie_header()}",
-                    "-s",
-                    script.name,
-                    f"http://127.0.0.1:{port}",
-                ],  # fmt: skip
-                capture_output=True,
-                text=True,
-                check=True,
-            )
-        finally:
-            stop.set()
-            feeder.join()
+        run = subprocess.run(
+            [
+                "wrk",
+                "-t2",
+                f"-c{connections}",
+                f"-d{seconds}s",
+                "--timeout",
+                "10s",
+                "-H",
+                f"Cookie: {client.cookie_header()}",
+                "-s",
+                script.name,
+                f"http://127.0.0.1:{port}",
+            ],  # fmt: skip
+            capture_output=True,
+            text=True,
+            check=True,
+        )
     line = next(x for x in run.stdout.splitlines() if x.startswith("RESULT "))
     result = json.loads(line.removeprefix("RESULT "))
     result["errors"] = sum(
@@ -317,7 +327,32 @@ def mixed_load(client, paths, fixture, mix, connections, seconds, port) -> dict:
         )
     )
     result["requests_per_s"] = round(result["requests"] / result["duration_s"], 1)
-    result["connections"] = connections
-    result["results_arrived"] = arrived[0]
-    result["mix"] = dict(mix)
     return result
+
+
+# Enough connections to keep every worker and the database busy, few
+# enough that wrk itself costs little.
+COST_CONNECTIONS = 8
+
+
+def page_costs(client, paths, fixture, keys, seconds, port, cpus) -> dict:
+    """Each page of the mix alone under wrk at saturation, no result
+    arriving: requests a second, and what one request costs of the machine
+    (its cores over that rate: the web worker, PostgreSQL, Redis and wrk on
+    the same cores). What the mix's rate can reach follows from them."""
+    out = {}
+    for key in keys:
+        targets = [paths[key]]
+        if key == "cell":
+            targets += fixture.cell_paths
+        for path in targets:
+            client.get(path)
+        result = wrk(client, targets, COST_CONNECTIONS, seconds, port)
+        rate = result["requests_per_s"]
+        out[key] = {
+            "requests_per_s": rate,
+            "machine_ms_per_request": round(cpus * 1000 / rate, 2) if rate else None,
+            "p95_ms": result["p95_ms"],
+            "errors": result["errors"],
+        }
+    return out
