@@ -42,3 +42,24 @@ def test_a_deactivated_account_is_signed_out(client, reader):
     reader.save()
     response = client.get(reverse("matrix"))
     assert response.status_code == 302 and reverse("login") in response["Location"]
+
+
+def test_the_user_is_read_as_the_orm_reads_it(client, reader):
+    from django.utils import timezone
+
+    from runners.auth import RoleModelBackend
+
+    reader.last_login = timezone.now()
+    reader.save()
+    user = RoleModelBackend().get_user(str(reader.pk))
+    assert user == reader and user._tilematrix_granted is True
+    assert user.is_active is True and user.is_superuser is False
+    assert user.last_login == reader.last_login and timezone.is_aware(user.last_login)
+
+
+def test_a_session_naming_no_user_signs_nobody_in(db):
+    from runners.auth import RoleModelBackend
+
+    backend = RoleModelBackend()
+    assert backend.get_user("not-a-number") is None
+    assert backend.get_user(2**40) is None
