@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from functools import cached_property
 
 from django.core.cache import cache
@@ -51,7 +52,7 @@ def _choices_read() -> dict:
         kind=Value("model", output_field=CharField())
     ).values_list("kind", "source")
     rows = sorted(names.order_by().union(sources.order_by()))
-    return {
+    choices = {
         "operators": [name for kind, name in rows if kind == "operator"],
         "models": [name for kind, name in rows if kind == "model"],
         "device_types": device_type_list(
@@ -59,6 +60,15 @@ def _choices_read() -> dict:
         ),
         "toolchain_hosts": toolchain_hosts(),
     }
+    # What a kept page's filter form showed (matrix.page_cache).
+    shown = [
+        choices["operators"],
+        choices["models"],
+        [(d.pk, str(d)) for d in choices["device_types"]],
+        sorted(choices["toolchain_hosts"].items()),
+    ]
+    choices["digest"] = hashlib.sha256(repr(shown).encode()).hexdigest()[:16]
+    return choices
 
 
 class FilterChoices:
@@ -84,6 +94,11 @@ class FilterChoices:
     @property
     def toolchain_hosts(self) -> dict[int, list[str]]:
         return self._data["toolchain_hosts"]
+
+    @property
+    def digest(self) -> str:
+        """Changes whenever any of the values offered does."""
+        return self._data["digest"]
 
 
 def filter_choices(request) -> dict:

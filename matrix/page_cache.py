@@ -5,7 +5,8 @@ who cannot run sweeps) is the same for every signed-in reader of the same
 address until its data changes, except for the page's frame: the reader's
 name, their CSRF token and whether the navigation offers the admin site. The
 page is rendered once with stand-ins for the name and the token (once per
-admin-link choice), kept under a key that names its data version, and each
+admin-link choice), kept under a key that names its data version and the
+values its filter form offers (kept a few seconds for every page), and each
 view puts in the reader's own name and token: a view served from the cache
 runs no template. Under 50 readers at once, rendering the frame and the
 filter form was most of what a cached page still cost.
@@ -26,7 +27,7 @@ from django.middleware.csrf import get_token
 from django.utils.html import escape
 
 from matrix.cache import cache_seconds, cached_read
-from matrix.context_processors import admin_link_of
+from matrix.context_processors import FilterChoices, admin_link_of
 
 
 @once
@@ -66,8 +67,11 @@ def page_response(
     admin_link = admin_link_of(request.user)
     name, token = _slots()
     frame = {"user": _AnyReader(), "csrf_token": token, "admin_link": admin_link}
+    choices = FilterChoices().digest
     html = cached_read(
-        f"{key}:page:{int(admin_link)}", lambda: render(frame), cache_seconds()
+        f"{key}:page:{int(admin_link)}:{choices}",
+        lambda: render(frame),
+        cache_seconds(),
     )
     html = html.replace(name, escape(request.user.get_username()))
     return HttpResponse(html.replace(token, get_token(request)))

@@ -120,3 +120,22 @@ def test_a_reader_who_can_run_sweeps_gets_the_gaps_page_rendered(results, viewer
     client.get(reverse("gaps"))
     # Run missing's plan follows the clock: never kept for this reader.
     assert client.get(reverse("gaps")).templates
+
+
+@pytest.mark.parametrize("page", ["errors", "gaps"])
+def test_a_kept_page_offers_a_new_host_in_its_filters(
+    page, results, toolchains, viewer, monkeypatch
+):
+    from matrix import context_processors
+    from runners.models import Runner, RunnerToolchain
+
+    # The filter choices are kept a few seconds for every page; here not at
+    # all, so the page's key is all that could keep the old form.
+    monkeypatch.setattr(context_processors, "CHOICES_SECONDS", 0)
+    client = signed_in(viewer)
+    assert "lab-host-7" not in client.get(reverse(page)).content.decode()
+    lab = Runner.objects.create(name="lab-host-7", public_key="cd" * 32)
+    RunnerToolchain.objects.create(
+        runner=lab, toolchain=toolchains[1], interpreter="/usr/bin/python3"
+    )
+    assert "lab-host-7" in client.get(reverse(page)).content.decode()
