@@ -517,7 +517,7 @@ def coverage_matrix(request, params: Query[MatrixParams]):
         params.limit,
         params.offset,
         params.cursor,
-        data_version(),
+        version=data_version(),
     )
     return json_answer(
         request,
@@ -560,7 +560,7 @@ def coverage_gaps(request, params: Query[GapsQuery]):
         # and what is runnable.
         request.build_absolute_uri("/"),
         *(sorted(part) for part in vars(capabilities).values()),
-        version,
+        version=version,
     )
     return json_answer(
         request,

@@ -21,6 +21,14 @@ process for up to ``NEAR_S`` longer.
 
 The API's answers carry an ``ETag`` made from the same key, so a client
 that polls (a CI step) gets a 304 without a body until the data changes.
+
+A whole answer (a reader page, an API answer) is not waited for: while one
+reader computes it for a new data version, a reader arriving meanwhile is
+given the answer to the version before, the newest one kept, with its own
+``ETag`` (``answer_read``). A request that finds nothing being computed
+computes the new answer, so the request after a result still shows it;
+under 50 readers while results arrive every few seconds, every reader of a
+slow page had been waiting for the one computing it.
 """
 
 from __future__ import annotations
@@ -244,9 +252,22 @@ def cache_seconds() -> int:
     return int(getattr(settings, "TILEMATRIX_MATRIX_CACHE_S", 300))
 
 
-def read_key(name: str, *parts) -> str:
-    """A cache key for the read ``name`` over ``parts`` (filters, versions)."""
-    return f"{name}:" + hashlib.sha256(repr(parts).encode()).hexdigest()
+def read_key(name: str, *parts, version=None) -> str:
+    """A cache key for the read ``name`` over ``parts`` (filters) and
+    ``version`` (what moves with the data). The version is named apart
+    (after an ``@``) where ``answer_read`` may give the answer to an earlier
+    one; a read that must never do that puts it among ``parts``."""
+    key = f"{name}:" + hashlib.sha256(repr(parts).encode()).hexdigest()
+    if version is not None:
+        key += "@" + hashlib.sha256(repr(version).encode()).hexdigest()[:32]
+    return key
+
+
+def derived_key(key: str, *more) -> str:
+    """The key of a read made from ``key``'s (a page around its content):
+    ``more`` joins its name, its version stays apart."""
+    family, at, version = key.partition("@")
+    return ":".join([family, *map(str, more)]) + at + version
 
 
 def cached_read(key: str, compute, timeout: int | None = None):
@@ -255,26 +276,51 @@ def cached_read(key: str, compute, timeout: int | None = None):
     for its answer (up to COMPUTE_WAIT_S, then they compute it too). A new
     result misses every read at once, so under load each web worker would
     otherwise compute the same read side by side."""
+    return _read(key, compute, timeout, earlier="@" in key)[1]
+
+
+def answer_read(key: str, compute, timeout: int | None = None) -> tuple[str, object]:
+    """``(key served, value)``: as ``cached_read``, except that while another
+    reader computes the value for a key naming its version apart
+    (``read_key(..., version=)``), this one is given the newest value kept
+    for an earlier version of the same read, where there is one, instead
+    of waiting. Only for what a response sends as it is: a value read this
+    way must not go into another kept value, which would then name a
+    version it does not show."""
+    return _read(key, compute, timeout, earlier="@" in key)
+
+
+def _read(key: str, compute, timeout: int | None, *, earlier: bool):
     value = cache.get(key)
     if value is not None:
-        return value
+        return key, value
+    newest = key.partition("@")[0] + "@newest"
     lock = key + ":computing"
     if not cache.add(lock, 1, COMPUTE_LOCK_S):
+        served = cache.get(newest) if earlier else None
+        if served is not None and served != key:
+            value = cache.get(served)
+            if value is not None:
+                return served, value
         deadline = time.monotonic() + COMPUTE_WAIT_S
         while time.monotonic() < deadline:
             time.sleep(COMPUTE_POLL_S)
             value = cache.get(key)
             if value is not None:
-                return value
+                return key, value
     try:
         value = compute()
         if timeout is None:
             cache.set(key, value)
+            if earlier:
+                cache.set(newest, key)
         else:
             cache.set(key, value, timeout)
+            if earlier:
+                cache.set(newest, key, timeout)
     finally:
         cache.delete(lock)
-    return value
+    return key, value
 
 
 def etag_of(key: str) -> str:
@@ -288,8 +334,7 @@ def json_answer(request, key: str, compute, schema) -> HttpResponse:
     renders, from the cache when another request computed it."""
     from matrix.api import api
 
-    etag = etag_of(key)
-    not_modified = get_conditional_response(request, etag=etag)
+    not_modified = get_conditional_response(request, etag=etag_of(key))
     if not_modified is None:
 
         def render() -> bytes:
@@ -299,13 +344,16 @@ def json_answer(request, key: str, compute, schema) -> HttpResponse:
             content = api.renderer.render(request, data, response_status=200)
             return content.encode() if isinstance(content, str) else content
 
+        # Under load, the answer to the version before while another request
+        # computes this one, sent with that answer's own ETag.
+        key, content = answer_read(key, render)
         response = HttpResponse(
-            cached_read(key, render),
+            content,
             content_type=f"{api.renderer.media_type}; charset={api.renderer.charset}",
         )
     else:
         response = not_modified
-    response["ETag"] = etag
+    response["ETag"] = etag_of(key)
     # Every use asks again, and a 304 costs no body.
     response["Cache-Control"] = "private, no-cache"
     return response

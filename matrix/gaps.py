@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from django.core.cache import cache
 from django.db import connection
 
+from matrix.cache import cached_read
 from matrix.models import (
     BACKEND_PRIORITY,
     EVIDENCE,
@@ -301,11 +302,7 @@ def _cached(scope: GapScope, read: tuple, compute):
         )
     )
     key = "gaps:" + hashlib.sha256(key.encode()).hexdigest()
-    found = cache.get(key)
-    if found is None:
-        found = compute()
-        cache.set(key, found, CACHE_S)
-    return found
+    return cached_read(key, compute, CACHE_S)
 
 
 # --- counts ----------------------------------------------------------------

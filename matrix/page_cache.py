@@ -8,7 +8,8 @@ page is rendered once with stand-ins for the name and the token (once per
 admin-link choice), kept under a key that names its data version and the
 values its filter form offers (kept a few seconds for every page), and each
 view puts in the reader's own name and token: a view served from the cache
-runs no template. Under 50 readers at once, rendering the frame and the
+runs no template. While one reader renders a page for a new data version,
+the others are given the page of the version before (``answer_read``). Under 50 readers at once, rendering the frame and the
 filter form was most of what a cached page still cost.
 
 A view with messages to show (a notice after a form) is rendered as usual,
@@ -26,7 +27,7 @@ from django.http import HttpResponse
 from django.middleware.csrf import get_token
 from django.utils.html import escape
 
-from matrix.cache import cache_seconds, cached_read
+from matrix.cache import answer_read, cache_seconds, derived_key
 from matrix.context_processors import FilterChoices, admin_link_of
 
 
@@ -68,8 +69,8 @@ def page_response(
     name, token = _slots()
     frame = {"user": _AnyReader(), "csrf_token": token, "admin_link": admin_link}
     choices = FilterChoices().digest
-    html = cached_read(
-        f"{key}:page:{int(admin_link)}:{choices}",
+    _, html = answer_read(
+        derived_key(key, "page", int(admin_link), choices),
         lambda: render(frame),
         cache_seconds(),
     )

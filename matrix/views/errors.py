@@ -11,7 +11,7 @@ from django.utils.safestring import mark_safe
 from django.views.decorators.http import require_GET
 
 from matrix import error_groups, queries
-from matrix.cache import cached_read, data_version, read_key
+from matrix.cache import cached_read, data_version, derived_key, read_key
 from matrix.page_cache import page_response
 
 # A Python list of quoted names as the kernel library words a declaration:
@@ -40,14 +40,20 @@ def errors_page(request):
     filters = queries.MatrixFilters.from_params(request.GET, toolchains)
     toolchain = filters.toolchain
     version = data_version()
-    counts = cached_read(
-        read_key("error-counts", toolchain and toolchain.pk, version),
-        lambda: error_groups.error_counts(toolchain),
-    )
-    # Keyed by where the pages start, so a made-up cursor adds no entry.
-    starts = (
-        error_groups.page_start(counts[False], request.GET.get("after", "")),
-        error_groups.page_start(counts[True], request.GET.get("unsupported_after", "")),
+
+    def counts() -> dict:
+        return cached_read(
+            read_key("error-counts", toolchain and toolchain.pk, version),
+            lambda: error_groups.error_counts(toolchain),
+        )
+
+    # Keyed by where the pages start, so a made-up cursor adds no entry. The
+    # first pages start at the top: their key needs no counts, so a reader
+    # arriving while another computes them is not kept waiting for those.
+    cursors = (request.GET.get("after", ""), request.GET.get("unsupported_after", ""))
+    starts = tuple(
+        error_groups.page_start(counts()[unsupported], cursor) if cursor else 0
+        for unsupported, cursor in zip((False, True), cursors, strict=True)
     )
     query = urlencode({"toolchain": toolchain.name} if toolchain else {})
     key = read_key(
@@ -55,12 +61,12 @@ def errors_page(request):
         toolchain and toolchain.pk,
         starts,
         sorted(filters.as_params().items()),
-        version,
+        version=version,
     )
 
     def pages():
         failing, unsupported = error_groups.error_pages(
-            toolchain, counts=counts, starts=starts
+            toolchain, counts=counts(), starts=starts
         )
         for group in unsupported.groups:
             group.message = readable_declaration(group.message)
@@ -75,7 +81,7 @@ def errors_page(request):
             "query": query,
         }
         content_html = cached_read(
-            key + ":html",
+            derived_key(key, "html"),
             lambda: render_to_string(
                 "matrix/errors.html#error-pages", context, request
             ),

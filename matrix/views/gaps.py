@@ -293,8 +293,8 @@ def _gaps_page_key(request, scope: gaps.GapScope, can_run: bool) -> str | None:
         sorted(capabilities.validate),
         sorted(capabilities.hosted),
         sorted(capabilities.nvcc),
-        scope.version or gaps.gaps_version(),
         sweep,
+        version=scope.version or gaps.gaps_version(),
     )
 
 

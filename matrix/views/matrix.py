@@ -169,7 +169,7 @@ def matrix_page(request):
             template += "#matrix-table"
         return render(request, template, context)
     partial = "#matrix-table" if target == "matrix" else "#page-content"
-    key = read_key("matrix-page", (*parts, partial), queries.cells_version())
+    key = read_key("matrix-page", (*parts, partial), version=queries.cells_version())
 
     def content() -> str:
         return cached_read(

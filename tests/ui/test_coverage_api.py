@@ -308,3 +308,32 @@ def test_a_repeated_matrix_request_is_answered_from_the_cache(
     # version: nothing of the matrix itself.
     with django_assert_max_num_queries(5):
         assert reader.get(MATRIX).status_code == 200
+
+
+def test_while_another_request_computes_a_new_matrix_a_reader_gets_the_one_before(
+    reader, results, toolchains, device_types, monkeypatch
+):
+    """Under load: the answer to the version before, with that answer's own
+    ETag, so the client asks again and gets the new one once it is kept."""
+    from django.core.cache import cache
+
+    from matrix import cache as reads
+
+    first = reader.get(MATRIX)
+    record(results["second"], device_types["c"], toolchains[1], Status.PASS)
+    real_add = cache.add
+    monkeypatch.setattr(
+        cache,
+        "add",
+        lambda key, *a, **k: (
+            False if key.endswith(":computing") else real_add(key, *a, **k)
+        ),
+    )
+    monkeypatch.setattr(reads, "COMPUTE_WAIT_S", 0.05)
+    earlier = reader.get(MATRIX)
+    assert earlier.status_code == 200
+    assert earlier.content == first.content and earlier["ETag"] == first["ETag"]
+    monkeypatch.undo()
+    fresh = reader.get(MATRIX, headers={"If-None-Match": first["ETag"]})
+    assert fresh.status_code == 200 and fresh["ETag"] != first["ETag"]
+    assert fresh.json()["cells"] != first.json()["cells"]

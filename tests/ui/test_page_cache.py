@@ -139,3 +139,89 @@ def test_a_kept_page_offers_a_new_host_in_its_filters(
         runner=lab, toolchain=toolchains[1], interpreter="/usr/bin/python3"
     )
     assert "lab-host-7" in client.get(reverse(page)).content.decode()
+
+
+def _another_reader_computes_every_answer(monkeypatch) -> None:
+    """Another web worker holds the lock of every whole answer (a page, an
+    API answer) for a new version and has not answered yet: a reader waits
+    at most a moment for the reads inside one."""
+    from django.core.cache import cache
+
+    from matrix import cache as reads
+
+    real_add = cache.add
+
+    def add(key, *args, **kwargs):
+        if key.endswith(":computing") and "@" in key:
+            return False
+        return real_add(key, *args, **kwargs)
+
+    monkeypatch.setattr(cache, "add", add)
+    monkeypatch.setattr(reads, "COMPUTE_WAIT_S", 0.05)
+
+
+def _new_failure(results, toolchains, device_types) -> None:
+    record(
+        results["top"],
+        device_types["c"],
+        toolchains[1],
+        Status.RUNTIME_ERROR,
+        error_signature="cuda-launch-failed",
+        error_message="CUDA error: an illegal memory access was encountered",
+    )
+
+
+def test_a_reader_arriving_while_another_renders_a_new_version_gets_the_page_before(
+    results, toolchains, device_types, viewer, owner, monkeypatch
+):
+    signed_in(viewer).get(reverse("errors"))
+    _new_failure(results, toolchains, device_types)
+    _another_reader_computes_every_answer(monkeypatch)
+    earlier = signed_in(owner).get(reverse("errors"))
+    assert earlier.status_code == 200 and not earlier.templates
+    body = earlier.content.decode()
+    assert "tile shape does not divide M" in body
+    assert "illegal memory access" not in body, "the page before the new result"
+    assert "owner ·" in body, "still the reader's own frame"
+    monkeypatch.undo()
+    # Once nobody is computing it, the next view computes the new page.
+    assert "illegal memory access" in (
+        signed_in(owner).get(reverse("errors")).content.decode()
+    )
+
+
+def test_with_no_page_kept_before_a_reader_gets_the_new_version_itself(
+    results, toolchains, device_types, viewer, monkeypatch
+):
+    _new_failure(results, toolchains, device_types)
+    _another_reader_computes_every_answer(monkeypatch)
+    body = signed_in(viewer).get(reverse("errors")).content.decode()
+    assert "illegal memory access" in body
+
+
+def test_a_page_given_from_the_version_before_is_not_kept_as_the_new_one(
+    results, toolchains, device_types, viewer, monkeypatch
+):
+    """The reads inside a page name their version too: a page rendered while
+    the new error groups were being computed elsewhere waits for them, so
+    it never keeps the groups of the version before under the new key."""
+    client = signed_in(viewer)
+    client.get(reverse("errors"))
+    _new_failure(results, toolchains, device_types)
+    from django.core.cache import cache
+
+    real_add = cache.add
+
+    def add(key, *args, **kwargs):
+        # The page's own lock is free; the groups' read is someone else's.
+        if key.endswith(":computing") and ":page:" not in key and "@" in key:
+            return False
+        return real_add(key, *args, **kwargs)
+
+    monkeypatch.setattr(cache, "add", add)
+    from matrix import cache as reads
+
+    monkeypatch.setattr(reads, "COMPUTE_WAIT_S", 0.05)
+    assert "illegal memory access" in client.get(reverse("errors")).content.decode()
+    monkeypatch.undo()
+    assert "illegal memory access" in client.get(reverse("errors")).content.decode()
