@@ -276,7 +276,7 @@ def cached_read(key: str, compute, timeout: int | None = None):
     for its answer (up to COMPUTE_WAIT_S, then they compute it too). A new
     result misses every read at once, so under load each web worker would
     otherwise compute the same read side by side."""
-    return _read(key, compute, timeout, earlier="@" in key)[1]
+    return _read(key, compute, timeout, earlier=False)[1]
 
 
 def answer_read(key: str, compute, timeout: int | None = None) -> tuple[str, object]:

@@ -88,7 +88,7 @@ def cell_page(request, shape_id: int, device_type_id: int):
             shape_id,
             device_type_id,
             sorted(filters.as_params().items()),
-            cell_version(shape_id, device_type_id, toolchain),
+            version=cell_version(shape_id, device_type_id, toolchain),
         )
 
     def page(frame: dict) -> str:
