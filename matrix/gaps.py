@@ -345,9 +345,9 @@ class GapSummary:
         return reasons
 
 
-def gap_summary(scope: GapScope) -> GapSummary:
-    """The counts of the whole list, by kind and by what Run missing would
-    plan for it. One grouped query."""
+def _summary_groups(scope: GapScope) -> list[tuple]:
+    """The whole list's gaps counted by kind, device type, status and whether
+    a sweep holds them: one grouped query, kept per data version."""
     candidates, params = _candidates_sql(scope)
     sql = f"""
         SELECT g.kind, g.device_type_id, g.status, g.open_sweep IS NOT NULL,
@@ -355,9 +355,27 @@ def gap_summary(scope: GapScope) -> GapSummary:
         FROM ({candidates}) g
         GROUP BY g.kind, g.device_type_id, g.status, g.open_sweep IS NOT NULL
     """
+    return _cached(scope, ("summary",), lambda: _fetch(sql, params))
+
+
+def gap_extent(scope: GapScope) -> tuple[int, int | None]:
+    """How many gaps the list holds and the newest sweep holding some: what a
+    kept page's key needs, without planning each group as the summary does
+    (most of what a gaps page view served from the cache still cost)."""
+    total = newest = 0
+    for _kind, _dt_id, _status, queued, n, _low, high in _summary_groups(scope):
+        total += n
+        if queued:
+            newest = max(newest, high)
+    return total, newest or None
+
+
+def gap_summary(scope: GapScope) -> GapSummary:
+    """The counts of the whole list, by kind and by what Run missing would
+    plan for it."""
     summary = GapSummary(kinds=dict.fromkeys(KINDS, 0))
     oldest = None
-    groups = _cached(scope, ("summary",), lambda: _fetch(sql, params))
+    groups = _summary_groups(scope)
     for kind, dt_id, status, queued, n, low, high in groups:
         queued = bool(queued)
         summary.total += n

@@ -563,6 +563,12 @@ class Result(models.Model):
             models.Index(
                 fields=["device_type", "toolchain", "id"], name="result_column_newest"
             ),
+            # The newest result of a cell's history, on any toolchain, from
+            # the index alone: through the index above, a cell page's version
+            # read one heap page per result of its history (433 at 1M).
+            models.Index(
+                fields=["shape", "device_type", "id"], name="result_history_newest"
+            ),
         ]
         constraints = [
             models.UniqueConstraint(

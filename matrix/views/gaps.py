@@ -275,13 +275,13 @@ def _gaps_page_key(request, scope: gaps.GapScope, can_run: bool) -> str | None:
     filters = scope.filters
     if can_run or filters.unknown or filters.text:
         return None
-    summary = gaps.gap_summary(scope)
-    last_page = max(1, -(-summary.total // PAGE_SIZE))
+    total, newest_sweep = gaps.gap_extent(scope)
+    last_page = max(1, -(-total // PAGE_SIZE))
     sweep = None
-    if summary.newest_sweep:
+    if newest_sweep:
         sweep = (
-            summary.newest_sweep,
-            jobs_version(summary.newest_sweep),
+            newest_sweep,
+            jobs_version(newest_sweep),
             int(time.time() // PROGRESS_KEPT_S),
         )
     capabilities = scope.capabilities
