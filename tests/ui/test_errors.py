@@ -194,3 +194,34 @@ def test_a_repeated_errors_request_reads_no_cell(
     # The toolchains and the data version: the groups come from the cache.
     with django_assert_max_num_queries(2):
         client.get(reverse("errors"))
+
+
+def test_a_signature_failing_and_unsupported_is_two_groups_each_with_its_own_cells(
+    results, toolchains, device_types
+):
+    _, current = toolchains
+    shape = Shape.objects.filter(operator__name="rmsnorm", served=True).first()
+    record(
+        shape,
+        device_types["hip"],
+        current,
+        Status.UNSUPPORTED,
+        error_signature=SIGNATURE,
+        error_message="rmsnorm has no hip kernel",
+    )
+    failing, unsupported = error_groups.error_pages(current)
+    (fails,) = failing.groups
+    (declared,) = unsupported.groups
+    assert fails.signature == declared.signature == SIGNATURE
+    assert (fails.count, declared.count) == (2, 1)
+    assert {c.shape_id for c in fails.cells} == {
+        results["second"].pk,
+        results["third"].pk,
+    }
+    assert [(c.shape_id, c.status) for c in declared.cells] == [
+        (shape.pk, Status.UNSUPPORTED)
+    ]
+    assert fails.operators == ["gemm"] and declared.operators == ["rmsnorm"]
+    assert Status.UNSUPPORTED not in fails.statuses
+    assert declared.statuses == [Status.UNSUPPORTED]
+    assert declared.message == "rmsnorm has no hip kernel"
