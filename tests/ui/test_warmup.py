@@ -51,3 +51,20 @@ def test_a_cold_worker_compiles_them_on_its_first_views(
     client.force_login(viewer)
     pages(client, results, device_types)
     assert "matrix/gaps.html" in compiled and "base.html" in compiled
+
+
+def test_a_workers_loaded_application_is_out_of_the_collectors_sight():
+    """gunicorn loads matrix.wsgi in each worker: what it loaded is frozen,
+    so a full garbage collection under load does not walk it."""
+    import os
+    import subprocess
+    import sys
+
+    counted = subprocess.run(
+        [sys.executable, "-c", "import gc, matrix.wsgi; print(gc.get_freeze_count())"],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "DJANGO_SETTINGS_MODULE": "matrix.settings"},
+    )
+    assert int(counted.stdout.split()[-1]) > 50_000
