@@ -296,8 +296,13 @@ def _read(key: str, compute, timeout: int | None, *, earlier: bool):
         return key, value
     newest = key.partition("@")[0] + "@newest"
     lock = key + ":computing"
-    if not cache.add(lock, 1, COMPUTE_LOCK_S):
-        served = cache.get(newest) if earlier else None
+    if not cache.add(lock, time.time(), COMPUTE_LOCK_S):
+        # The earlier answer only while the other request is recent: one
+        # that died computing leaves its lock for COMPUTE_LOCK_S, and its
+        # readers then compute the new answer as they would without one.
+        started = cache.get(lock) if earlier else None
+        recent = started is None or time.time() - started < COMPUTE_WAIT_S
+        served = cache.get(newest) if earlier and recent else None
         if served is not None and served != key:
             value = cache.get(served)
             if value is not None:

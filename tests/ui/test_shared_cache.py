@@ -237,3 +237,27 @@ def test_a_process_keeps_at_most_near_bytes(shared_cache, monkeypatch):
     # The oldest went first, and is still read from Redis.
     assert not any(key.endswith(":page-0") for key in held._near)
     assert cache.get("page-0") == "x" * 1_000
+
+
+def test_an_earlier_answer_is_given_only_while_the_one_computing_is_recent(
+    monkeypatch,
+):
+    """A request that died computing the new answer leaves its lock behind:
+    its readers compute the answer themselves, not the old one for as long
+    as the lock lasts."""
+    import time
+
+    from django.core.cache import cache
+
+    from matrix import cache as reads
+
+    read = uuid.uuid4().hex
+    older = reads.read_key("test-read", read, version=1)
+    assert reads.answer_read(older, lambda: "old") == (older, "old")
+    newer = reads.read_key("test-read", read, version=2)
+    cache.add(newer + ":computing", time.time(), 30)
+    assert reads.answer_read(newer, lambda: "new") == (older, "old")
+    monkeypatch.setattr(reads, "COMPUTE_WAIT_S", 0.05)
+    cache.set(newer + ":computing", time.time() - 60, 30)
+    assert reads.answer_read(newer, lambda: "new") == (newer, "new")
+    assert reads.answer_read(newer, lambda: "again") == (newer, "new")
