@@ -25,7 +25,7 @@ from ninja.errors import HttpError
 
 from matrix import gaps, queries
 from matrix.api_errors import Problem
-from matrix.cache import data_version, json_answer, read_key
+from matrix.cache import current_toolchain_in, data_version, json_answer, read_key
 from matrix.models import (
     ID_MAX,
     Backend,
@@ -163,17 +163,22 @@ class GapsOut(Schema):
     gaps: list[GapOut]
 
 
-def _checked(params: CoverageFilters) -> queries.MatrixFilters:
-    """The pages' filters, after refusing what the pages would quietly drop."""
-    toolchains = queries.toolchain_list()
+def _checked(params: CoverageFilters, current_id: int | None) -> queries.MatrixFilters:
+    """The pages' filters, after refusing what the pages would quietly drop.
+    ``current_id``: the current toolchain as the answer's version query read
+    it (the toolchains come from the lists kept a few seconds; building
+    their query took about 40% of a kept answer's time)."""
+    toolchains = queries.toolchains_as_of(current_id)
     chosen = ""
     if params.toolchain:
-        found = [t for t in toolchains if params.toolchain in (t.name, t.fingerprint)]
-        if not found:
+        found = queries.find_toolchain(toolchains, params.toolchain)
+        if found is None:
             raise HttpError(
                 404, f"no toolchain named or fingerprinted {params.toolchain!r}"
             )
-        chosen = found[0].name
+        chosen = found.name
+        if found not in toolchains:  # newer than the kept lists
+            toolchains = [*toolchains, found]
     for name, allowed in (
         ("dtype", Dtype.values),
         ("backend", Backend.values),
@@ -518,7 +523,8 @@ def coverage_matrix(request, params: Query[MatrixParams]):
     at a time: follow `next` (or use `offset`). Computed once per data
     version for every reader; send the `ETag` back in `If-None-Match` and
     an unchanged matrix answers 304 with no body."""
-    filters = _checked(params)
+    version = data_version()
+    filters = _checked(params, current_toolchain_in(version))
     key = read_key(
         "api-matrix",
         sorted(filters.as_params().items()),
@@ -526,7 +532,7 @@ def coverage_matrix(request, params: Query[MatrixParams]):
         params.limit,
         params.offset,
         params.cursor,
-        version=data_version(),
+        version=version,
     )
     return json_answer(
         request,
@@ -547,7 +553,8 @@ def coverage_gaps(request, params: Query[GapsQuery]):
     Follow ``next`` to the last page. Computed once per data version and
     set of online runners for every reader; send the `ETag` back in
     `If-None-Match` and an unchanged list answers 304 with no body."""
-    filters = _checked(params)
+    version = gaps.gaps_version()
+    filters = _checked(params, gaps.current_toolchain_in(version))
     after = None
     if params.cursor:
         if params.offset:
@@ -558,7 +565,6 @@ def coverage_gaps(request, params: Query[GapsQuery]):
                 400, "cursor is not one this API gave out: start from the first page"
             )
     capabilities = capabilities_online()
-    version = gaps.gaps_version()
     key = read_key(
         "api-gaps",
         sorted(filters.as_params().items()),
@@ -710,7 +716,7 @@ def coverage_models(request, params: Query[ModelFilters]):
     TileLang, fall back to the reference, or are not validated yet, in all
     and per step size, with the biggest missing pieces, as the Models page
     shows them."""
-    filters = _checked(params)
+    filters = _checked(params, current_toolchain_in(data_version()))
     models = model_coverage(filters)
     out = []
     base = filters.as_params()

@@ -390,11 +390,12 @@ def _catalogue_stamp() -> tuple[list[str], list]:
         f" || CAST(SUM(CASE WHEN served THEN weight ELSE 0 END) AS TEXT) FROM {shape}"
     )
     parts = [
+        # First: current_toolchain_in() reads it there.
+        f"SELECT MAX(id) FROM {_table(Toolchain)} WHERE is_current",
         shapes,
         f"SELECT COUNT(*) FROM {_table(DeviceType)}",
         f"SELECT MAX(id) FROM {_table(DeviceType)}",
         f"SELECT COUNT(*) FROM {_table(Toolchain)}",
-        f"SELECT MAX(id) FROM {_table(Toolchain)} WHERE is_current",
         f"SELECT MAX(id) FROM {revision}",
         f"SELECT SUM(id) FROM {revision} WHERE is_current",
         f"SELECT COUNT(*) FROM {_table(UpgradeProposal)} WHERE state = %s",
@@ -416,6 +417,11 @@ def data_version() -> tuple:
 
     catalogue, params = _catalogue_stamp()
     return _versions([f"SELECT MAX(id) FROM {_table(Result)}", *catalogue], params)
+
+
+def current_toolchain_in(version: tuple) -> int | None:
+    """The current toolchain's id as ``data_version()`` read it."""
+    return version[1]
 
 
 def cell_version(shape_id: int, device_type_id: int, toolchain_id: int | None):
@@ -472,8 +478,9 @@ def jobs_version(sweep_id: int | None = None) -> tuple:
 def manifest_version() -> tuple:
     """What the manifest depends on, in one query: its rows, the proposals
     that approved them (an approval, a rollout or a withdrawal changes which
-    rows are served) and the device types it names."""
-    from matrix.models import DeviceType, ManifestEntry, UpgradeProposal
+    rows are served), the device types it names and, last, the current
+    toolchain's id (the manifest a reader gets by default)."""
+    from matrix.models import DeviceType, ManifestEntry, Toolchain, UpgradeProposal
 
     entries, proposals = _table(ManifestEntry), _table(UpgradeProposal)
     served = f"FROM {proposals} WHERE state IN (%s, %s)"
@@ -485,6 +492,7 @@ def manifest_version() -> tuple:
         f"SELECT MAX(approved_at) {served}",
         f"SELECT COUNT(*) FROM {_table(DeviceType)}",
         f"SELECT MAX(id) FROM {_table(DeviceType)}",
+        f"SELECT MAX(id) FROM {_table(Toolchain)} WHERE is_current",
     ]
     states = [UpgradeProposal.State.APPROVED, UpgradeProposal.State.ROLLED_OUT]
     return _versions(parts, states * 3)

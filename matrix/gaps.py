@@ -47,6 +47,7 @@ from matrix.models import (
     ServedCall,
     Shape,
     Status,
+    Toolchain,
     ValidationJob,
 )
 from matrix.queries import EMPTY, STALE, MatrixFilters, state_label, status_kind
@@ -275,9 +276,15 @@ def gaps_version() -> tuple:
             ({served}),
             (SELECT SUM(id) FROM {revision} WHERE is_current = %s),
             (SELECT COUNT(*) FROM {DeviceType._meta.db_table}),
-            (SELECT SUM(id) FROM {DeviceType._meta.db_table})
+            (SELECT SUM(id) FROM {DeviceType._meta.db_table}),
+            (SELECT MAX(id) FROM {Toolchain._meta.db_table} WHERE is_current)
     """
     return tuple(_fetch(sql, [True, True])[0])
+
+
+def current_toolchain_in(version: tuple) -> int | None:
+    """The current toolchain's id as ``gaps_version()`` read it (last)."""
+    return version[-1]
 
 
 def _cached(scope: GapScope, read: tuple, compute):

@@ -283,6 +283,31 @@ def catalogue_lists(*, fresh: bool = False) -> tuple[list[Toolchain], dict]:
     return found
 
 
+def toolchains_as_of(current_id: int | None) -> list[Toolchain]:
+    """The kept toolchain list, read again when the toolchain it holds as
+    current is not ``current_id`` (what a version query has just read): a
+    rollout shows on the next request, not after the lists expire."""
+    toolchains = catalogue_lists()[0]
+    if current_id != next((t.pk for t in toolchains if t.is_current), None):
+        toolchains = catalogue_lists(fresh=True)[0]
+    return toolchains
+
+
+def find_toolchain(toolchains: list[Toolchain], ref: str | int) -> Toolchain | None:
+    """The toolchain named or fingerprinted ``ref`` (or of that id) in
+    ``toolchains``, or, when they do not hold it, in what is there now: a
+    toolchain newer than a kept list is never refused."""
+
+    def pick(found: list[Toolchain]) -> Toolchain | None:
+        if isinstance(ref, int):
+            return next((t for t in found if t.pk == ref), None)
+        return next((t for t in found if ref in (t.name, t.fingerprint)), None)
+
+    if ref == "":
+        return None
+    return pick(toolchains) or pick(catalogue_lists(fresh=True)[0])
+
+
 def toolchain_hosts() -> dict[int, list[str]]:
     """toolchain id -> the names of the runner hosts that host it (a lab's
     runner whose evidence was imported included). One query."""

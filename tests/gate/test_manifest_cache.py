@@ -5,7 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from matrix.gate.services import proposal_approve, proposal_open, proposal_reevaluate
+from matrix.gate.services import (
+    proposal_approve,
+    proposal_open,
+    proposal_reevaluate,
+    proposal_rollout,
+)
 from matrix.models import Status
 
 MANIFEST = "/api/v1/manifest"
@@ -62,3 +67,29 @@ def test_a_result_that_changes_no_approved_row_keeps_the_manifest(
             MANIFEST, {"toolchain": world.new.name}, headers={"If-None-Match": etag}
         )
     assert again.status_code == 304
+
+
+def test_after_a_rollout_the_next_default_manifest_is_the_new_toolchains(
+    client, world, approved
+):
+    # The toolchains are read from lists kept a few seconds: warm them.
+    before = client.get(MANIFEST).json()
+    assert before["toolchain"]["name"] == world.old.name
+    proposal_rollout(proposal=approved, by=world.reviewers[2])
+    after = client.get(MANIFEST).json()
+    assert after["toolchain"]["name"] == world.new.name
+    assert ("softmax", "tilelang") in {
+        (e["operator"], e["choice"]) for e in after["entries"]
+    }
+
+
+def test_a_toolchain_newer_than_the_kept_lists_is_found(client, world, approved):
+    from matrix.models import Toolchain
+
+    client.get(MANIFEST)
+    newest = Toolchain.objects.create(name="tilelang-9.9.9", fingerprint="9" * 64)
+    response = client.get(MANIFEST, {"toolchain": newest.fingerprint})
+    assert response.status_code == 200
+    assert response.json()["toolchain"]["name"] == "tilelang-9.9.9"
+    missing = client.get(MANIFEST, {"toolchain": "tilelang-0.0.0"})
+    assert missing.status_code == 404

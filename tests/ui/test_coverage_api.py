@@ -337,3 +337,18 @@ def test_while_another_request_computes_a_new_matrix_a_reader_gets_the_one_befor
     fresh = reader.get(MATRIX, headers={"If-None-Match": first["ETag"]})
     assert fresh.status_code == 200 and fresh["ETag"] != first["ETag"]
     assert fresh.json()["cells"] != first.json()["cells"]
+
+
+@pytest.mark.parametrize("url", [MATRIX, GAPS])
+def test_the_next_request_after_a_new_current_toolchain_reads_it(
+    reader, results, toolchains, url
+):
+    from matrix.models import Toolchain
+
+    old, current = toolchains
+    # The toolchains are read from lists kept a few seconds: warm them.
+    assert reader.get(url).json()["toolchain"]["name"] == current.name
+    Toolchain.objects.filter(pk=current.pk).update(is_current=False)
+    Toolchain.objects.filter(pk=old.pk).update(is_current=True)
+    toolchain = reader.get(url).json()["toolchain"]
+    assert toolchain == {**toolchain, "name": old.name, "current": True}
