@@ -43,6 +43,7 @@ def test_postgres_url_gives_postgresql_with_health_checks(tmp_path):
     assert db["ENGINE"] == "django.db.backends.postgresql"
     assert (db["HOST"], db["PORT"], db["NAME"]) == ("db.internal", 5433, "tilematrix")
     assert db["CONN_HEALTH_CHECKS"] is True
+    assert db["OPTIONS"] == {"server_side_binding": True, "prepare_threshold": 5}
 
 
 @pytest.mark.parametrize(
