@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import cache
 
 from django.contrib.auth import get_user_model
@@ -45,14 +46,26 @@ class RoleModelBackend(ModelBackend):
             pk = model._meta.pk.to_python(user_id)
         except ValidationError:
             return None
-        sql, compiled, at = _user_query(connection.vendor)
-        params = list(compiled)
-        params[at] = pk
-        # raw(): the driver's values converted as the ORM converts them.
-        user = next(iter(model._default_manager.raw(sql, params)), None)
-        if user is None or not self.user_can_authenticate(user):
+        query = _user_query(connection.vendor)
+        params = list(query.params)
+        params[query.pk_at] = pk
+        with connection.cursor() as cursor:
+            cursor.execute(query.sql, params)
+            row = cursor.fetchone()
+        if row is None:
             return None
-        user._tilematrix_granted = bool(user.holds_grant)
+        # The driver's values converted as the ORM converts them (SQLite's
+        # dates are text), without a RawQuerySet: it resolved the columns
+        # against the model again on every page view.
+        values = list(row)
+        for at, (converters, expression) in query.converters:
+            for convert in converters:
+                values[at] = convert(values[at], expression, connection)
+        *fields, granted = values
+        user = model.from_db(connection.alias, query.names, fields)
+        if not self.user_can_authenticate(user):
+            return None
+        user._tilematrix_granted = bool(granted)
         return user
 
 
@@ -60,14 +73,35 @@ class RoleModelBackend(ModelBackend):
 _PK_MARK = -7_352_019
 
 
+@dataclass(frozen=True)
+class _UserQuery:
+    sql: str
+    params: tuple
+    pk_at: int  # where the user's id goes among the parameters
+    names: list[str]  # the model's fields, in the order the row holds them
+    converters: (
+        list  # (column, (converters, expression)), as the ORM's compiler has them
+    )
+
+
 @cache
-def _user_query(vendor: str) -> tuple[str, tuple, int]:
+def _user_query(vendor: str) -> _UserQuery:
     """The signed-in user's query, compiled once per process (the ORM took
     about a millisecond of every page view to build it): its SQL, its
-    parameters and where the user's id goes among them."""
+    parameters, where the user's id goes, the model's fields in the row's
+    order (the grant last) and the converters of its columns."""
     users = get_user_model()._default_manager
     query = (
         users.annotate(holds_grant=_holds_grant()).filter(pk=_PK_MARK).order_by()[:1]
     )
-    sql, params = query.query.get_compiler(connection.alias).as_sql()
-    return sql, tuple(params), list(params).index(_PK_MARK)
+    compiler = query.query.get_compiler(connection.alias)
+    sql, params = compiler.as_sql()
+    columns = [expression for expression, _, _ in compiler.select]
+    names = [column.target.attname for column in columns[:-1]]
+    return _UserQuery(
+        sql=sql,
+        params=tuple(params),
+        pk_at=list(params).index(_PK_MARK),
+        names=names,
+        converters=list(compiler.get_converters(columns).items()),
+    )
