@@ -9,7 +9,15 @@ from django import template
 from django.utils import timezone
 from django.utils.html import format_html
 
+from matrix.views.matrix_html import cell_link_prefix
+
 register = template.Library()
+
+
+@register.simple_tag
+def cell_url(shape_id: int, device_type_id: int) -> str:
+    """The cell page's address, as ``{% url 'cell' ... %}`` gives it."""
+    return f"{cell_link_prefix()}{shape_id}/{device_type_id}/"
 
 
 def ago(moment: datetime, now: datetime | None = None) -> str:
