@@ -7,7 +7,8 @@ from datetime import UTC, datetime
 
 from django import template
 from django.utils import timezone
-from django.utils.html import format_html
+from django.utils.html import conditional_escape, format_html
+from django.utils.safestring import mark_safe
 
 from matrix.views.matrix_html import cell_link_prefix
 
@@ -18,6 +19,33 @@ register = template.Library()
 def cell_url(shape_id: int, device_type_id: int) -> str:
     """The cell page's address, as ``{% url 'cell' ... %}`` gives it."""
     return f"{cell_link_prefix()}{shape_id}/{device_type_id}/"
+
+
+@register.simple_tag
+def error_cell_rows(cells, query: str):
+    """An error group's table rows, one per cell, built here: through the
+    template engine, the 500 rows of the first page were about half of the
+    error groups' render after each new result. Each value is escaped as
+    the template escaped it; operators, device types and statuses repeat,
+    so each is escaped once."""
+    prefix, query = cell_link_prefix(), conditional_escape(query)
+    escaped: dict = {}
+
+    def e(value) -> str:
+        found = escaped.get(value)
+        if found is None:
+            found = escaped[value] = conditional_escape(value)
+        return found
+
+    return mark_safe(  # every value below is escaped
+        "".join(
+            f'\n        <tr><td>{e(c.operator)}</td><th scope="row">'
+            f'<a href="{prefix}{c.shape_id}/{c.device_type_id}/?{query}">'
+            f"{e(c.dims_key)} {e(c.dtype)}</a></th><td>{e(c.device_type)}</td>"
+            f'<td class="c k-{e(c.status)}">{e(c.status)}</td></tr>\n      '
+            for c in cells
+        )
+    )
 
 
 def ago(moment: datetime, now: datetime | None = None) -> str:
