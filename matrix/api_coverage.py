@@ -21,6 +21,7 @@ from django.urls import reverse
 from django.utils.http import urlencode
 from ninja import Field, Query, Router, Schema
 from ninja.errors import HttpError
+from pydantic import BaseModel
 
 from matrix import gaps, queries
 from matrix.api_errors import Problem
@@ -78,13 +79,19 @@ class CoverageFilters(Schema):
     offset: int = Field(0, ge=0)
 
 
-class ToolchainOut(Schema):
+class Answer(BaseModel):
+    """An answer the API builds as plain data and keeps: checked by pydantic
+    alone. Ninja's ``Schema`` wraps every value of a dict for attribute
+    lookups, which was half the time of a page of 500 gaps."""
+
+
+class ToolchainOut(Answer):
     name: str
     fingerprint: str
     current: bool
 
 
-class CellOut(Schema):
+class CellOut(Answer):
     operator: str
     dims: dict[str, int]
     dtype: str
@@ -123,7 +130,7 @@ class GapsQuery(CoverageFilters):
     )
 
 
-class GapOut(Schema):
+class GapOut(Answer):
     operator: str
     dims: dict[str, int]
     dtype: str
@@ -148,7 +155,7 @@ class GapOut(Schema):
     url: str
 
 
-class GapsOut(Schema):
+class GapsOut(Answer):
     toolchain: ToolchainOut
     count: int = Field(description="gaps under the filters, on every page")
     runnable: int = Field(description="of them, those Run missing plans a job for")
@@ -259,7 +266,7 @@ class MatrixParams(CoverageFilters):
     )
 
 
-class MatrixOut(Schema):
+class MatrixOut(Answer):
     toolchain: ToolchainOut
     count: int
     next: str | None = Field(
