@@ -69,10 +69,12 @@ def page_response(
     name, token = _slots()
     frame = {"user": _AnyReader(), "csrf_token": token, "admin_link": admin_link}
     choices = FilterChoices().digest
+    # Kept as UTF-8: a page with one character outside Latin-1 is two
+    # bytes a character as text, encoded again on every view.
     _, html = answer_read(
-        derived_key(key, "page", int(admin_link), choices),
-        lambda: render(frame),
+        derived_key(key, "page", int(admin_link), choices, "utf-8"),
+        lambda: render(frame).encode(),
         cache_seconds(),
     )
-    html = html.replace(name, escape(request.user.get_username()))
-    return HttpResponse(html.replace(token, get_token(request)))
+    html = html.replace(name.encode(), escape(request.user.get_username()).encode())
+    return HttpResponse(html.replace(token.encode(), get_token(request).encode()))
