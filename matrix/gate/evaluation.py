@@ -144,6 +144,17 @@ def proposal_jobs_in_flight_read(*, proposal: UpgradeProposal) -> JobsInFlight:
     PostgreSQL at 16,000 open jobs), on every view and every poll. A claim
     changes nothing here: the runner that claims a job reads its queue, so
     the job was not stalled."""
+    key, runners = proposal_jobs_key(proposal=proposal)
+    return cached_read(
+        key,
+        lambda: proposal_jobs_in_flight(proposal=proposal, runners=runners),
+        cache_seconds(),
+    )
+
+
+def proposal_jobs_key(*, proposal: UpgradeProposal) -> tuple[str, tuple]:
+    """The key its jobs in flight are kept under, and the online runners
+    they are counted against."""
     runners = online_runners()
     read, online = runners
     key = read_key(
@@ -153,11 +164,7 @@ def proposal_jobs_in_flight_read(*, proposal: UpgradeProposal) -> JobsInFlight:
         sorted(read),
         [toolchain.pk for toolchain in online],
     )
-    return cached_read(
-        key,
-        lambda: proposal_jobs_in_flight(proposal=proposal, runners=runners),
-        cache_seconds(),
-    )
+    return key, runners
 
 
 # -- the policy over the stored diff --------------------------------------------

@@ -21,13 +21,14 @@ from django.views.decorators.vary import vary_on_headers
 from django_htmx.http import HttpResponseClientRedirect, HttpResponseClientRefresh
 
 from matrix.cache import cache_seconds, cached_read, read_key
-from matrix.gate import services
+from matrix.gate import evaluation, services
 from matrix.gate.diff import CellDiff, Change
 from matrix.gate.forms import DecisionForm, ExceptionForm, PolicyForm, ProposalForm
 from matrix.gate.manifest import manifest_choice, times
 from matrix.gate.models import Approval, BackendException, Policy, UpgradeProposal
 from matrix.gate.sustained import sustained_key, sustained_speeds, sustained_version
 from matrix.models import AuditEvent, Backend
+from matrix.page_cache import page_response
 from matrix.refusals import Refused
 
 # htmx stops polling on this status.
@@ -114,7 +115,64 @@ def upgrade_page(request, pk: int):
         if not context["polling"]:
             response.status_code = STOP_POLLING
         return response
-    return render(request, "gate/detail.html", _detail_context(request, proposal))
+    policy = Policy.current()
+    reviewer = services.is_reviewer(request.user, policy)
+    key = None
+    if not any(k in request.GET for k in ROWS_QUERY) and not _acts_on(
+        request.user, proposal, policy, reviewer=reviewer
+    ):
+        key = read_key("upgrade-page", proposal.pk, _page_version(proposal, policy))
+    return page_response(
+        request,
+        key,
+        lambda frame: render_to_string(
+            "gate/detail.html",
+            {
+                **_detail_context(request, proposal, policy=policy, reviewer=reviewer),
+                **frame,
+            },
+            request,
+        ),
+    )
+
+
+def _acts_on(
+    user, proposal: UpgradeProposal, policy: Policy, *, reviewer: bool
+) -> bool:
+    """Whether the page offers ``user`` anything to do (decide, grant or
+    sign off an exception, re-evaluate, roll out, edit the policy): a page
+    that offers nothing is the same for every such reader."""
+    return (
+        reviewer
+        or user.pk == proposal.proposer_id
+        or services.can_edit_policy(user)
+        or any(
+            user.get_username() in owners for owners in policy.backend_owners.values()
+        )
+    )
+
+
+def _page_version(proposal: UpgradeProposal, policy: Policy) -> tuple:
+    """What the page of a reader who cannot act shows moves with: the
+    proposal's state and stored diff, the policy, the speeds kept at the
+    power cap, its jobs in flight, and every audited change (a decision, an
+    exception granted or signed off, a rollout, an edit in the admin)."""
+    jobs_key, _ = evaluation.proposal_jobs_key(proposal=proposal)
+    newest_event = AuditEvent.objects.order_by("-pk").values_list("pk", flat=True)[:1]
+    return (
+        proposal.state,
+        proposal.diff_digest,
+        proposal.diff_computed_at,
+        proposal.evaluated_at,
+        proposal.reevaluation_requested_at,
+        proposal.approved_at,
+        proposal.rolled_out_at,
+        policy.pk,
+        policy.version,
+        sustained_version(toolchain_id=proposal.candidate_id),
+        jobs_key,
+        list(newest_event),
+    )
 
 
 def _evaluated(proposal: UpgradeProposal) -> str:
@@ -316,13 +374,16 @@ def _detail_context(
     decision_form=None,
     exception_form=None,
     rows=True,
+    policy: Policy | None = None,
+    reviewer: bool | None = None,
 ) -> dict:
     """The page's context, read from the stored diff; a form passed in is a
     bound one that failed, shown again with its errors and what the user
     typed. ``rows``: with the page of diff rows (not for the gate status
     alone)."""
-    policy = Policy.current()
-    reviewer = services.is_reviewer(request.user, policy)
+    policy = policy or Policy.current()
+    if reviewer is None:
+        reviewer = services.is_reviewer(request.user, policy)
     is_proposer = request.user.pk == proposal.proposer_id
     jobs = services.proposal_jobs_in_flight_read(proposal=proposal)
     summary = proposal.summary or {}

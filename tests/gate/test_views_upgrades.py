@@ -706,3 +706,57 @@ def test_re_evaluate_now_asks_the_control_worker_and_the_page_follows(
     control_worker(enqueued[0])
     assert client.get(page, poll, headers=htmx)["HX-Refresh"] == "true"
     assert 'data-state="blocked"' in client.get(page).content.decode()
+
+
+def test_a_reader_who_cannot_act_gets_the_kept_page_with_their_own_name(
+    client, world, green, outsider, django_user_model
+):
+    from django.test import Client
+
+    from tests.conftest import _viewer
+
+    client.force_login(outsider)
+    assert client.get(url("upgrade", green)).templates, "the first view renders"
+    other = Client()
+    other.force_login(_viewer(django_user_model.objects.create_user("onlooker")))
+    kept = other.get(url("upgrade", green))
+    assert kept.status_code == 200
+    assert not kept.templates, "the second reader's view runs no template"
+    body = kept.content.decode()
+    assert "onlooker ·" in body and "outsider ·" not in body
+    assert 'id="decision-form"' not in body
+
+
+def test_a_decision_shows_on_the_next_kept_view(client, world, green, outsider):
+    client.force_login(outsider)
+    client.get(url("upgrade", green))
+    proposal_approve(proposal=green, by=world.reviewers[0], comment="clean diff")
+    body = client.get(url("upgrade", green)).content.decode()
+    assert "<strong>reviewer</strong> approved: “clean diff”" in body
+
+
+def test_a_reviewer_never_gets_a_readers_kept_page(client, world, green, outsider):
+    client.force_login(outsider)
+    client.get(url("upgrade", green))
+    client.force_login(world.reviewers[0])
+    response = client.get(url("upgrade", green))
+    assert response.templates, "a reviewer's page is rendered for them"
+    assert 'id="decision-form"' in response.content.decode()
+
+
+def test_an_audited_edit_elsewhere_shows_on_the_next_kept_view(
+    client, world, green, outsider, admin_user
+):
+    from matrix.models import AuditEvent
+
+    client.force_login(outsider)
+    assert (
+        "Proposed by <strong>owner</strong>"
+        in client.get(url("upgrade", green)).content.decode()
+    )
+    # A rename in the admin site, which records every change it makes.
+    world.owner.username = "owner-renamed"
+    world.owner.save()
+    AuditEvent.record(actor=admin_user, verb="change", obj=world.owner)
+    body = client.get(url("upgrade", green)).content.decode()
+    assert "Proposed by <strong>owner-renamed</strong>" in body
