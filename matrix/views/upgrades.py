@@ -121,7 +121,9 @@ def upgrade_page(request, pk: int):
     if not any(k in request.GET for k in ROWS_QUERY) and not _acts_on(
         request.user, proposal, policy, reviewer=reviewer
     ):
-        key = read_key("upgrade-page", proposal.pk, _page_version(proposal, policy))
+        key = read_key(
+            "upgrade-page", proposal.pk, version=_page_version(proposal, policy)
+        )
     return page_response(
         request,
         key,

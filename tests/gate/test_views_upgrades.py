@@ -760,3 +760,24 @@ def test_an_audited_edit_elsewhere_shows_on_the_next_kept_view(
     AuditEvent.record(actor=admin_user, verb="change", obj=world.owner)
     body = client.get(url("upgrade", green)).content.decode()
     assert "Proposed by <strong>owner-renamed</strong>" in body
+
+
+def test_a_reader_arriving_while_another_renders_the_new_page_gets_the_one_before(
+    client, world, green, outsider, django_user_model, monkeypatch
+):
+    from django.test import Client
+
+    from tests.conftest import _viewer
+    from tests.ui.test_page_cache import _another_reader_computes_every_answer
+
+    client.force_login(outsider)
+    client.get(url("upgrade", green))
+    proposal_approve(proposal=green, by=world.reviewers[0], comment="clean diff")
+    _another_reader_computes_every_answer(monkeypatch)
+    other = Client()
+    other.force_login(_viewer(django_user_model.objects.create_user("onlooker")))
+    earlier = other.get(url("upgrade", green))
+    assert earlier.status_code == 200 and not earlier.templates
+    assert "clean diff" not in earlier.content.decode(), "the page before"
+    monkeypatch.undo()
+    assert "clean diff" in other.get(url("upgrade", green)).content.decode()
