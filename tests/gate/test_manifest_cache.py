@@ -3,6 +3,9 @@ answers 304 to a client that holds it: production hosts poll it."""
 
 from __future__ import annotations
 
+import gzip
+import json
+
 import pytest
 
 from matrix.gate.services import (
@@ -93,3 +96,37 @@ def test_a_toolchain_newer_than_the_kept_lists_is_found(client, world, approved)
     assert response.json()["toolchain"]["name"] == "tilelang-9.9.9"
     missing = client.get(MANIFEST, {"toolchain": "tilelang-0.0.0"})
     assert missing.status_code == 404
+
+
+def test_a_client_that_accepts_gzip_gets_the_same_manifest_gzipped(
+    client, world, approved
+):
+    params = {"toolchain": world.new.name}
+    plain = client.get(MANIFEST, params)
+    packed = client.get(MANIFEST, params, headers={"Accept-Encoding": "br, gzip"})
+    assert "Content-Encoding" not in plain
+    assert packed["Content-Encoding"] == "gzip"
+    assert "Accept-Encoding" in packed["Vary"] and "Accept-Encoding" in plain["Vary"]
+    unpacked = json.loads(gzip.decompress(packed.content))
+    assert unpacked["entries"] == plain.json()["entries"]
+    # Each representation has its own tag, and each answers 304 to its own.
+    assert packed["ETag"] != plain["ETag"]
+    again = client.get(
+        MANIFEST,
+        params,
+        headers={"Accept-Encoding": "gzip", "If-None-Match": packed["ETag"]},
+    )
+    assert again.status_code == 304 and again["ETag"] == packed["ETag"]
+    # Refused by quality 0: the plain answer.
+    refused = client.get(MANIFEST, params, headers={"Accept-Encoding": "gzip;q=0"})
+    assert "Content-Encoding" not in refused and refused.json() == plain.json()
+    # The gzipped copy follows the data: a withdrawn approval empties it.
+    world.record("softmax", world.cpu, world.new, Status.COMPILE_ERROR)
+    proposal_reevaluate(proposal=approved)
+    changed = client.get(
+        MANIFEST,
+        params,
+        headers={"Accept-Encoding": "gzip", "If-None-Match": packed["ETag"]},
+    )
+    assert changed.status_code == 200
+    assert json.loads(gzip.decompress(changed.content))["entries"] == []
