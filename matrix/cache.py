@@ -230,6 +230,15 @@ class TolerantRedisCache(SharedClientRedisCache):
         except UNREACHABLE as exc:
             self._unreachable(exc)
 
+    def set_many(self, data, timeout=..., version=None):
+        try:
+            if timeout is ...:
+                return super().set_many(data, version=version)
+            return super().set_many(data, timeout, version)
+        except UNREACHABLE as exc:
+            self._unreachable(exc)
+            return list(data)
+
     def add(self, key, value, timeout=..., version=None):
         try:
             if timeout is ...:

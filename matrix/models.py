@@ -611,9 +611,9 @@ class Cell(models.Model):
     class Meta:
         indexes = [
             # The matrix's tallies per toolchain (queries.cell_groups), read
-            # from the index alone.
+            # from the index alone, a device type column at a time.
             models.Index(
-                fields=["toolchain", "revision", "device_type", "status"],
+                fields=["toolchain", "device_type", "revision", "status"],
                 name="cell_tally",
             ),
             # How many cells on a toolchain share an error signature (a cell

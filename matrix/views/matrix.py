@@ -200,6 +200,40 @@ def _rendered(parts: tuple, render_content) -> str:
     return cached_read(key, render_content, cache_seconds())
 
 
+def kept_cell_groups(filters, device_types, catalogue: Catalogue) -> list:
+    """``queries.cell_groups``, kept per device type column under the newest
+    result of that column: a result changes its own column's cells alone,
+    so the first view after it counts one column again, not the matrix
+    (31,417 cells at 1M results, 7 ms of a 20 ms view)."""
+    if filters.toolchain is None or not device_types:
+        return []
+    newest = queries.column_versions(filters.toolchain.pk)
+    # The shape filters, the toolchain and the catalogue (which shapes the
+    # filters name) decide a column's counts; its newest result, when.
+    parts = (catalogue.digest, filters.toolchain.pk, *_shape_filters(filters))
+    keys = {
+        d.id: read_key("cell-groups", *parts, d.id, version=newest.get(d.id))
+        for d in device_types
+    }
+    found = cache.get_many(list(keys.values())) if keys else {}
+    rows = [row for key in keys.values() for row in found.get(key, ())]
+    missing = [column for column, key in keys.items() if key not in found]
+    if missing:
+        counted = {column: [] for column in missing}
+        for row in queries.cell_group_rows(filters, missing):
+            counted[row[0]].append(row)
+        cache.set_many(
+            {keys[column]: counted[column] for column in missing}, cache_seconds()
+        )
+        rows += [row for column in missing for row in counted[column]]
+    return queries.with_operators(rows, catalogue.operators_of)
+
+
+def _shape_filters(filters) -> tuple:
+    """The filters choosing which shapes count (free text is never kept)."""
+    return (filters.dtype, filters.served_only, filters.model, filters.operator)
+
+
 def _row_limit(raw: str | None) -> int:
     try:
         return max(1, min(int(raw), MAX_ROWS))
@@ -216,7 +250,11 @@ def matrix_context(
     device_types = queries.device_type_list(filters, catalogue.device_types)
     revisions = catalogue.revisions
     if groups is None:
-        groups = queries.cell_groups(filters, device_types, catalogue.operators_of)
+        groups = (
+            kept_cell_groups(filters, device_types, catalogue)
+            if cache_seconds() and not filters.text and not filters.unknown
+            else queries.cell_groups(filters, device_types, catalogue.operators_of)
+        )
     summary = queries.matrix_summary(
         filters, device_types, revisions, catalogue.operators, groups
     )

@@ -84,14 +84,14 @@ def test_the_page_stays_within_eleven_queries(
     client, results, django_assert_max_num_queries, viewer
 ):
     """Signing in (3), the catalogue (4), the data version the page is kept
-    under and the page's own (3); a repeat view costs signing in and the
-    data version."""
+    under, the newest result of each column and the page's own (4); a
+    repeat view costs signing in and the data version."""
     client.force_login(viewer)
     # Three more read the filter form's choices, shared by every page for
     # a few seconds (the cache is empty here), and one the data version
     # the page is kept under; a repeat view reads the page from the cache.
     params = {"open": results["top"].operator.name}
-    with django_assert_max_num_queries(14):
+    with django_assert_max_num_queries(15):
         client.get(reverse("matrix"), params)
     with django_assert_max_num_queries(4):
         client.get(reverse("matrix"), params)
@@ -341,3 +341,72 @@ def test_an_unknown_toolchain_is_named_and_the_current_one_shown(client, results
     )
     # The cached page without the unknown value carries no such notice.
     assert "Unknown toolchain" not in client.get(reverse("matrix")).content.decode()
+
+
+def test_a_new_result_counts_its_own_column_again_and_no_other(
+    client, results, device_types, toolchains, monkeypatch
+):
+    from matrix import queries
+    from tests.ui.conftest import record
+
+    counted = []
+    count = queries.cell_group_rows
+
+    def counting(filters, columns=None):
+        counted.append(sorted(columns))
+        return count(filters, columns)
+
+    monkeypatch.setattr(queries, "cell_group_rows", counting)
+    client.get(reverse("matrix"))
+    assert counted == [
+        sorted(device_types[b].pk for b in ("c", "cuda", "hip", "metal"))
+    ]
+    counted.clear()
+    metal = device_types["metal"]
+    record(results["fourth"], metal, toolchains[1], "pass")
+    page = client.get(reverse("matrix")).content.decode()
+    assert counted == [[metal.pk]]
+    # The cell shows in its operator's metal column: 1 pass where none was.
+    row = page[page.index(f'id="op-{results["fourth"].operator.name}"') :]
+    assert "1 pass" in row[: row.index("</tbody>")]
+
+
+def test_counts_kept_by_column_are_the_counts_of_the_cells(
+    results, device_types, toolchains
+):
+    from matrix import queries
+    from matrix.views.matrix import catalogue_read, kept_cell_groups
+    from tests.ui.conftest import record
+
+    # One catalogue for every filter: what a column's counts are kept by
+    # must name the filters themselves.
+    catalogue = catalogue_read({})
+
+    def both(params):
+        filters = queries.MatrixFilters.from_params(params, catalogue.toolchains)
+        columns = queries.device_type_list(filters, catalogue.device_types)
+        kept = kept_cell_groups(filters, columns, catalogue)
+        return sorted(kept), sorted(queries.cell_groups(filters, columns))
+
+    # One after another, so that counts kept for one filter would show
+    # under the next if the filters were not part of what they are kept by.
+    filters = [
+        {},
+        {"dtype": "float32"},
+        {"served": "1"},
+        {"backend": "cuda"},
+        {"operator": results["fourth"].operator.name},
+    ]
+    counts = []
+    for params in filters:
+        kept, fresh = both(params)
+        assert kept == fresh
+        counts.append(fresh)
+    # Filters that count differently, each after one that does not.
+    assert all(a != b for a, b in zip(counts, counts[1:], strict=False))
+    for shape in (results["top"], results["second"]):
+        record(shape, device_types["cuda"], toolchains[1], "mismatch")
+    record(results["third"], device_types["c"], toolchains[1], "pass")
+    for params in filters:
+        kept, fresh = both(params)
+        assert kept == fresh
