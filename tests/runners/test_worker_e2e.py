@@ -4,6 +4,7 @@ and a user do, and what must survive a crash."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -251,6 +252,14 @@ def ingest_under_way(cluster) -> bool:
     return received > len(re.findall(task + " succeeded", log))
 
 
+def signal_all(pids, signum) -> None:
+    """``signum`` to each of ``pids`` still alive: a pool child can exit
+    (its task count reached) between being listed and being signalled."""
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signum)
+
+
 def ingest_held(cluster) -> None:
     """Stop the control worker's pool (and beat) until its main process has
     handed it an ingest: that message is then in the worker's hands only,
@@ -258,15 +267,13 @@ def ingest_held(cluster) -> None:
     places first."""
     for _ in range(20):
         stopped = cluster.children("control")
-        for pid in stopped:
-            os.kill(pid, signal.SIGSTOP)
+        signal_all(stopped, signal.SIGSTOP)
         try:
             return wait_for(
                 lambda: ingest_under_way(cluster), timeout=4, what="an ingest"
             )
         except AssertionError:
-            for pid in stopped:
-                os.kill(pid, signal.SIGCONT)
+            signal_all(stopped, signal.SIGCONT)
             time.sleep(1)
     raise AssertionError("the control worker was never caught ingesting")
 
