@@ -516,17 +516,21 @@ class ResultQuerySet(models.QuerySet):
 class Result(models.Model):
     """What one job attempt produced. Stored once per (job, attempt)."""
 
+    # No index of their own where an index of Meta leads with the column:
+    # every result written maintains each index of this table.
     job = models.ForeignKey(
-        ValidationJob, on_delete=models.CASCADE, related_name="results"
+        ValidationJob, on_delete=models.CASCADE, related_name="results", db_index=False
     )
     attempt = models.PositiveSmallIntegerField()
     # The cell, denormalized, so history and matrix reads need no job join.
     revision = models.ForeignKey(
         KernelRevision, on_delete=models.PROTECT, related_name="+"
     )
-    shape = models.ForeignKey(Shape, on_delete=models.PROTECT, related_name="+")
+    shape = models.ForeignKey(
+        Shape, on_delete=models.PROTECT, related_name="+", db_index=False
+    )
     device_type = models.ForeignKey(
-        DeviceType, on_delete=models.PROTECT, related_name="+"
+        DeviceType, on_delete=models.PROTECT, related_name="+", db_index=False
     )
     toolchain = models.ForeignKey(Toolchain, on_delete=models.PROTECT, related_name="+")
     status = models.CharField(max_length=16, choices=Status.choices)
@@ -542,7 +546,7 @@ class Result(models.Model):
     reference_ms = models.FloatField(null=True, blank=True)
     tflops = models.FloatField(null=True, blank=True)
     gbps = models.FloatField(null=True, blank=True)
-    error_signature = models.CharField(max_length=64, blank=True, db_index=True)
+    error_signature = models.CharField(max_length=64, blank=True)
     error_message = models.TextField(blank=True)
     fingerprint = models.CharField(max_length=64, blank=True)
     details = models.JSONField(
@@ -569,6 +573,9 @@ class Result(models.Model):
             models.Index(
                 fields=["shape", "device_type", "id"], name="result_history_newest"
             ),
+            # Equality only: db_index=True on a CharField would add a second,
+            # LIKE-ready copy on PostgreSQL that no query reads.
+            models.Index(fields=["error_signature"], name="result_signature"),
         ]
         constraints = [
             models.UniqueConstraint(
@@ -589,19 +596,25 @@ class CellQuerySet(models.QuerySet):
 class Cell(models.Model):
     """The latest result of one (shape, device type, toolchain)."""
 
-    shape = models.ForeignKey(Shape, on_delete=models.CASCADE, related_name="cells")
+    # Shape and toolchain need no index of their own: cell_unique leads with
+    # the shape, cell_tally and cell_signature with the toolchain. A
+    # toolchain index alone also misled the planner into reading a
+    # toolchain's every cell (31k at 1M results) for one page of shapes.
+    shape = models.ForeignKey(
+        Shape, on_delete=models.CASCADE, related_name="cells", db_index=False
+    )
     device_type = models.ForeignKey(
         DeviceType, on_delete=models.CASCADE, related_name="cells"
     )
     toolchain = models.ForeignKey(
-        Toolchain, on_delete=models.CASCADE, related_name="cells"
+        Toolchain, on_delete=models.CASCADE, related_name="cells", db_index=False
     )
     revision = models.ForeignKey(
         KernelRevision, on_delete=models.PROTECT, related_name="cells"
     )
     result = models.ForeignKey(Result, on_delete=models.PROTECT, related_name="+")
     status = models.CharField(max_length=16, choices=Status.choices)
-    error_signature = models.CharField(max_length=64, blank=True, db_index=True)
+    error_signature = models.CharField(max_length=64, blank=True)
     kernel_ms = models.FloatField(null=True, blank=True)
     reference_ms = models.FloatField(null=True, blank=True)
     updated_at = models.DateTimeField()
@@ -621,6 +634,9 @@ class Cell(models.Model):
             models.Index(
                 fields=["toolchain", "error_signature"], name="cell_signature"
             ),
+            # A signature's cells on every toolchain (the errors page with no
+            # toolchain chosen); equality only, so no LIKE-ready copy.
+            models.Index(fields=["error_signature"], name="cell_signature_any"),
         ]
         constraints = [
             models.UniqueConstraint(

@@ -293,10 +293,18 @@ class Receipt(models.Model):
     runner = models.ForeignKey(
         Runner, on_delete=models.PROTECT, related_name="receipts"
     )
-    nonce = models.CharField(max_length=64, unique=True)
+    nonce = models.CharField(max_length=64)
     signature = models.CharField(max_length=128)
     issued_at = models.CharField(max_length=40)
     received_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            # A constraint rather than unique=True: on PostgreSQL that would
+            # add a second, LIKE-ready index of every nonce that no query
+            # reads and every result written maintains.
+            models.UniqueConstraint(fields=["nonce"], name="receipt_nonce_unique"),
+        ]
 
     def __str__(self) -> str:
         return f"receipt {self.nonce[:8]} from {self.runner_id}"

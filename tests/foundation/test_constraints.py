@@ -216,3 +216,32 @@ def test_the_audit_log_is_append_only(gemm):
     with pytest.raises(PermissionError):
         AuditEvent.objects.all().delete()
     assert AuditEvent.objects.get().verb == "test.event"
+
+
+def test_a_result_envelope_nonce_is_stored_once(cell_parts):
+    """The last line against a replayed envelope, should ingest's own
+    check be bypassed: a second receipt with a spent nonce is refused."""
+    from runners.models import Receipt, Runner
+
+    revision, shape, device, toolchain = cell_parts
+    runner = Runner.objects.create(name="h200-a", public_key="c" * 64)
+    results = []
+    for attempt in (1, 2):
+        job = ValidationJob.objects.create(
+            revision=revision, shape=shape, device_type=device, toolchain=toolchain
+        )
+        results.append(
+            Result.objects.create(
+                job=job,
+                attempt=attempt,
+                revision=revision,
+                shape=shape,
+                device_type=device,
+                toolchain=toolchain,
+                status="pass",
+            )
+        )
+    receipt = dict(runner=runner, nonce="n" * 64, signature="s" * 88, issued_at="x")
+    Receipt.objects.create(result=results[0], **receipt)
+    with refused(), transaction.atomic():
+        Receipt.objects.create(result=results[1], **receipt)
