@@ -28,7 +28,8 @@ runs out first; the count is printed):
   so the rate the mix can reach is known page by page,
 - ingest of signed results through the control worker's path, in messages
   of 5 to 25 results, on cells outside the open proposal and on cells in
-  it, beside COPY of the same rows into a real (logged) table,
+  it (every result with a kernel source of about 5 KB), beside COPY of the
+  same rows into a real (logged) table, the median of five rounds,
 - 50 connections (wrk) over a mix of those pages for ``--load-s`` seconds
   while results keep arriving, as during a sweep, and the same mix without
   the gaps (page and API) and the upgrade diff,
