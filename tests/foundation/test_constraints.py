@@ -160,20 +160,17 @@ def test_a_job_state_outside_the_lifecycle_is_refused(cell_parts):
         )
 
 
+def passed(cell_parts) -> Result:
+    """A passing result of a new job on the cell."""
+    revision, shape, device, toolchain = cell_parts
+    cell = dict(revision=revision, shape=shape, device_type=device, toolchain=toolchain)
+    job = ValidationJob.objects.create(**cell)
+    return Result.objects.create(job=job, attempt=1, status="pass", **cell)
+
+
 def test_one_cell_per_shape_device_and_toolchain(cell_parts):
     revision, shape, device, toolchain = cell_parts
-    job = ValidationJob.objects.create(
-        revision=revision, shape=shape, device_type=device, toolchain=toolchain
-    )
-    result = Result.objects.create(
-        job=job,
-        attempt=1,
-        revision=revision,
-        shape=shape,
-        device_type=device,
-        toolchain=toolchain,
-        status="pass",
-    )
+    result = passed(cell_parts)
     parts = dict(
         shape=shape,
         device_type=device,
@@ -223,25 +220,8 @@ def test_a_result_envelope_nonce_is_stored_once(cell_parts):
     check be bypassed: a second receipt with a spent nonce is refused."""
     from runners.models import Receipt, Runner
 
-    revision, shape, device, toolchain = cell_parts
     runner = Runner.objects.create(name="h200-a", public_key="c" * 64)
-    results = []
-    for attempt in (1, 2):
-        job = ValidationJob.objects.create(
-            revision=revision, shape=shape, device_type=device, toolchain=toolchain
-        )
-        results.append(
-            Result.objects.create(
-                job=job,
-                attempt=attempt,
-                revision=revision,
-                shape=shape,
-                device_type=device,
-                toolchain=toolchain,
-                status="pass",
-            )
-        )
     receipt = dict(runner=runner, nonce="n" * 64, signature="s" * 88, issued_at="x")
-    Receipt.objects.create(result=results[0], **receipt)
+    Receipt.objects.create(result=passed(cell_parts), **receipt)
     with refused(), transaction.atomic():
-        Receipt.objects.create(result=results[1], **receipt)
+        Receipt.objects.create(result=passed(cell_parts), **receipt)
