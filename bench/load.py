@@ -22,7 +22,8 @@ runs out first; the count is printed):
 - gaps, the cell with the longest history, errors, the upgrade diff,
 - the API's matrix, gaps and manifest, the matrix again with the ETag it
   got (304 where conditional requests are answered) and after a new result,
-  the manifest again not compressed,
+  the manifest again not compressed and of one device type (what a serving
+  host reads),
 - each page of the mix alone under wrk at saturation for ``--cost-s``
   seconds: what one request costs of the machine (its cores over the rate),
   so the rate the mix can reach is known page by page,
@@ -92,6 +93,7 @@ PAGE_ROWS = [
     ("api_gaps", "API gaps", "≤ 50 ms", 50),
     ("api_manifest", "API manifest", "≤ 50 ms", 50),
     ("api_manifest_identity", "API manifest, not compressed", "", None),
+    ("api_manifest_device", "API manifest, one device type", "", None),
 ]
 # Pages of the mix timed again without them (bench/load.py's own rows).
 SLOW_ELSEWHERE = ("gaps", "api_gaps", "upgrade_diff")
@@ -434,6 +436,9 @@ class Fixture:
             "api_gaps": "/api/v1/gaps",
             "api_manifest": "/api/v1/manifest",
             "api_manifest_identity": "/api/v1/manifest",
+            # What a serving host reads: its own device type's entries.
+            "api_manifest_device": "/api/v1/manifest?"
+            + urllib.parse.urlencode({"device_type": str(self.inside)}),
         }
 
     # -- results, signed and ingested as a runner's message would be ----------

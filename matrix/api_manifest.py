@@ -10,7 +10,7 @@ from matrix import queries
 from matrix.api_errors import Problem
 from matrix.cache import json_answer, manifest_version, read_key
 from matrix.gate.manifest import manifest_for
-from matrix.models import Toolchain
+from matrix.models import DeviceType, Toolchain
 
 router = Router(tags=["manifest"])
 
@@ -31,12 +31,14 @@ def toolchain_lookup(ref: str | None) -> Toolchain:
 @router.get(
     "/manifest", response={200: dict, 304: None, 404: Problem}, url_name="manifest"
 )
-def manifest(request, toolchain: str | None = None):
+def manifest(request, toolchain: str | None = None, device_type: str | None = None):
     """The approved (operator, dtype, device type, shape rule) → tilelang or
     reference table for a toolchain (name or fingerprint; default: current).
-    Built once per change of the approved rows for every reader; send the
-    `ETag` back in `If-None-Match` and an unchanged manifest answers 304
-    with no body."""
+    `device_type` (its name as the entries write it, e.g. `NVIDIA H200 ·
+    sm_90a · cuda`) keeps only that device type's entries: what a serving
+    host reads. Built once per change of the approved rows for every
+    reader; send the `ETag` back in `If-None-Match` and an unchanged
+    manifest answers 304 with no body."""
     version = manifest_version()
     # From the lists kept a few seconds, checked against the current
     # toolchain the version read: the ORM lookup cost a third of a kept
@@ -52,5 +54,28 @@ def manifest(request, toolchain: str | None = None):
             if toolchain
             else "no toolchain is current; name one with ?toolchain=",
         )
-    key = read_key("api-manifest", chosen.pk, version)
-    return json_answer(request, key, lambda: manifest_for(toolchain=chosen), None)
+    device = None
+    if device_type is not None:
+        device = device_named(device_type)
+        if device is None:
+            known = sorted(str(d) for d in queries.catalogue_lists()[1].values())
+            raise HttpError(
+                404,
+                f"no device type named {device_type!r}; known: {', '.join(known)}",
+            )
+    key = read_key("api-manifest", chosen.pk, device and device.pk, version)
+    return json_answer(
+        request, key, lambda: manifest_for(toolchain=chosen, device_type=device), None
+    )
+
+
+def device_named(label: str) -> DeviceType | None:
+    """The device type whose name (its str, the manifest's ``device_type``)
+    is ``label``, from the kept lists, or from what is there now: a device
+    type registered since the lists were read is found."""
+    for fresh in (False, True):
+        devices = queries.catalogue_lists(fresh=fresh)[1].values()
+        found = next((d for d in devices if str(d) == label), None)
+        if found is not None:
+            return found
+    return None

@@ -13,7 +13,7 @@ from matrix.gate.models import (
     UpgradeProposal,
 )
 from matrix.gate.sustained import sustained_key, sustained_speeds
-from matrix.models import Status, Toolchain
+from matrix.models import DeviceType, Status, Toolchain
 
 FORMAT = "tilematrix-manifest/1"
 ENTRIES_PER_STATEMENT = 500
@@ -102,9 +102,12 @@ def declared_order(dims_key: str) -> dict[str, int]:
     return {k: int(v) for k, v in (part.split("=") for part in dims_key.split(","))}
 
 
-def manifest_for(*, toolchain: Toolchain) -> dict:
-    """The table for one toolchain. Where several approved proposals cover
-    the same cell, the most recently approved one speaks for it."""
+def manifest_for(
+    *, toolchain: Toolchain, device_type: DeviceType | None = None
+) -> dict:
+    """The table for one toolchain, of one device type when given. Where
+    several approved proposals cover the same cell, the most recently
+    approved one speaks for it."""
     entries = (
         ManifestEntry.objects.filter(
             toolchain=toolchain,
@@ -113,6 +116,8 @@ def manifest_for(*, toolchain: Toolchain) -> dict:
         .select_related("device_type", "proposal", "shape")
         .order_by("-proposal__approved_at", "-proposal_id")
     )
+    if device_type is not None:
+        entries = entries.filter(device_type=device_type)
     seen = set()
     rows = []
     for entry in entries:

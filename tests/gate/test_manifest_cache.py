@@ -130,3 +130,27 @@ def test_a_client_that_accepts_gzip_gets_the_same_manifest_gzipped(
     )
     assert changed.status_code == 200
     assert json.loads(gzip.decompress(changed.content))["entries"] == []
+
+
+def test_a_serving_host_reads_only_its_own_device_types_entries(
+    client, world, approved
+):
+    params = {"toolchain": world.new.name}
+    whole = client.get(MANIFEST, params).json()["entries"]
+    assert {e["device_type"] for e in whole} == {str(world.cpu)}
+    cpu = client.get(MANIFEST, {**params, "device_type": str(world.cpu)})
+    assert cpu.json()["entries"] == whole
+    # A device type the approval did not cover: nothing is approved there.
+    h200 = client.get(MANIFEST, {**params, "device_type": str(world.h200)})
+    assert h200.status_code == 200 and h200.json()["entries"] == []
+    assert h200["ETag"] != cpu["ETag"]
+    again = client.get(
+        MANIFEST,
+        {**params, "device_type": str(world.h200)},
+        headers={"If-None-Match": h200["ETag"]},
+    )
+    assert again.status_code == 304
+    # A name no device type has is a 404 that names those there are.
+    unknown = client.get(MANIFEST, {**params, "device_type": "NVIDIA H100"})
+    assert unknown.status_code == 404
+    assert str(world.h200) in unknown.json()["detail"]

@@ -12,7 +12,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from django.core.management import call_command
+from django.core.management import CommandError, call_command
 
 from matrix.gate.services import proposal_approve, proposal_open, proposal_rollout
 from matrix.models import Status
@@ -121,6 +121,41 @@ def test_dispatch_uses_tilelang_only_where_validated(world, approved, tmp_path, 
     )
     assert messages[1].endswith(": mismatch on tilelang-0.1.15")
     assert "no approved entry" in messages[2]
+
+
+def test_a_hosts_own_device_type_file_decides_as_the_whole_table(
+    world, approved, tmp_path
+):
+    whole, own = tmp_path / "whole.json", tmp_path / "own.json"
+    call_command(
+        "export_manifest", "--toolchain", "tilelang-0.1.15", "--out", str(whole)
+    )
+    call_command(
+        "export_manifest",
+        "--toolchain",
+        "tilelang-0.1.15",
+        "--device-type",
+        CPU,
+        "--out",
+        str(own),
+    )
+    assert (
+        json.loads(own.read_text())["entries"]
+        == json.loads(whole.read_text())["entries"]
+    )
+    h200 = tmp_path / "h200.json"
+    call_command(
+        "export_manifest",
+        "--toolchain",
+        "tilelang-0.1.15",
+        "--device-type",
+        str(world.h200),
+        "--out",
+        str(h200),
+    )
+    assert json.loads(h200.read_text())["entries"] == []
+    with pytest.raises(CommandError, match="no device type named 'H100'; known: "):
+        call_command("export_manifest", "--device-type", "H100")
 
 
 def test_dispatch_falls_back_on_another_device_or_toolchain(world, approved, tmp_path):
@@ -311,7 +346,7 @@ def test_a_host_names_its_device_type_as_the_manifest_does(world):
 def test_the_manifest_is_in_the_openapi_schema(client, db):
     schema = client.get("/api/v1/openapi.json").json()
     operation = schema["paths"]["/api/v1/manifest"]["get"]
-    assert [p["name"] for p in operation["parameters"]] == ["toolchain"]
+    assert [p["name"] for p in operation["parameters"]] == ["toolchain", "device_type"]
     # A production host told "no such toolchain" can tell it from a bug, and
     # one that holds the manifest already gets a 304.
     assert set(operation["responses"]) == {"200", "304", "404", "422"}

@@ -6,11 +6,11 @@ import json
 
 from django.core.management.base import BaseCommand, CommandError
 
-from matrix.api_manifest import toolchain_lookup
+from matrix.api_manifest import device_named, toolchain_lookup
 from matrix.gate.manifest import manifest_for
 from matrix.management.commands._files import OutputFile
 from matrix.management.commands._options import not_empty
-from matrix.models import Toolchain
+from matrix.models import DeviceType, Toolchain
 
 
 class Command(BaseCommand):
@@ -26,16 +26,32 @@ class Command(BaseCommand):
             help="name or fingerprint; default: the current toolchain",
         )
         parser.add_argument(
+            "--device-type",
+            type=not_empty,
+            help="only this device type's entries (its name as the entries write "
+            "it): what a serving host reads",
+        )
+        parser.add_argument(
             "--out", type=not_empty, help="file to write instead of standard output"
         )
 
-    def handle(self, *args, toolchain=None, out=None, **options):
+    def handle(self, *args, toolchain=None, device_type=None, out=None, **options):
         output = OutputFile(out) if out else None
         if not toolchain and not Toolchain.objects.filter(is_current=True).exists():
             # Said here: the API's own message names its query parameter.
             raise CommandError("no toolchain is current; name one with --toolchain")
+        device = None
+        if device_type is not None:
+            device = device_named(device_type)
+            if device is None:
+                known = ", ".join(sorted(str(d) for d in DeviceType.objects.all()))
+                raise CommandError(
+                    f"no device type named {device_type!r}; known: {known}"
+                )
         try:
-            manifest = manifest_for(toolchain=toolchain_lookup(toolchain))
+            manifest = manifest_for(
+                toolchain=toolchain_lookup(toolchain), device_type=device
+            )
         except LookupError as exc:
             raise CommandError(str(exc)) from None
         text = json.dumps(manifest, indent=2, sort_keys=True) + "\n"
