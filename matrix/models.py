@@ -468,8 +468,14 @@ class ValidationJob(models.Model):
     attempt = models.PositiveSmallIntegerField(default=1)
     seed = models.PositiveIntegerField(default=0)
     queue = models.CharField(max_length=120, blank=True)
+    # Looked up through the (sweep, ...) indexes below.
     sweep = models.ForeignKey(
-        Sweep, null=True, blank=True, on_delete=models.SET_NULL, related_name="jobs"
+        Sweep,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="jobs",
+        db_index=False,
     )
     runner = models.ForeignKey(
         "runners.Runner",
@@ -561,7 +567,6 @@ class Result(models.Model):
     class Meta:
         ordering = ["-created_at"]
         indexes = [
-            models.Index(fields=["shape", "device_type", "toolchain", "-created_at"]),
             # The newest result of a device type's column on a toolchain, read
             # from the index alone (a cell page's version: matrix.cache).
             models.Index(
@@ -612,7 +617,11 @@ class Cell(models.Model):
     revision = models.ForeignKey(
         KernelRevision, on_delete=models.PROTECT, related_name="cells"
     )
-    result = models.ForeignKey(Result, on_delete=models.PROTECT, related_name="+")
+    # No query looks a cell up by its result, and every upsert rewrote this
+    # index (the newest result moves each time).
+    result = models.ForeignKey(
+        Result, on_delete=models.PROTECT, related_name="+", db_index=False
+    )
     status = models.CharField(max_length=16, choices=Status.choices)
     error_signature = models.CharField(max_length=64, blank=True)
     kernel_ms = models.FloatField(null=True, blank=True)

@@ -458,6 +458,7 @@ def results_send(envelopes: list[dict]) -> None:
     ingest_result.apply_async(
         args=[envelopes],
         queue="control",
+        compression="zlib",
         argsrepr=f"{len(envelopes)} results",
         kwargsrepr="{}",
         retry=True,

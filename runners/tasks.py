@@ -11,9 +11,12 @@ server cannot answer (unreachable, timeout, 5xx) is retried.
 from __future__ import annotations
 
 import logging
+from collections import Counter
 
 from celery import shared_task
 from celery.exceptions import Reject
+from celery.signals import task_received
+from celery_batches import Batches
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import DatabaseError
 
@@ -107,32 +110,116 @@ def execute_job(self, envelope):
     log.info("%s", outcome)
 
 
+# Result messages are stored several at a time: the messages a control
+# worker holds (up to INGEST_BATCH_MESSAGES, or what came within
+# INGEST_FLUSH_S) go through one ingest, one transaction and one set of
+# statements, where one each cost twice as much a result. The worker
+# prefetches enough messages to fill a batch per process (``control work``).
+INGEST_BATCH_MESSAGES = 32
+INGEST_FLUSH_S = 0.1
+# A batch the database could not take is sent again, message by message,
+# with a growing delay; after that the runner's outbox sends it again.
+INGEST_RETRIES = 5
+
+
 @shared_task(
     name="runners.ingest_result",
-    autoretry_for=(DatabaseError,),
-    retry_backoff=True,
-    retry_backoff_max=60,
-    max_retries=5,
+    base=Batches,
+    flush_every=INGEST_BATCH_MESSAGES,
+    flush_interval=INGEST_FLUSH_S,
 )
-def ingest_result(envelopes):
-    if isinstance(envelopes, dict):
-        envelopes = [envelopes]
+def ingest_result(requests):
+    messages = [(r.args[0] if r.args else None, r.kwargs or {}) for r in requests]
+    log.info("ingesting %d result messages", len(messages))
+    counted = Counter()
     try:
-        outcomes = services.results_ingest(envelopes=envelopes)
-    except ValidationError as exc:
-        log.warning("dropped result message: %s", "; ".join(exc.messages))
+        counted = ingest_messages([envelopes for envelopes, _ in messages])
+    except DatabaseError as exc:
+        # One message the database refuses must not hold back the others:
+        # each is tried alone, and only what fails alone is sent again.
+        if len(messages) == 1:
+            _ingest_again(*messages[0], exc)
+        else:
+            for envelopes, options in messages:
+                try:
+                    counted += ingest_messages([envelopes])
+                except DatabaseError as alone:
+                    _ingest_again(envelopes, options, alone)
+    log.info(
+        "ingested %d result messages: %s",
+        len(messages),
+        ", ".join(f"{n} {COUNTED[what]}" for what, n in counted.items()) or "nothing",
+    )
+
+
+# An ingest's line of counts, by outcome.
+COUNTED = {
+    "stored": "stored",
+    "duplicate": "already stored",
+    "refused": "refused",
+    "dropped": "messages dropped",
+}
+
+
+@task_received.connect
+def _ingest_received(request=None, **_):
+    # A batched task's message skips the worker's own "received" line: it is
+    # said here, so the log shows which result messages the worker holds.
+    if request is not None and request.name == ingest_result.name:
+        log.info("result message %s received", request.id)
+
+
+def _ingest_again(envelopes, options: dict, exc: Exception) -> None:
+    retries = options.get("retries", 0)
+    if retries >= INGEST_RETRIES:
+        log.error(
+            "dropped a result message after %d retries (the runner's outbox "
+            "sends it again): %s",
+            retries,
+            exc,
+        )
         return
-    for envelope, outcome in zip(envelopes, outcomes, strict=True):
+    log.warning("result message to be retried (retry %d): %s", retries + 1, exc)
+    ingest_result.apply_async(
+        args=[envelopes],
+        kwargs={"retries": retries + 1},
+        countdown=min(60, 2**retries),
+        queue=CONTROL,
+    )
+
+
+def ingest_messages(messages: list) -> Counter:
+    """Store the results of several messages in one ingest, and count the
+    outcomes. A message that is not a list of envelopes is dropped with a
+    log line, not the others with it; a refused result is logged."""
+    counted = Counter()
+    everything = []
+    for envelopes in messages:
+        if isinstance(envelopes, dict):
+            envelopes = [envelopes]
+        if not isinstance(envelopes, list):
+            log.warning("dropped result message: expected a list of result envelopes")
+            counted["dropped"] += 1
+            continue
+        everything += envelopes
+    if not everything:
+        return counted
+    outcomes = services.results_ingest(envelopes=everything)
+    for envelope, outcome in zip(everything, outcomes, strict=True):
+        counted[outcome.status] += 1
         if outcome.status == "refused":
             log.warning("refused result from %r: %s", _signer(envelope), outcome.reason)
         else:
-            log.info(
+            # A line a result is hundreds a second during a sweep: for
+            # debugging; the batch's line of counts says what was stored.
+            log.debug(
                 "result %s for job %s attempt %s %s",
                 outcome.result.pk,
                 outcome.result.job_id,
                 outcome.result.attempt,
-                "stored" if outcome.status == "stored" else "already stored",
+                COUNTED[outcome.status],
             )
+    return counted
 
 
 @shared_task(

@@ -183,8 +183,11 @@ def _cells_upsert(results: list[Result], now) -> None:
     latest = {}
     for result in results:
         latest[result.shape_id, result.device_type_id, result.toolchain_id] = result
-    answers = [r for r in latest.values() if r.status != Status.INFRA_ERROR]
-    infra = [r for r in latest.values() if r.status == Status.INFRA_ERROR]
+    # In key order: two ingests writing the same cells lock them in the same
+    # order, so one waits for the other instead of deadlocking.
+    newest = [latest[key] for key in sorted(latest)]
+    answers = [r for r in newest if r.status != Status.INFRA_ERROR]
+    infra = [r for r in newest if r.status == Status.INFRA_ERROR]
     for rows, update in ((answers, True), (infra, False)):
         columns = {
             "shape": [r.shape_id for r in rows],

@@ -5,6 +5,7 @@ import logging
 
 import pytest
 from celery.exceptions import Reject
+from celery_batches import SimpleRequest
 from django.urls import reverse
 
 from matrix.models import Cell, JobState, Result, Status
@@ -12,6 +13,18 @@ from runners import services, signing, tasks
 from runners.models import Runner
 
 from .conftest import resigned
+
+# What a worker's request carries beside its arguments.
+REQUEST = {
+    "id": "test",
+    "name": "runners.ingest_result",
+    "delivery_info": {},
+    "hostname": "test",
+    "ignore_result": True,
+    "reply_to": None,
+    "correlation_id": None,
+    "request_dict": {},
+}
 
 
 def planned_job(cpu_cells):
@@ -70,20 +83,28 @@ def test_a_job_whose_kernel_source_differs_here_ends_in_an_infra_error(
     assert "kernel library differs" in result.error_message
 
 
+def ingest(*messages) -> None:
+    """The messages through the control worker's task, as one batch."""
+    tasks.ingest_result.run(
+        [SimpleRequest(args=[m], kwargs={}, **REQUEST) for m in messages]
+    )
+
+
 def test_ingest_result_logs_a_refusal_instead_of_failing(
     cpu_runner, running_job, caplog
 ):
     envelope = cpu_runner.result(running_job, status="compile_error")
-    tasks.ingest_result(envelope)
+    ingest(envelope)
     replay = resigned(
         cpu_runner.result(running_job, status="pass"),
         cpu_runner.key,
         nonce=envelope["nonce"],
     )
     with caplog.at_level(logging.WARNING, logger="runners.tasks"):
-        tasks.ingest_result(replay)
-        tasks.ingest_result("garbage")
+        ingest(replay)
+        ingest("garbage")
     assert "replayed envelope" in caplog.text
+    assert "dropped result message" in caplog.text
     assert Result.objects.get().status == Status.COMPILE_ERROR
 
 
@@ -91,11 +112,66 @@ def test_ingest_result_delivered_twice_is_already_stored(
     cpu_runner, running_job, caplog
 ):
     envelope = cpu_runner.result(running_job, status="compile_error")
-    tasks.ingest_result(envelope)
+    ingest(envelope)
     with caplog.at_level(logging.INFO, logger="runners.tasks"):
-        tasks.ingest_result(envelope)
+        ingest(envelope)
     assert "already stored" in caplog.text and "refused" not in caplog.text
     assert Result.objects.count() == 1
+
+
+def test_messages_taken_together_store_each_result_and_drop_only_the_bad_one(
+    cpu_runner, cpu_cells, caplog
+):
+    sweep = services.sweep_plan(cells=cpu_cells()[:3])
+    jobs = list(sweep.jobs.order_by("pk"))
+    for job in jobs:
+        services.job_claim(job_id=job.pk, attempt=job.attempt, runner=cpu_runner.runner)
+        job.refresh_from_db()
+    first, second, third = (
+        cpu_runner.result(job, status="compile_error") for job in jobs
+    )
+    with caplog.at_level(logging.WARNING, logger="runners.tasks"):
+        # Two messages of results, a message that is no list of envelopes,
+        # and a copy of a result in the same batch.
+        ingest([first, second], "garbage", third, [first])
+    assert "dropped result message" in caplog.text
+    assert set(Result.objects.values_list("job_id", flat=True)) == {j.pk for j in jobs}
+    assert Result.objects.count() == 3
+
+
+def test_a_batch_the_database_refuses_is_stored_message_by_message(
+    cpu_runner, cpu_cells, monkeypatch, eager_celery, caplog
+):
+    """The database's refusal is simulated (no input this server lets
+    through makes PostgreSQL refuse a batch): a batch that fails whole is
+    tried one message at a time, and a message that still fails is sent
+    again until it is stored."""
+    from django.db import OperationalError
+
+    sweep = services.sweep_plan(cells=cpu_cells()[:2])
+    jobs = list(sweep.jobs.order_by("pk"))
+    for job in jobs:
+        services.job_claim(job_id=job.pk, attempt=job.attempt, runner=cpu_runner.runner)
+        job.refresh_from_db()
+    good, flaky = (cpu_runner.result(job, status="compile_error") for job in jobs)
+    real = services.results_ingest
+    failures = {"whole": 0, "flaky": 0}
+
+    def refusing(*, envelopes, **options):
+        if len(envelopes) > 1:
+            failures["whole"] += 1
+            raise OperationalError("simulated: could not serialize access")
+        if envelopes[0]["nonce"] == flaky["nonce"] and failures["flaky"] < 2:
+            failures["flaky"] += 1
+            raise OperationalError("simulated: connection lost")
+        return real(envelopes=envelopes, **options)
+
+    monkeypatch.setattr(services, "results_ingest", refusing)
+    with caplog.at_level(logging.WARNING, logger="runners.tasks"):
+        ingest(good, flaky)
+    assert failures == {"whole": 1, "flaky": 2}
+    assert "to be retried (retry 2)" in caplog.text
+    assert set(Result.objects.values_list("job_id", flat=True)) == {j.pk for j in jobs}
 
 
 def test_heartbeat_task_records_the_heartbeat_and_refuses_a_revoked_runner(

@@ -247,9 +247,9 @@ def ingest_under_way(cluster) -> bool:
     """Whether the control worker's log shows an ingest received and not
     yet finished."""
     log = cluster.log("control")
-    task = r"runners\.ingest_result\[[^\]]+\]"
-    received = len(re.findall(task + " received", log))
-    return received > len(re.findall(task + " succeeded", log))
+    received = len(re.findall(r"result message \S+ received", log))
+    ingested = sum(map(int, re.findall(r"ingested (\d+) result messages", log)))
+    return received > ingested
 
 
 def signal_all(pids, signum) -> None:

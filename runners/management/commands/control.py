@@ -8,7 +8,7 @@ from __future__ import annotations
 from django.conf import settings
 from django.core.management.base import BaseCommand
 
-from runners.tasks import CONTROL
+from runners.tasks import CONTROL, INGEST_BATCH_MESSAGES
 
 
 class Command(BaseCommand):
@@ -42,6 +42,10 @@ class Command(BaseCommand):
             f"--queues={CONTROL}",
             "--hostname=control@%h",
             f"--concurrency={concurrency}",
+            # Enough messages in hand to fill a batch of results per process
+            # (runners.ingest_result); the runner workers keep taking one
+            # message at a time.
+            f"--prefetch-multiplier={2 * INGEST_BATCH_MESSAGES}",
             f"--loglevel={loglevel}",
             "--without-gossip",
             "--without-mingle",
