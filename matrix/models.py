@@ -522,15 +522,17 @@ class ResultQuerySet(models.QuerySet):
 class Result(models.Model):
     """What one job attempt produced. Stored once per (job, attempt)."""
 
-    # No index of their own where an index of Meta leads with the column:
-    # every result written maintains each index of this table.
+    # No index of their own where an index of Meta leads with the column, or
+    # where no query reads one (a toolchain or a revision is never deleted;
+    # the admin shows them read-only): every result written maintains each
+    # index of this table.
     job = models.ForeignKey(
         ValidationJob, on_delete=models.CASCADE, related_name="results", db_index=False
     )
     attempt = models.PositiveSmallIntegerField()
     # The cell, denormalized, so history and matrix reads need no job join.
     revision = models.ForeignKey(
-        KernelRevision, on_delete=models.PROTECT, related_name="+"
+        KernelRevision, on_delete=models.PROTECT, related_name="+", db_index=False
     )
     shape = models.ForeignKey(
         Shape, on_delete=models.PROTECT, related_name="+", db_index=False
@@ -538,7 +540,9 @@ class Result(models.Model):
     device_type = models.ForeignKey(
         DeviceType, on_delete=models.PROTECT, related_name="+", db_index=False
     )
-    toolchain = models.ForeignKey(Toolchain, on_delete=models.PROTECT, related_name="+")
+    toolchain = models.ForeignKey(
+        Toolchain, on_delete=models.PROTECT, related_name="+", db_index=False
+    )
     status = models.CharField(max_length=16, choices=Status.choices)
     stage_reached = models.CharField(max_length=10, blank=True)
     rel_err = models.FloatField(null=True, blank=True)
