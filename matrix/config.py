@@ -129,7 +129,9 @@ def parse_database(raw: str | None, embedded_path: Path) -> dict:
     return config
 
 
-def parse_broker(raw: str | None, embedded_dir: Path) -> tuple[str, dict]:
+def parse_broker(
+    raw: str | None, embedded_dir: Path, keyprefix: str | None = None
+) -> tuple[str, dict]:
     """Return (broker URL, transport options). A filesystem broker is
     served by ``matrix.broker`` (see ``broker_transport``)."""
     if raw is None or raw == "":
@@ -143,7 +145,7 @@ def parse_broker(raw: str | None, embedded_dir: Path) -> tuple[str, dict]:
         "redis://HOST:PORT/DB, amqp://USER:PASS@HOST:PORT// or filesystem://",
     )
     if scheme == "filesystem":
-        for sub in ("out", "processed"):
+        for sub in ("out", "processed", "control"):
             (embedded_dir / sub).mkdir(parents=True, exist_ok=True)
         folder = str(embedded_dir / "out")
         return raw, {
@@ -151,7 +153,20 @@ def parse_broker(raw: str | None, embedded_dir: Path) -> tuple[str, dict]:
             "data_folder_out": folder,
             "processed_folder": str(embedded_dir / "processed"),
             "store_processed": False,
+            # The folder is polled; its 1 s default made each job of a demo
+            # sweep wait up to a second for delivery.
+            "polling_interval": 0.1,
+            # Exchange bindings go under var/, not into the current
+            # directory, kombu's default.
+            "control_folder": str(embedded_dir / "control"),
         }
+    if scheme in ("redis", "rediss"):
+        options = {"visibility_timeout": 900}
+        if keyprefix:
+            # Several deployments (or test runs) sharing one Redis keep to
+            # their own keys: the same queue names would otherwise cross.
+            options["global_keyprefix"] = keyprefix
+        return raw, options
     return raw, {}
 
 

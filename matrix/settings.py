@@ -24,8 +24,12 @@ DATABASES = {
     )
 }
 config.private_sqlite(DATABASES["default"])
+# Transport options are whole here: Celery reads this setting over any
+# change made to app.conf later.
 CELERY_BROKER_URL, CELERY_BROKER_TRANSPORT_OPTIONS = config.parse_broker(
-    os.environ.get("CELERY_BROKER_URL"), VAR_DIR / "broker"
+    os.environ.get("CELERY_BROKER_URL"),
+    VAR_DIR / "broker",
+    keyprefix=os.environ.get("TILEMATRIX_BROKER_KEYPREFIX"),
 )
 CELERY_BROKER_TRANSPORT = config.broker_transport(CELERY_BROKER_URL)
 CACHES = config.parse_cache(
@@ -166,8 +170,6 @@ CELERY_TASK_SOFT_TIME_LIMIT = 600
 CELERY_TASK_TIME_LIMIT = 660
 CELERY_WORKER_MAX_TASKS_PER_CHILD = 200
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
-if CELERY_BROKER_URL.startswith(("redis", "rediss")):
-    CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 900}
 CELERY_TASK_DEFAULT_QUEUE = "control"
 # A runner worker signs a heartbeat every TILEMATRIX_HEARTBEAT_S; the reaper
 # (run every TILEMATRIX_REAP_S by beat) marks a runner silent for three of

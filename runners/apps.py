@@ -1,8 +1,5 @@
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 from django.apps import AppConfig
 from django.conf import settings
 from django.contrib.admin import apps as admin_apps
@@ -26,27 +23,6 @@ class RunnersConfig(AppConfig):
 
         app.steps["consumer"].add(RunnerHost)
         app.conf.task_routes = {**(app.conf.task_routes or {}), **ROUTES}
-        if app.conf.broker_url.startswith("filesystem"):
-            # The filesystem broker is polled; its 1 s default made each job of
-            # a demo sweep wait up to a second for delivery.
-            # Its exchange bindings go under var/, not into the current
-            # directory, which is kombu's default.
-            options = app.conf.broker_transport_options or {}
-            app.conf.broker_transport_options = {
-                "polling_interval": 0.1,
-                "control_folder": str(
-                    Path(options["data_folder_out"]).parent / "control"
-                ),
-                **options,
-            }
-        prefix = os.environ.get("TILEMATRIX_BROKER_KEYPREFIX")
-        if prefix and app.conf.broker_url.startswith(("redis", "rediss")):
-            # Several deployments (or test runs) sharing one Redis keep to
-            # their own keys: the same queue names would otherwise cross.
-            app.conf.broker_transport_options = {
-                **(app.conf.broker_transport_options or {}),
-                "global_keyprefix": prefix,
-            }
         app.conf.beat_schedule = {
             **(app.conf.beat_schedule or {}),
             "runners.reap": {

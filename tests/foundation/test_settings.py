@@ -1,6 +1,8 @@
 from __future__ import annotations
 
+import contextlib
 import os
+import queue as queue_module
 import stat
 import subprocess
 import sys
@@ -84,6 +86,49 @@ def test_the_embedded_broker_is_served_by_the_transport_safe_for_several_process
 )
 def test_redis_and_rabbitmq_brokers_are_taken_by_url(raw, tmp_path):
     assert config.parse_broker(raw, tmp_path)[0] == raw
+
+
+def test_deployments_sharing_a_redis_keep_to_their_own_keys(tmp_path):
+    """Queues of two deployments on one Redis (or two test clusters) would
+    cross without a key prefix; a message sent with one prefix is seen only
+    by a connection with the same prefix."""
+    from kombu import Connection
+
+    raw = "redis://127.0.0.1:6379/13"
+    _, ours = config.parse_broker(raw, tmp_path, keyprefix="ours:")
+    _, theirs = config.parse_broker(raw, tmp_path, keyprefix="theirs:")
+    assert ours["visibility_timeout"] == 900
+    try:
+        with Connection(raw, transport_options=ours) as connection:
+            connection.SimpleQueue("runner.shared").put("for us")
+        with Connection(raw, transport_options=theirs) as connection:
+            with pytest.raises(queue_module.Empty):
+                connection.SimpleQueue("runner.shared").get(block=False)
+        with Connection(raw, transport_options=ours) as connection:
+            message = connection.SimpleQueue("runner.shared").get(timeout=5)
+            assert message.payload == "for us"
+    except OSError:
+        pytest.skip("no Redis at 127.0.0.1:6379")
+    finally:
+        import redis
+
+        with contextlib.suppress(OSError):
+            redis.Redis.from_url(raw).flushdb()
+
+
+def test_the_celery_app_takes_the_broker_options_of_the_settings():
+    """Celery reads CELERY_BROKER_TRANSPORT_OPTIONS over a later change to
+    app.conf: options set after configuration (the embedded broker's
+    polling interval, a key prefix) were silently dropped."""
+    from django.conf import settings
+
+    from matrix.celery import app
+
+    options = app.conf.broker_transport_options
+    assert options == settings.CELERY_BROKER_TRANSPORT_OPTIONS
+    if settings.CELERY_BROKER_URL.startswith("filesystem"):
+        assert options["polling_interval"] == 0.1
+        assert Path(options["control_folder"]).is_dir()
 
 
 @pytest.mark.parametrize("raw", ["kafka://x", "127.0.0.1:6379"])
