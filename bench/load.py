@@ -97,6 +97,10 @@ PAGE_ROWS = [
     ("api_manifest_identity", "API manifest, not compressed", "", None),
     ("api_manifest_device", "API manifest, one device type", "", None),
 ]
+# Rows whose body grows with the data (the manifest is 104 KB at 10k results
+# and 2.8 MB at 1M): their time to the first byte is shown apart, to tell the
+# server's part from the client's transfer and unpacking.
+FIRST_BYTE_ROWS = ("api_manifest", "api_manifest_identity", "api_manifest_device")
 # Pages of the mix timed again without them (bench/load.py's own rows).
 SLOW_ELSEWHERE = ("gaps", "api_gaps", "upgrade_diff")
 # Share of each page in the 50-connection mix.
@@ -766,6 +770,11 @@ def verdicts(report: dict) -> dict:
             "within_goal": goal is None or p95 <= goal,
             "ratio_largest_to_smallest": round(p95 / base, 2) if base else None,
         }
+        if key in FIRST_BYTE_ROWS:
+            p95 = last["pages"][key].get("first_byte_p95_ms")
+            base = first["pages"][key].get("first_byte_p95_ms")
+            if p95 is not None and base:
+                out[key]["first_byte_ratio_largest_to_smallest"] = round(p95 / base, 2)
     if "api_matrix_304" in last["pages"]:
         out.setdefault("api_matrix_304", {})["answers_304"] = 304 in {
             int(k) for k in last["pages"]["api_matrix_304"]["statuses"]
@@ -799,6 +808,16 @@ def print_table(report: dict) -> None:
                 text += f" n{row['requests']}"
             cells.append(f"{text:>12}")
         print(f"{label + ' (ms)':<40}" + "".join(cells) + f"{goal:>12}")
+    print("  of which to the first byte (the server's part), p95 ms")
+    for key, label, _, _ in PAGE_ROWS:
+        if key not in FIRST_BYTE_ROWS:
+            continue
+        cells = []
+        for size in sizes:
+            row = report["sizes"][size]["pages"].get(key) or {}
+            first_byte = row.get("first_byte_p95_ms")
+            cells.append("-" if first_byte is None else f"{first_byte:g}")
+        print(f"{'  ' + label:<40}" + "".join(c.rjust(12) for c in cells))
     for key, label in (
         ("outside_proposal", "ingest results/s, no proposal touched"),
         ("inside_proposal", "ingest results/s, open proposal"),

@@ -143,8 +143,12 @@ class Client:
             "Accept-Encoding": ACCEPT_ENCODING,
             **(headers or {}),
         }
+        started = time.perf_counter()
         connection.request(method, path, body=body, headers=sent)
         response = connection.getresponse()
+        # The status line and headers are in: the server's part is done, what
+        # follows is the body's transfer and unpacking.
+        self.first_byte_s = time.perf_counter() - started
         content = response.read()
         if response.getheader("Content-Encoding") == "gzip":
             content = gzip.decompress(content)
@@ -206,7 +210,7 @@ def time_row(client, path, requests, budget_s, *, before=None, headers=None) -> 
             raise SystemExit(f"{path}: HTTP {status}\n{content[:2000]!r}")
         if time.monotonic() > warm_until:
             break
-    samples, statuses = [], {}
+    samples, first_bytes, statuses = [], [], {}
     deadline = time.monotonic() + budget_s
     while len(samples) < requests and (len(samples) < 3 or time.monotonic() < deadline):
         if before is not None:
@@ -214,6 +218,7 @@ def time_row(client, path, requests, budget_s, *, before=None, headers=None) -> 
         t0 = time.perf_counter()
         status, content, found = client.get(path, headers=headers)
         samples.append((time.perf_counter() - t0) * 1000)
+        first_bytes.append(client.first_byte_s * 1000)
         statuses[status] = statuses.get(status, 0) + 1
     return {
         "path": path,
@@ -221,6 +226,7 @@ def time_row(client, path, requests, budget_s, *, before=None, headers=None) -> 
         "p50_ms": round(statistics.median(samples), 1),
         "p95_ms": round(percentile(samples, 0.95), 1),
         "max_ms": round(max(samples), 1),
+        "first_byte_p95_ms": round(percentile(first_bytes, 0.95), 1),
         "statuses": statuses,
         "bytes": len(content),
         "wire_bytes": int(found.get("content-length", len(content))),
