@@ -105,6 +105,30 @@ def test_it_refuses_a_true_signature_spelt_another_way(key, spell):
         signing.envelope_verify(envelope, public_key=signing.public_key_hex(key))
 
 
+# The order of the Ed25519 group: S + L is the same point's scalar, so a
+# verifier that does not insist on S < L takes two signatures for one
+# envelope (RFC 8032, 5.1.7).
+GROUP_ORDER = 2**252 + 27742317777372353535851937790883648493
+
+
+def test_it_refuses_a_true_signature_made_malleable(key):
+    """A replayed result with its signature's S moved by the group order
+    would carry a fresh signature text past the receipt check."""
+    envelope = signing.envelope_sign(payload={}, signer="cpu-1", key=key)
+    raw = bytes.fromhex(envelope["signature"])
+    s = int.from_bytes(raw[32:], "little") + GROUP_ORDER
+    envelope["signature"] = (raw[:32] + s.to_bytes(32, "little")).hex()
+    with pytest.raises(signing.EnvelopeError, match="bad signature"):
+        signing.envelope_verify(envelope, public_key=signing.public_key_hex(key))
+
+
+@pytest.mark.parametrize("public", ["ab" * 31, "zz" * 32], ids=["short", "not-hex"])
+def test_it_names_a_signer_key_that_is_no_key(key, public):
+    envelope = signing.envelope_sign(payload={}, signer="cpu-1", key=key)
+    with pytest.raises(signing.EnvelopeError, match="public key is not a valid key"):
+        signing.envelope_verify(envelope, public_key=public)
+
+
 def test_it_refuses_an_envelope_older_than_the_limit(key, monkeypatch):
     monkeypatch.setattr(signing, "now_iso", lambda: "2020-01-01T00:00:00+00:00")
     old = signing.envelope_sign(payload={}, signer="cpu-1", key=key)
