@@ -36,8 +36,7 @@ class Command(BaseCommand):
             "--concurrency",
             type=int,
             default=ingest_processes(),
-            help="processes ingesting side by side (default: one per core, "
-            "plus one)",
+            help="processes ingesting side by side (default: one per core, plus one)",
         )
         work.add_argument(
             "--no-beat",
