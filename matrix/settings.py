@@ -171,6 +171,11 @@ CELERY_TASK_TIME_LIMIT = 660
 CELERY_WORKER_MAX_TASKS_PER_CHILD = 200
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TASK_DEFAULT_QUEUE = "control"
+# Celery closes every database connection before and after each task unless
+# this is set: a control worker opened a PostgreSQL connection for each batch
+# of results and never kept a statement prepared. Set beyond reach, it leaves
+# the connections to matrix/celery.py, which keeps them as between requests.
+CELERY_DB_REUSE_MAX = 2**62
 # A runner worker signs a heartbeat every TILEMATRIX_HEARTBEAT_S; the reaper
 # (run every TILEMATRIX_REAP_S by beat) marks a runner silent for three of
 # them offline. Runner hosts and the control host must agree on it.

@@ -155,6 +155,30 @@ def test_a_malformed_message_is_dropped_and_the_worker_carries_on(cluster, cpu_b
     assert cluster.procs["runner:cpu-b"].poll() is None
 
 
+def test_results_are_stored_after_the_database_cut_the_workers_connections(
+    cluster, cpu_b
+):
+    """The control worker keeps its database connection from task to task,
+    checked before each as before each request: one the database ended (a
+    restart, a failover) is opened again before a task uses it, so no
+    heartbeat or result fails and waits for a retry."""
+    if not cluster.pg_admin:
+        pytest.skip("cutting connections needs PostgreSQL (DATABASE_URL)")
+    first = cluster.plan(smoke_cells("backend='c'", limit=1))
+    cluster.wait_finished(first, timeout=120)
+    before = len(cluster.log("control"))
+    cut = cluster.sql(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+        "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+    )
+    assert cut, "no connection to cut"
+    sweep = cluster.plan(smoke_cells("backend='c'", limit=2))
+    cluster.wait_finished(sweep, timeout=120)
+    assert set(cluster.results_per_job(sweep).values()) == {1}
+    after = cluster.log("control")[before:]
+    assert "OperationalError" not in after and "retried" not in after, after
+
+
 def test_a_revoked_runner_stops_and_leaves_its_work_to_the_others(
     cluster, cpu_b, stop_runners
 ):
