@@ -28,11 +28,11 @@ runs out first; the count is printed):
   seconds: what one request costs of the machine (its cores over the rate),
   so the rate the mix can reach is known page by page,
 - ingest of signed results by a real control worker (``manage.py control
-  work``, two processes, Redis as its broker), sent as runners send them
-  in messages of 5 to 25 results, all at once as when a sweep ends, on
-  cells outside the open proposal and on cells in it (every result with a
-  kernel source of about 5 KB), beside COPY of the same rows into a real
-  (logged) table, the median of five rounds,
+  work``, one process per core plus one, Redis as its broker), sent as
+  runners send them in messages of 5 to 25 results, all at once as when a
+  sweep ends, on cells outside the open proposal and on cells in it (every
+  result with a kernel source of about 5 KB), beside COPY of the same rows
+  into a real (logged) table, the median of five rounds,
 - 50 connections (wrk) over a mix of those pages for ``--load-s`` seconds
   while results keep arriving, as during a sweep, and the same mix without
   the gaps (page and API) and the upgrade diff,
@@ -609,7 +609,7 @@ class Fixture:
 
 class ControlWorker:
     """The control worker as production runs it (``manage.py control work``,
-    its two processes), on the bench's database and Redis broker."""
+    one process per core plus one), on the bench's database and Redis broker."""
 
     def __enter__(self):
         self.log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
