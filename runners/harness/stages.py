@@ -212,14 +212,31 @@ def _time_both(job, operator, kernel, inputs, outputs, device) -> dict:
     return timings
 
 
-def time_kernel(kernel, inputs, outputs, device: str, *, repeats: int | None) -> float:
+def time_kernel(
+    kernel,
+    inputs,
+    outputs,
+    device: str,
+    *,
+    repeats: int | None,
+    poison_outputs: bool = False,
+) -> float:
     """Median milliseconds of ``kernel(*inputs, *outputs)``: wall clock on a
     CPU; CUDA events on a GPU (graph replays for short calls), each call on
-    the next of several copies of the inputs (together larger than L2)."""
+    the next of several copies of the inputs (together larger than L2).
+    ``poison_outputs``: on a CPU every call writes into fresh NaN, outside
+    the time taken (on a GPU the TIR check's ban on reading outputs is what
+    keeps a timed call from skipping work its output already holds)."""
     if device == "cpu":
+
+        def poison() -> None:
+            for out in outputs:
+                out.fill_(float("nan"))
+
         return timing.time_cpu(
             lambda i: kernel(*inputs, *outputs),
             repeats=repeats or DEFAULT_REPEATS["cpu"],
+            prepare=poison if poison_outputs else None,
         )
     input_bytes = sum(x.numel() * x.element_size() for x in inputs)
     sets = [inputs] + [

@@ -42,12 +42,22 @@ from runners.harness.stages import (
     synchronize,
     time_kernel,
 )
+from runners.harness.tir_check import tir_check
 
 PROGRAM_NAME = "program.json"
 PROGRAM_CAP = 16 * 2**20
+# A refusal names this many constructs at most: the message has a cap too.
+MAX_REFUSALS_SHOWN = 5
 # The builder's "done": its program is written. Never a result of its own.
 PROGRAM_WRITTEN = "lowered"
 _RESOURCE_ERRNOS = {errno.EFBIG, errno.ENOSPC, errno.EAGAIN, errno.ENOMEM, errno.EDQUOT}
+
+
+INPUT_SET_NAMES = {
+    0: "on the first input set",
+    1: "on the second input set",
+    tensors.TIMED_SET: "on the first input set, as the timed calls left it",
+}
 
 
 class ProgramRefused(Exception):
@@ -130,9 +140,9 @@ def resource_exhaustion(exc: BaseException) -> str | None:
     return None
 
 
-def load_program(path: str, specs: list[dict]):
+def load_program(path: str, in_specs: list[dict], out_specs: list[dict]):
     """The PrimFunc in the TVM JSON at ``path``, checked against the tensors
-    the operator passes (``specs``: inputs then outputs)."""
+    the operator passes and against what a kernel may contain (tir_check)."""
     from tilelang import tvm
 
     try:
@@ -152,7 +162,10 @@ def load_program(path: str, specs: list[dict]):
         raise ProgramRefused(
             f"the builder's program is a {type(func).__name__}, not a PrimFunc"
         )
-    _check_parameters(func, specs)
+    _check_parameters(func, in_specs + out_specs)
+    refusals = tir_check(func, outputs=len(out_specs))
+    if refusals:
+        raise ProgramRefused("; ".join(str(r) for r in refusals[:MAX_REFUSALS_SHOWN]))
     return func
 
 
@@ -203,7 +216,7 @@ def execute(
     try:
         kernel, source = compile_program(
             job,
-            lambda: load_program(spec["program"], in_specs + out_specs),
+            lambda: load_program(spec["program"], in_specs, out_specs),
             result,
             on_stage,
         )
@@ -248,9 +261,17 @@ def execute(
                 )
             if timed is None:
                 timed = (args, outs)
+        args, outs = timed
+        for out in outs:
+            out.fill_(float("nan"))
         result["timings"]["kernel_ms"] = time_kernel(
-            kernel, *timed, device, repeats=job["repeats"]
+            kernel, args, outs, device, repeats=job["repeats"], poison_outputs=True
         )
+        synchronize(device)
+        for index, out in enumerate(outs):
+            tensors.write_tensor(
+                out_dir / tensors.output_name(tensors.TIMED_SET, index), out
+            )
     except Exception as exc:
         return set_error(result, "runtime_error", f"{type(exc).__name__}: {exc}")
     finally:
@@ -305,7 +326,8 @@ def judge(
         return set_error(result, "infra_error", "the supervisor stopped the job")
 
     worst = None
-    for input_set, (_, references) in enumerate(sets):
+    checked = [*enumerate(sets), (tensors.TIMED_SET, sets[0])]
+    for input_set, (_, references) in checked:
         outs = []
         for index, out_spec in enumerate(out_specs):
             path = Path(spec["outputs_dir"], tensors.output_name(input_set, index))
@@ -322,9 +344,8 @@ def judge(
         result["metrics"] = {k: finite_or_none(v) for k, v in worst.items()}
         problem = verdict.verdict(tolerance)
         if problem:
-            which = "first" if input_set == 0 else "second"
             return set_error(
-                result, "mismatch", f"{problem} (on the {which} input set)"
+                result, "mismatch", f"{problem} ({INPUT_SET_NAMES[input_set]})"
             )
     result["timings"]["reference_ms"] = _time_reference(job, operator, sets[0][0])
     result["status"] = "pass"

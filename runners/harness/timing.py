@@ -37,12 +37,19 @@ def rotation_sets(input_bytes: int) -> int:
     return max(1, min(wanted, MAX_ROTATION_SETS, affordable))
 
 
-def time_cpu(fn: Callable[[int], object], *, repeats: int, warmup: int = 1) -> float:
+def time_cpu(
+    fn: Callable[[int], object],
+    *,
+    repeats: int,
+    warmup: int = 1,
+    prepare: Callable[[], object] | None = None,
+) -> float:
     """Median wall-clock milliseconds of ``fn(i)`` over ``repeats`` calls,
     with torch on one thread, as the TileLang ``c`` kernels run: on a busy
     host, waking torch's other threads took 12-47 ms for a call of a few
     microseconds, which made the kernel look tens of times faster than the
-    reference."""
+    reference. ``prepare``, when given, runs before every call, outside the
+    time taken."""
     import torch
 
     threads = torch.get_num_threads()
@@ -52,6 +59,8 @@ def time_cpu(fn: Callable[[int], object], *, repeats: int, warmup: int = 1) -> f
             fn(i)
         samples = []
         for i in range(repeats):
+            if prepare is not None:
+                prepare()
             start = time.perf_counter()
             fn(i)
             samples.append(time.perf_counter() - start)

@@ -1,5 +1,5 @@
-"""elementwise_add that calls a C function nobody defines: TileLang lowers
-it, the host C compiler or loader fails on it."""
+"""elementwise_add that calls a C function nobody defines: the executor
+refuses the extern call before anything is built."""
 
 import tilelang.cpu.language as T
 
