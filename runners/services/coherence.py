@@ -11,7 +11,9 @@ JSON. So the server checks what it can know without running anything:
 - a pass carries the metrics a pass is judged on, and they are within the
   tolerance of the operator and dtype as *this server's* operator library
   has it (runners.kernels), not as the result claims; a timed pass has a
-  kernel time above zero.
+  kernel time above zero;
+- a timed pass is no faster than its device's datasheet allows for the
+  operator's bytes and flops (runners.kernels.peaks).
 
 Each refusal names the field at fault, as ``result.timings.kernel_ms``.
 """
@@ -30,6 +32,7 @@ from runners.harness.result import (
     STAGES,
     SUCCESS_FOR_STAGE,
 )
+from runners.kernels import peaks
 from runners.services.envelopes import shown
 
 # The statuses a job of each stage can end in: its own rung of the ladder
@@ -113,6 +116,27 @@ def _numbers(raw: dict, part: str, ceilings: dict) -> dict:
     return clean
 
 
+def _physically_possible(
+    operator: str, shape: dict, dtype: str, kernel_ms: float, device: tuple
+) -> None:
+    peak = peaks.device_peak(*device)
+    try:
+        library_operator = kernels.get(operator)
+    except KeyError:
+        return
+    if peak is None:
+        return
+    why = peaks.implausible(
+        operator=library_operator,
+        shape=shape,
+        dtype=dtype,
+        kernel_ms=kernel_ms,
+        peak=peak,
+    )
+    if why:
+        raise ValidationError(f"result.timings.kernel_ms is implausible: {why}")
+
+
 @functools.cache
 def _tolerance_fields(tolerance) -> tuple:
     # dataclasses.asdict copies deeply: a tenth of a result's ingest.
@@ -130,10 +154,20 @@ def _server_tolerance(operator: str, dtype: str):
         return None
 
 
-def result_check(*, stage: str, operator: str, dtype: str, raw: dict) -> dict | None:
+def result_check(
+    *,
+    stage: str,
+    operator: str,
+    dtype: str,
+    raw: dict,
+    shape: dict | None = None,
+    device: tuple[str, str] | None = None,
+) -> dict | None:
     """Refuse (ValidationError naming the field) a result that its job's
-    stage cannot produce or whose numbers make no sense; return this
-    server's tolerance for the cell, as a dict, or None where it has none."""
+    stage cannot produce, whose numbers make no sense, or whose kernel time
+    is faster than its device (``(model, backend)``) can do the ``shape``;
+    return this server's tolerance for the cell, as a dict, or None where it
+    has none."""
     status = raw.get("status")
     if status not in REACHABLE[stage]:
         allowed = ", ".join(sorted(REACHABLE[stage]))
@@ -162,6 +196,8 @@ def result_check(*, stage: str, operator: str, dtype: str, raw: dict) -> dict | 
             raise ValidationError(
                 f"result.timings.{key} of a timed pass must be above 0"
             )
+    if timings["kernel_ms"] and shape is not None and device is not None:
+        _physically_possible(operator, shape, dtype, timings["kernel_ms"], device)
     if tolerance is None:
         raise ValidationError(
             f"result.status 'pass' cannot be checked: this server has no "

@@ -88,6 +88,9 @@ JOB_ROW = {
     "toolchain_id": "toolchain_id",
     "operator": "revision__operator__name",
     "dtype": "shape__dtype",
+    "dims": "shape__dims",
+    "device_model": "device_type__model",
+    "device_backend": "device_type__backend",
 }
 STATUSES = frozenset(Status.values)
 # Parts of a harness result that are objects when present (error is null
@@ -108,7 +111,12 @@ def _result_from(job: SimpleNamespace, attempt: int, raw: dict) -> Result:
                 f"result.{part} must be an object or null, got {shown(raw[part])}"
             )
     tolerance = result_check(
-        stage=job.stage, operator=job.operator, dtype=job.dtype, raw=raw
+        stage=job.stage,
+        operator=job.operator,
+        dtype=job.dtype,
+        raw=raw,
+        shape=job.dims,
+        device=(job.device_model, job.device_backend),
     )
     metrics = raw.get("metrics") or {}
     timings = raw.get("timings") or {}

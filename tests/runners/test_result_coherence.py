@@ -294,3 +294,21 @@ def test_the_matrix_api_never_answered_infinity_for_a_refused_pass(client, cpu_r
     text = client.get("/api/v1/matrix?backend=c").content.decode()
 
     json.loads(text, parse_constant=lambda name: pytest.fail(f"{name} in the API"))
+
+
+def test_a_pass_faster_than_its_device_can_run_is_refused_naming_both_figures(
+    cpu_runner,
+):
+    # A signed pass at 1e-9 ms was stored and served at 8.6e16x.
+    job = _job_on(cpu_runner, "gemm", {"M": 512, "N": 512, "K": 512}, "float32")
+    forged = cpu_runner.result(job, **_pass(timings={"kernel_ms": 1e-9}))
+    honest = cpu_runner.result(job, **_pass(timings={"kernel_ms": 0.5}))
+
+    (refused,) = services.results_ingest(envelopes=[forged])
+    (stored,) = services.results_ingest(envelopes=[honest])
+
+    assert refused.status == "refused"
+    assert refused.reason.startswith("result.timings.kernel_ms is implausible")
+    assert "GB/s against a peak of 2000 GB/s" in refused.reason
+    assert "TFLOP/s against 20" in refused.reason
+    assert stored.status == "stored", stored.reason
