@@ -36,6 +36,10 @@ LAUNCH_JITTER_MS = 0.0035
 # How many recent results of one cell count as its repeat timings.
 REPEAT_WINDOW = 5
 PERF_STEP = 0.05
+# A candidate 1,700x slower than its baseline is 33,980 steps: past a
+# smallint, so the column is an integer and a step past it is clamped
+# (the ratio itself is kept whole beside it).
+PERF_STEP_MAX = 2**31 - 1
 MAD_TO_SIGMA = 1.4826
 ERROR_SHOWN = 300
 
@@ -116,9 +120,8 @@ class CellDiff:
             return None
         if abs(self.ratio - 1) <= self.band:
             return 0
-        return int(
-            math.copysign(math.ceil(abs(self.ratio - 1) / PERF_STEP), self.ratio - 1)
-        )
+        steps = min(math.ceil(abs(self.ratio - 1) / PERF_STEP), PERF_STEP_MAX)
+        return int(math.copysign(steps, self.ratio - 1))
 
     @property
     def rank(self) -> int:

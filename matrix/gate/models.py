@@ -271,7 +271,7 @@ class DiffRow(models.Model):
     candidate_ms = models.FloatField(null=True, blank=True)
     ratio = models.FloatField(null=True, blank=True)
     band = models.FloatField(null=True, blank=True)
-    perf_step = models.SmallIntegerField(null=True, blank=True)
+    perf_step = models.IntegerField(null=True, blank=True)
     reference_ms = models.FloatField(
         null=True, blank=True, help_text="the PyTorch reference on the candidate"
     )

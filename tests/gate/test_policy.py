@@ -287,3 +287,23 @@ def test_policy_save_refuses_unknown_backends_users_and_operators(world, admin_u
         "perf_budgets": ["unknown operator nope; the operators are gemm, softmax"],
     }
     assert list(Policy.objects.all()) == [current]
+
+
+def test_a_candidate_thousands_of_times_slower_is_stored_as_slower(world):
+    # 1,700x slower is 33,980 steps of 5%: past a smallint, it aborted the
+    # diff's store on PostgreSQL and was stored wrapped, as a speed-up, on
+    # SQLite.
+    world.green(world.old, kernel_ms=1.0)
+    world.green(world.new, kernel_ms=1700.0)
+    proposal = proposal_open(
+        baseline=world.old,
+        candidate=world.new,
+        device_types=[world.cpu],
+        by=world.owner,
+    )
+    rows = list(proposal.diff_rows.all())
+    assert len(rows) == 2
+    for row in rows:
+        assert row.ratio == pytest.approx(1700.0)
+        assert row.perf_step == 33980
+    assert proposal.summary["slower"] == 2
