@@ -36,7 +36,6 @@ import re
 import shutil
 import signal
 import subprocess
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,7 +45,11 @@ UID_RANGE = range(61000, 61512)
 # Trusted library children of every supervisor share one uid, which owns the
 # per-toolchain kernel caches they share.
 LIBRARY_UID = 61999
-_LOCK_DIR = Path(tempfile.gettempdir(), "tm-sandbox-uids")
+# One place per host, whatever a supervisor's TMPDIR (or systemd's
+# PrivateTmp) says: two supervisors locking in different folders took the
+# same uid and SIGKILLed each other's children, blaming the kernel. Only a
+# root supervisor takes uids, and /run is the host's own.
+_LOCK_DIR = Path("/run/tilematrix-sandbox-uids")
 # Where a shared kernel cache appears inside the sandbox: the cache may live
 # under a directory the child must not see (the runner's own, next to its key).
 CACHE_POINT = "/run/tm-sandbox/kernel-cache"

@@ -232,3 +232,29 @@ def _mounts_for_compiler() -> isolation.Mounts:
     return child_mounts(
         sys.executable, home="/nonexistent", spec="/x", trusted=True, kinds={"c"}
     )
+
+
+def test_supervisors_with_different_temp_folders_take_different_uids(tmp_path):
+    """Two supervisors of one host, one of them with a TMPDIR (or systemd's
+    PrivateTmp) of its own, took the same uid and killed each other's
+    children."""
+    assert isolation.confinement().level == isolation.FULL, "run as root with bwrap"
+    held = isolation.acquire()
+    try:
+        other_tmp = tmp_path / "private-tmp"
+        other_tmp.mkdir()
+        taken = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                "from runners.harness import isolation; print(isolation.acquire().uid)",
+            ],
+            cwd=REPO_ROOT,
+            env={**os.environ, "TMPDIR": str(other_tmp)},
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        assert int(taken.stdout) != held.uid
+    finally:
+        held.release()
