@@ -267,7 +267,9 @@ def _spawn(
         # all; each job still has its own timeout.
         budget = warm.MAX_AGE_S * (os.cpu_count() or 1) if persistent else sum(timeouts)
         limits = Limits(cpu_s=math.ceil(2 * (STARTUP_TIMEOUT_S + budget)))
-        if any(job["target"]["kind"] != "c" for job in jobs):
+        # The builder only calls program() and never maps a GPU: it keeps the
+        # cap on every target (a cuda job's builder allocated 6 GB without it).
+        if mode != "builder" and any(job["target"]["kind"] != "c" for job in jobs):
             limits = replace(limits, address_space_extra_bytes=None)
         if mode in UNTRUSTED_MODES:
             limits = untrusted_limits(limits)
@@ -579,6 +581,16 @@ def _copy_checked(result: dict, clean: dict) -> None:
     require(tolerance is None or isinstance(tolerance, dict))
     clean["kernel_source"] = cap_text(source, KERNEL_SOURCE_CAP) if source else source
     clean["tolerance"] = tolerance
+    distributions = result.get("distributions")
+    require(
+        distributions is None
+        or (
+            isinstance(distributions, list)
+            and len(distributions) <= 16
+            and all(isinstance(d, str) and len(d) <= 40 for d in distributions)
+        )
+    )
+    clean["distributions"] = distributions
 
 
 def finish(result: dict, since: float, private: tuple[str, ...]) -> dict:

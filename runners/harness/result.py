@@ -78,6 +78,8 @@ def new_result(job: dict) -> dict:
         "kernel_source": None,
         "tolerance": None,
         "sandbox": None,
+        # The input distributions a validate job was checked on, in order.
+        "distributions": None,
         "operator": job["operator"],
         "shape": job["shape"],
         "dtype": job["dtype"],

@@ -245,8 +245,19 @@ def _submitted_children(
     in_specs = [tensors.spec_dict(s) for s in operator.inputs(shape, dtype)]
     out_specs = [tensors.spec_dict(s) for s in operator.outputs(shape, dtype)]
     validate = job["stage"] == "validate"
-    # The second seed is drawn here, so nothing can be prepared for it.
-    seeds = [job["seed"], secrets.randbelow(2**63)]
+    # The second seed is drawn here, so nothing can be prepared for it; the
+    # operator's other input distributions are drawn from it too.
+    second = secrets.randbelow(2**63)
+    input_sets = [
+        {
+            "seed": job["seed"],
+            "distribution": tensors.distribution_dict(tensors.UNIFORM),
+        },
+        {"seed": second, "distribution": tensors.distribution_dict(tensors.UNIFORM)},
+    ] + [
+        {"seed": second, "distribution": tensors.distribution_dict(d)}
+        for d in operator.distributions
+    ]
     program_dir, inputs_dir, outputs_dir = (
         exchange / name for name in ("program", "inputs", "outputs")
     )
@@ -293,7 +304,7 @@ def _submitted_children(
         def collect(base: str) -> None:
             # What is missing or malformed is left out: the judge finds
             # that output never written.
-            for input_set in [*range(len(seeds)), tensors.TIMED_SET]:
+            for input_set in [*range(len(input_sets)), tensors.TIMED_SET]:
                 for index, spec in enumerate(out_specs):
                     name = tensors.output_name(input_set, index)
                     copy_child_file(
@@ -312,7 +323,7 @@ def _submitted_children(
                     "inputs": in_specs,
                     "outputs": out_specs,
                     "inputs_dir": str(inputs_dir),
-                    "input_sets": len(seeds),
+                    "input_sets": len(input_sets),
                 },
                 mounts=isolation.Mounts(read_only=(str(program_dir), str(inputs_dir))),
                 on_waiting=may_go,
@@ -341,7 +352,7 @@ def _submitted_children(
                 **run,
                 mode="judge",
                 extra={
-                    "seeds": seeds,
+                    "input_sets": input_sets,
                     "inputs_dir": str(inputs_dir),
                     "outputs_dir": str(outputs_dir),
                 },
@@ -455,6 +466,7 @@ def _merge_verdict(ran: dict, verdict: dict, operator) -> dict:
     result["error"] = verdict["error"]
     result["metrics"] = verdict["metrics"]
     result["tolerance"] = verdict["tolerance"]
+    result["distributions"] = verdict.get("distributions")
     timings = dict(ran["timings"])
     kernel_ms = timings["kernel_ms"]
     if result["status"] != "pass" or not kernel_ms:

@@ -53,13 +53,6 @@ PROGRAM_WRITTEN = "lowered"
 _RESOURCE_ERRNOS = {errno.EFBIG, errno.ENOSPC, errno.EAGAIN, errno.ENOMEM, errno.EDQUOT}
 
 
-INPUT_SET_NAMES = {
-    0: "on the first input set",
-    1: "on the second input set",
-    tensors.TIMED_SET: "on the first input set, as the timed calls left it",
-}
-
-
 class ProgramRefused(Exception):
     """The builder's JSON is not a PrimFunc taking the operator's tensors."""
 
@@ -289,7 +282,7 @@ def judge(
     wait_for_go,
     spec: dict,
 ) -> dict:
-    """Write the input sets drawn from ``spec["seeds"]``, compute the
+    """Write the input sets ``spec["input_sets"]`` names, compute the
     reference, wait for the executor's outputs and compare."""
     import torch
 
@@ -310,9 +303,10 @@ def judge(
     on_stage("validate")
     out_specs = [tensors.spec_dict(s) for s in operator.outputs(shape, dtype)]
     wide = torch.float32 if job["target"]["kind"] == "c" else torch.float64
-    sets = []
-    for input_set, seed in enumerate(spec["seeds"]):
-        inputs = operator.make_inputs(shape, dtype, seed, "cpu")
+    sets, labels = [], []
+    for input_set, drawn in enumerate(spec["input_sets"]):
+        distribution = tensors.Distribution(**drawn["distribution"])
+        inputs = operator.make_inputs(shape, dtype, drawn["seed"], "cpu", distribution)
         for index, tensor in enumerate(inputs):
             name = tensors.input_name(input_set, index)
             tensors.write_tensor(Path(spec["inputs_dir"], name), tensor)
@@ -322,12 +316,14 @@ def judge(
                 result, "infra_error", "the reference produced non-finite values"
             )
         sets.append((inputs, references))
+        labels.append(_input_set_label(input_set, distribution))
     if not wait_for_go():
         return set_error(result, "infra_error", "the supervisor stopped the job")
 
     worst = None
     checked = [*enumerate(sets), (tensors.TIMED_SET, sets[0])]
-    for input_set, (_, references) in checked:
+    labels.append("on the first input set, as the timed calls left it")
+    for (input_set, (_, references)), label in zip(checked, labels, strict=True):
         outs = []
         for index, out_spec in enumerate(out_specs):
             path = Path(spec["outputs_dir"], tensors.output_name(input_set, index))
@@ -344,12 +340,17 @@ def judge(
         result["metrics"] = {k: finite_or_none(v) for k, v in worst.items()}
         problem = verdict.verdict(tolerance)
         if problem:
-            return set_error(
-                result, "mismatch", f"{problem} ({INPUT_SET_NAMES[input_set]})"
-            )
+            return set_error(result, "mismatch", f"{problem} ({label})")
     result["timings"]["reference_ms"] = _time_reference(job, operator, sets[0][0])
+    result["distributions"] = [d.label for d in operator.input_distributions()]
     result["status"] = "pass"
     return result
+
+
+def _input_set_label(input_set: int, distribution) -> str:
+    if input_set < 2:
+        return f"on the {('first', 'second')[input_set]} input set"
+    return f"on {distribution.label} inputs"
 
 
 def _time_reference(job: dict, operator, inputs) -> float | None:

@@ -11,6 +11,7 @@ copies them to the judge.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 ELEMENT_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
 
@@ -71,6 +72,44 @@ def read_tensor(path, spec: dict, device: str = "cpu"):
     return flat.reshape(tuple(spec["shape"])).to(device)
 
 
+@dataclass(frozen=True)
+class Distribution:
+    """How an operator's first input (its activations) is shaped after the
+    seeded draw, so that a pass means right on what real models send, not
+    only on friendly values: ``uniform`` is the draw itself; ``large``
+    multiplies it by ``factor`` (softmax logits of +-100, past float32's
+    exp range); ``zero_rows`` zeroes every third row (padding); and
+    ``outliers`` multiplies four channels of the last dim by ``factor``."""
+
+    name: str
+    factor: float = 1.0
+
+    @property
+    def label(self) -> str:
+        words = self.name.replace("_", " ")
+        return f"{words} x{self.factor:g}" if self.factor != 1.0 else words
+
+    def shape(self, tensor) -> None:
+        """Shape ``tensor`` in place."""
+        if self.name == "large":
+            tensor.mul_(self.factor)
+        elif self.name == "zero_rows" and tensor.dim() >= 2:
+            tensor.view(-1, tensor.shape[-1])[2::3] = 0
+        elif self.name == "outliers":
+            last = tensor.shape[-1]
+            for column in sorted({0, last // 3, 2 * last // 3, last - 1}):
+                tensor[..., column].mul_(self.factor)
+
+
+UNIFORM = Distribution("uniform")
+ZERO_ROWS = Distribution("zero_rows")
+OUTLIERS = Distribution("outliers", 1000.0)
+
+
+def distribution_dict(distribution: Distribution) -> dict:
+    return {"name": distribution.name, "factor": distribution.factor}
+
+
 MASK32 = 0xFFFFFFFF
 # Elements hashed at a time: cache-sized pieces on a CPU (a fresh 128 MB
 # temporary per operation costs more in page faults than the arithmetic),
@@ -102,12 +141,18 @@ def stream_key(seed: int, number: int) -> int:
     return hash32(key ^ hash32(number + 1))
 
 
-def seeded_inputs(specs: list[dict], seed: int, device: str) -> list:
+def seeded_inputs(
+    specs: list[dict],
+    seed: int,
+    device: str,
+    distribution: Distribution = UNIFORM,
+) -> list:
     """The inputs of one cell, drawn from a counter-based hash of (seed,
     input, element): the same tensors on every host and device, made on the
     device itself (a 500M-element GEMM weight in milliseconds on a GPU, not
     seconds on the host). Magnitudes lie in [0.25, 1) * scale, so no element
-    is zero; the sign is the hash's top bit unless the spec is positive."""
+    is zero; the sign is the hash's top bit unless the spec is positive.
+    ``distribution`` then shapes the first input."""
     import torch
 
     tensors = []
@@ -127,6 +172,8 @@ def seeded_inputs(specs: list[dict], seed: int, device: str) -> list:
                 values = torch.where((bits >> 31).bool(), -values, values)
             flat[start:stop] = values
         tensors.append(out)
+    if tensors:
+        distribution.shape(tensors[0])
     return tensors
 
 

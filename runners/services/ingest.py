@@ -98,6 +98,22 @@ STATUSES = frozenset(Status.values)
 RESULT_OBJECTS = ("metrics", "timings", "fingerprint", "error")
 
 
+def _harness_evidence(raw: dict) -> dict:
+    """What the harness learned beside the verdict, kept with the result:
+    the input distributions a pass was checked on, how its sandbox confined
+    the child and how far its timing can be trusted. Text only, capped."""
+    kept = {}
+    for key in ("timing_trust", "sandbox"):
+        if isinstance(raw.get(key), str):
+            kept[key] = _text(raw[key], 300)
+    distributions = raw.get("distributions")
+    if isinstance(distributions, list):
+        kept["distributions"] = [
+            _text(d, 40) for d in distributions[:16] if isinstance(d, str)
+        ]
+    return kept
+
+
 def _result_from(job: SimpleNamespace, attempt: int, raw: dict) -> Result:
     status = raw.get("status")
     # A list or an object is no status either (and is not hashable).
@@ -125,6 +141,7 @@ def _result_from(job: SimpleNamespace, attempt: int, raw: dict) -> Result:
     details = {
         k: raw[k] for k in ("kernel_source", "target", "stage", "seed") if k in raw
     }
+    details.update(_harness_evidence(raw))
     # The tolerance the result was checked against: this server's.
     if tolerance is not None:
         details["tolerance"] = tolerance

@@ -312,3 +312,27 @@ def test_a_pass_faster_than_its_device_can_run_is_refused_naming_both_figures(
     assert "GB/s against a peak of 2000 GB/s" in refused.reason
     assert "TFLOP/s against 20" in refused.reason
     assert stored.status == "stored", stored.reason
+
+
+def test_what_the_harness_learned_is_kept_and_the_cell_page_shows_it(
+    client, cpu_runner, owner
+):
+    # Ingest dropped the distributions, the sandbox and the timing's trust.
+    (_, (job,)) = _claimed_jobs(cpu_runner, 1)
+    envelope = cpu_runner.result(
+        job,
+        **_pass(),
+        distributions=["uniform", "zero rows", "outliers x1000", 7],
+        sandbox="full: bwrap namespaces and a uid of its own",
+        timing_trust="submitted: timed in a process that imported no submitted Python",
+    )
+
+    (outcome,) = services.results_ingest(envelopes=[envelope])
+
+    details = outcome.result.details
+    assert details["distributions"] == ["uniform", "zero rows", "outliers x1000"]
+    assert details["sandbox"].startswith("full:")
+    client.force_login(owner)
+    page = client.get(f"/cells/{job.shape_id}/{job.device_type_id}/").content.decode()
+    assert "uniform, zero rows, outliers x1000" in page
+    assert "timed in a process that imported no submitted Python" in page

@@ -73,6 +73,10 @@ def escapes():
             "fork_bomb", fill={"@SLEEP@": sleepers["fork_bomb"]}, timeout_s=TIMEOUT_S
         ),
         "allocate_8gb": attack_job("allocate_8gb"),
+        # A GPU job's builder, which maps no GPU, had no memory cap at all.
+        "allocate_8gb_cuda": attack_job(
+            "allocate_8gb", target={"kind": "cuda", "arch": "sm_90a"}, stage="lower"
+        ),
         "write_1gb": attack_job("write_1gb"),
         "output_flood": attack_job("output_flood", timeout_s=TIMEOUT_S),
         "stray_process": attack_job(
@@ -179,6 +183,12 @@ def test_a_fork_bomb_times_out_and_leaves_no_process(escapes):
 
 def test_an_8_gb_allocation_is_a_runtime_error(escapes):
     result = escapes["allocate_8gb"]
+    assert result["status"] == "runtime_error"
+    assert "out of memory" in _message(result)
+
+
+def test_8_gb_in_a_gpu_jobs_builder_is_a_runtime_error_too(escapes):
+    result = escapes["allocate_8gb_cuda"]
     assert result["status"] == "runtime_error"
     assert "out of memory" in _message(result)
 

@@ -1,0 +1,84 @@
+"""A pass means right on the inputs real models send: each operator's
+declared distributions (large logits, zero rows, outlier channels) besides
+the uniform draw. Textbook-wrong kernels that the uniform draw let through
+fail, naming the distribution; the library's CPU kernels pass them all."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+
+from runners import kernels
+from runners.harness.sandbox import run_batch
+from runners.harness.tensors import OUTLIERS, ZERO_ROWS, Distribution
+from tests.harness.helpers import SUBMITTED, library_job
+
+SHAPE = {"M": 7, "N": 33}
+
+
+def _submitted(name: str, operator: str) -> dict:
+    source = (SUBMITTED / f"{name}.py").read_text()
+    job = library_job(operator, SHAPE)
+    job["source"] = source
+    job["source_sha256"] = hashlib.sha256(source.encode()).hexdigest()
+    return job
+
+
+@pytest.fixture(scope="module")
+def judged(cache_dir):
+    jobs = {
+        "naive_softmax": _submitted("naive_softmax", "softmax"),
+        "rmsnorm_no_eps": _submitted("rmsnorm_no_eps", "rmsnorm"),
+        "library_softmax": library_job("softmax", SHAPE),
+        "library_rmsnorm": library_job("rmsnorm", SHAPE),
+    }
+    results = run_batch(list(jobs.values()), cache_dir=cache_dir, workers=2)
+    return dict(zip(jobs, results, strict=True))
+
+
+def test_a_softmax_without_its_max_fails_on_large_logits(judged):
+    result = judged["naive_softmax"]
+    assert result["status"] == "mismatch"
+    assert result["error"]["message"].endswith("(on large x25 inputs)")
+
+
+def test_an_rmsnorm_without_epsilon_fails_on_zero_rows(judged):
+    result = judged["rmsnorm_no_eps"]
+    assert result["status"] == "mismatch"
+    assert "NaN" in result["error"]["message"]
+    assert result["error"]["message"].endswith("(on zero rows inputs)")
+
+
+def test_the_library_kernels_pass_and_say_what_they_were_checked_on(judged):
+    softmax, rmsnorm = judged["library_softmax"], judged["library_rmsnorm"]
+    assert softmax["status"] == rmsnorm["status"] == "pass"
+    assert softmax["distributions"] == [
+        "uniform",
+        "large x25",
+        "zero rows",
+        "outliers x1000",
+    ]
+    assert rmsnorm["distributions"] == ["uniform", "zero rows", "outliers x1000"]
+
+
+def test_each_distribution_shapes_the_first_input_only():
+    op = kernels.get("rmsnorm")
+    shape = {"M": 6, "N": 10}
+    x, weight = op.make_inputs(shape, "float32", seed=3)
+    zero_x, zero_weight = op.make_inputs(shape, "float32", 3, "cpu", ZERO_ROWS)
+    assert zero_x[2].abs().sum() == 0 and zero_x[5].abs().sum() == 0
+    assert (zero_x[[0, 1, 3, 4]] == x[[0, 1, 3, 4]]).all()
+    assert (zero_weight == weight).all()
+    outlier_x, _ = op.make_inputs(shape, "float32", 3, "cpu", OUTLIERS)
+    assert (outlier_x[:, [0, 3, 6, 9]] == 1000 * x[:, [0, 3, 6, 9]]).all()
+    assert (outlier_x[:, [1, 2, 4]] == x[:, [1, 2, 4]]).all()
+    large, _ = op.make_inputs(shape, "float32", 3, "cpu", Distribution("large", 25))
+    assert (large == 25 * x).all()
+
+
+@pytest.mark.parametrize("name", sorted(kernels.OPERATORS))
+def test_every_operator_checks_zero_rows_or_large_values(name):
+    labels = [d.name for d in kernels.get(name).input_distributions()]
+    assert labels[0] == "uniform"
+    assert "zero_rows" in labels and len(labels) >= 3
