@@ -51,8 +51,12 @@ $(TOOLCHAIN_0113)/bin/python:
 
 toolchains: $(TOOLCHAIN_0113)/bin/python
 
+# One worker per core; a test file stays on one worker (--dist loadfile), so
+# its module-scoped set-up (a sandbox batch, a deployment, a browser) runs
+# once. The 20 slowest tests are printed last.
+XDIST ?= -n auto --dist loadfile
 test: install toolchains
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest $(XDIST) --durations=20 $(PYTEST_ARGS)
 
 lint: install
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .

@@ -56,6 +56,14 @@ OnResult = Callable[[int, dict], None]
 OUTPUT_CAP = 16 * 1024
 PROTOCOL_LINE_CAP = 1024 * 1024
 CRASH_TAIL = 2048
+# What a child that runs submitted code may keep under its HOME (its kernel
+# cache, temp files and outputs): on the host's disk, where the per-file
+# limit alone let one job write 2.4 GB in files of 200 MB. An executor may
+# write this many outputs of ``file_bytes`` on top (every input set and the
+# timed calls').
+HOME_QUOTA_BYTES = 2**30
+OUTPUT_FILES_MAX = 8
+QUOTA_CHECK_S = 0.25
 
 # Passed through to the child when set, and nothing else. Not TVM_LIBRARY_PATH
 # nor TL_TEMPLATE_PATH: importing TileLang sets them in the supervisor to its
@@ -308,6 +316,10 @@ def _spawn(
             cache=cache if shared_cache else None,
         )
 
+        quota = None
+        if mode in UNTRUSTED_MODES:
+            quota = HOME_QUOTA_BYTES + OUTPUT_FILES_MAX * (file_bytes or 0)
+
         def start() -> Child:
             return Child(
                 interpreter,
@@ -317,6 +329,7 @@ def _spawn(
                 child_mounted,
                 mode=mode,
                 interactive=interactive,
+                home=(home, quota) if quota else None,
             )
 
         child = warm.start_in_keeper(start) if persistent else start()
@@ -507,6 +520,13 @@ def _supervise(spawned: Spawned, jobs, timeouts, on_waiting, on_result) -> list[
             f"no result within {timeouts[index]:g}s (stage {stage or 'lower'}); "
             "its process group was killed"
         )
+    elif child.over_quota is not None:
+        status = "runtime_error"
+        text = (
+            "a sandbox limit was reached: its HOME held "
+            f"{child.over_quota / 2**20:.0f} MB, more than "
+            f"{child.home_quota[1] / 2**20:.0f} MB"
+        )
     elif child.cpu_limit_hit():
         status, text = "timeout", "the CPU time limit was reached"
     else:
@@ -612,6 +632,26 @@ def finish(result: dict, since: float, private: tuple[str, ...]) -> dict:
     return result
 
 
+def tree_bytes(path: str) -> int:
+    """The bytes on disk under ``path``, links not followed."""
+    total = 0
+    stack = [path]
+    while stack:
+        try:
+            entries = list(os.scandir(stack.pop()))
+        except OSError:
+            continue
+        for entry in entries:
+            try:
+                info = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            total += info.st_blocks * 512
+            if entry.is_dir(follow_symlinks=False):
+                stack.append(entry.path)
+    return total
+
+
 class Child:
     """One child process and the pipes it talks on."""
 
@@ -625,8 +665,13 @@ class Child:
         *,
         mode: str,
         interactive: bool,
+        home: tuple[str, int] | None = None,
     ):
         self.mode = mode
+        # (path, bytes): the HOME whose size is watched, and its quota.
+        self.home_quota = home
+        self.over_quota: int | None = None
+        self._next_quota_check = 0.0
         self.untrusted = mode in UNTRUSTED_MODES
         self.wrapped = identity.confinement.level != isolation.NONE
         # -P: the child's own cwd (its HOME) never shadows the harness.
@@ -673,9 +718,13 @@ class Child:
                 return "eof"
             if self.open_streams == 0:
                 return "eof"
+            if self._home_over_quota():
+                return "eof"
             remaining = deadline - time.perf_counter()
             if remaining <= 0:
                 return None
+            if self.home_quota:
+                remaining = min(remaining, QUOTA_CHECK_S)
             for key, _ in self.selector.select(timeout=remaining):
                 chunk = os.read(key.fileobj.fileno(), 65536)
                 if not chunk:
@@ -685,6 +734,21 @@ class Child:
                     self.line += chunk
                 else:
                     self._keep_output(chunk)
+
+    def _home_over_quota(self) -> bool:
+        """Kill the child once its HOME holds more than its quota."""
+        if self.over_quota is not None:
+            return True
+        if not self.home_quota or time.perf_counter() < self._next_quota_check:
+            return False
+        self._next_quota_check = time.perf_counter() + QUOTA_CHECK_S
+        path, quota = self.home_quota
+        used = tree_bytes(path)
+        if used <= quota:
+            return False
+        self.over_quota = used
+        self.signal_kill()
+        return True
 
     def send_jobs(self, jobs: list[dict]) -> bool:
         """Give a warm child its next jobs; False if it is gone."""

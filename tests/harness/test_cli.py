@@ -20,6 +20,7 @@ RESULT_KEYS = {
     "fingerprint",
     "kernel_source",
     "tolerance",
+    "distributions",
     "sandbox",
     "operator",
     "shape",

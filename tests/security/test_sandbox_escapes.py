@@ -78,6 +78,7 @@ def escapes():
             "allocate_8gb", target={"kind": "cuda", "arch": "sm_90a"}, stage="lower"
         ),
         "write_1gb": attack_job("write_1gb"),
+        "fill_home": attack_job("fill_home", timeout_s=60.0),
         "output_flood": attack_job("output_flood", timeout_s=TIMEOUT_S),
         "stray_process": attack_job(
             "stray_process",
@@ -191,6 +192,14 @@ def test_8_gb_in_a_gpu_jobs_builder_is_a_runtime_error_too(escapes):
     result = escapes["allocate_8gb_cuda"]
     assert result["status"] == "runtime_error"
     assert "out of memory" in _message(result)
+
+
+def test_filling_home_with_files_under_the_size_limit_stops_at_its_quota(escapes):
+    result = escapes["fill_home"]
+    assert result["status"] == "runtime_error"
+    message = _message(result)
+    assert "a sandbox limit was reached: its HOME held" in message
+    assert "more than 1024 MB" in message
 
 
 def test_a_1_gb_file_is_a_runtime_error(escapes):

@@ -18,9 +18,13 @@ def program(shape, dtype, target):
         C: T.Tensor((M, N), dtype),
     ):
         with T.Kernel(M) as i:
+            total = T.alloc_local((1,), dtype)
+            total[0] = 0.0
             for _ in T.serial(2147483647):
                 for _ in T.serial(2147483647):
                     for j in T.serial(N):
-                        C[i, j] = C[i, j] + A[i, j] + B[i, j]
+                        total[0] = total[0] + A[i, j] + B[i, j]
+            for j in T.serial(N):
+                C[i, j] = total[0]
 
     return hang_add
