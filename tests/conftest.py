@@ -22,6 +22,25 @@ CHROMIUM_ARGS = [
 ]
 
 
+@pytest.fixture(autouse=True, scope="session")
+def fast_password_hashing():
+    """Users are made, and log in, in most tests: PBKDF2 at full strength
+    took about 0.4 s a password here, 3 s of every test that makes one user
+    per role. Processes a test starts (make run, a deployment) keep the
+    real hasher."""
+    from django.conf import settings
+
+    if not settings.configured:
+        yield
+        return
+    from django.test import override_settings
+
+    with override_settings(
+        PASSWORD_HASHERS=["django.contrib.auth.hashers.MD5PasswordHasher"]
+    ):
+        yield
+
+
 @pytest.fixture(autouse=True)
 def empty_cache():
     """Reads are cached by data version, and database ids repeat between

@@ -27,7 +27,7 @@ from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
 
-from runners.harness import isolation, tensors, timing
+from runners.harness import distributions, isolation, tensors, timing
 from runners.harness.children import Child, OnResult, finish, run_child
 from runners.harness.job import lookup_operator, parse_job
 from runners.harness.result import FAILURES, new_result, set_error
@@ -256,7 +256,7 @@ def _submitted_children(
         {"seed": second, "distribution": tensors.distribution_dict(tensors.UNIFORM)},
     ] + [
         {"seed": second, "distribution": tensors.distribution_dict(d)}
-        for d in operator.distributions
+        for d in distributions.checked_on(job["operator"])[1:]
     ]
     program_dir, inputs_dir, outputs_dir = (
         exchange / name for name in ("program", "inputs", "outputs")

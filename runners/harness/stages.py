@@ -16,7 +16,7 @@ from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
 
-from runners.harness import compare, tensors, timing
+from runners.harness import compare, distributions, tensors, timing
 from runners.harness.result import (
     KERNEL_SOURCE_CAP,
     SUCCESS_FOR_STAGE,
@@ -156,8 +156,10 @@ def _validate(job: dict, operator, kernel, tolerance, result: dict) -> dict:
     out_specs = operator.outputs(shape, dtype)
     result["distributions"] = []
     timed = None
-    for distribution in operator.input_distributions():
-        inputs = operator.make_inputs(shape, dtype, job["seed"], device, distribution)
+    for distribution in distributions.checked_on(job["operator"]):
+        inputs = distributions.draw(
+            operator, shape, dtype, job["seed"], device, distribution
+        )
         outputs = tensors.poisoned_outputs(
             [tensors.spec_dict(s) for s in out_specs], device
         )

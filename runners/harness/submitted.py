@@ -31,7 +31,7 @@ import os
 import time
 from pathlib import Path
 
-from runners.harness import tensors
+from runners.harness import distributions, tensors
 from runners.harness.result import SUCCESS_FOR_STAGE, new_result, set_error
 from runners.harness.stages import (
     CompileFailure,
@@ -306,7 +306,9 @@ def judge(
     sets, labels = [], []
     for input_set, drawn in enumerate(spec["input_sets"]):
         distribution = tensors.Distribution(**drawn["distribution"])
-        inputs = operator.make_inputs(shape, dtype, drawn["seed"], "cpu", distribution)
+        inputs = distributions.draw(
+            operator, shape, dtype, drawn["seed"], "cpu", distribution
+        )
         for index, tensor in enumerate(inputs):
             name = tensors.input_name(input_set, index)
             tensors.write_tensor(Path(spec["inputs_dir"], name), tensor)
@@ -342,7 +344,9 @@ def judge(
         if problem:
             return set_error(result, "mismatch", f"{problem} ({label})")
     result["timings"]["reference_ms"] = _time_reference(job, operator, sets[0][0])
-    result["distributions"] = [d.label for d in operator.input_distributions()]
+    result["distributions"] = [
+        d.label for d in distributions.checked_on(job["operator"])
+    ]
     result["status"] = "pass"
     return result
 

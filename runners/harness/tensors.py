@@ -3,7 +3,8 @@ and the judge, as files of raw little-endian bytes read back by spec
 (name, shape, dtype); nothing is unpickled.
 
 The judge draws each input set with ``seeded_inputs`` (what
-``Operator.make_inputs`` draws) and writes it; the executor reads the inputs,
+``Operator.make_inputs`` draws, then shaped as runners.harness.distributions
+says) and writes it; the executor reads the inputs,
 runs the kernel on NaN-poisoned outputs and writes them; the supervisor
 copies them to the judge.
 """
@@ -102,8 +103,6 @@ class Distribution:
 
 
 UNIFORM = Distribution("uniform")
-ZERO_ROWS = Distribution("zero_rows")
-OUTLIERS = Distribution("outliers", 1000.0)
 
 
 def distribution_dict(distribution: Distribution) -> dict:

@@ -74,9 +74,6 @@ class Operator:
     default_shape: dict[str, int] = field(default_factory=dict)
     # extra refusals: (shape, dtype, target) -> reason or None
     refuse: Callable[[dict, str, dict], str | None] = lambda shape, dtype, t: None
-    # What a pass must be right on besides the uniform draw (its first input
-    # shaped as runners.harness.tensors.Distribution says).
-    distributions: tuple = ()
 
     def validate_shape(self, shape: dict) -> dict[str, int]:
         """Return the shape with int dims, or raise MalformedShape."""
@@ -115,25 +112,13 @@ class Operator:
         self.check(shape, dtype, target)
         return self.builders[target["kind"]](shape, dtype, target)
 
-    def input_distributions(self) -> tuple:
-        """Every distribution a pass is checked on, the uniform draw first."""
-        from runners.harness.tensors import UNIFORM
-
-        return (UNIFORM, *self.distributions)
-
     def make_inputs(
-        self,
-        shape: dict,
-        dtype: str,
-        seed: int,
-        device: str = "cpu",
-        distribution=None,
+        self, shape: dict, dtype: str, seed: int, device: str = "cpu"
     ) -> list[Any]:
         """Seeded inputs for one cell: the same (shape, dtype, seed) gives the
-        same tensors on every host. Drawn uniform, no element is zero or
-        repeated constant, so an unwritten or constant output cannot match;
-        ``distribution`` then shapes the first input."""
-        from runners.harness.tensors import UNIFORM, seeded_inputs, spec_dict
+        same tensors on every host, and no element is zero or repeated
+        constant, so an unwritten or constant output cannot match."""
+        from runners.harness.tensors import seeded_inputs, spec_dict
 
         specs = [spec_dict(s) for s in self.inputs(shape, dtype)]
-        return seeded_inputs(specs, seed, device, distribution or UNIFORM)
+        return seeded_inputs(specs, seed, device)

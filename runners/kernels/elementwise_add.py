@@ -8,8 +8,6 @@ TileLang's copy legalization.
 
 from __future__ import annotations
 
-from runners.harness.tensors import OUTLIERS, ZERO_ROWS
-
 from .base import Operator, TensorSpec
 from .common import (
     CPU_DTYPES,
@@ -111,5 +109,4 @@ OPERATOR = Operator(
     tolerances=ROUNDED_ONCE,
     description="C = A + B, element by element",
     default_shape={"M": 4096, "N": 4096},
-    distributions=(ZERO_ROWS, OUTLIERS),
 )

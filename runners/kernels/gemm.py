@@ -30,8 +30,6 @@ GPU, one kernel chosen by shape (``tile_config``):
 
 from __future__ import annotations
 
-from runners.harness.tensors import OUTLIERS, ZERO_ROWS
-
 from .base import Operator, TensorSpec, Tolerance
 from .cluster import CLUSTER_MAX, CLUSTER_SUM_SOURCE, clusters, ranks_for
 from .common import (
@@ -537,5 +535,4 @@ OPERATOR = Operator(
     tolerances=TOLERANCES,
     description="A[M,K] @ B[K,N] row-major, float32 accumulation",
     default_shape={"M": 4096, "N": 4096, "K": 4096},
-    distributions=(ZERO_ROWS, OUTLIERS),
 )

@@ -29,12 +29,6 @@ from runners.models import Runner, RunnerToolchain
 _seeds = count(1)
 
 
-@pytest.fixture(autouse=True)
-def fast_password_hashing(settings):
-    """Each world makes six users; PBKDF2 at full strength would dominate."""
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
 @pytest.fixture
 def control_worker(django_capture_on_commit_callbacks):
     """What the control worker does once a transaction commits, done in

@@ -1,0 +1,44 @@
+"""The input distributions each operator's pass must be right on, besides
+the uniform draw: what real models send an operator's first input (its
+activations). They belong to the judge, not to the kernels: the library's
+revisions (runners.kernels.revision) stay as they are when what a pass is
+checked on grows, and a result says which distributions it was checked on.
+"""
+
+from __future__ import annotations
+
+from runners.harness import tensors
+from runners.harness.tensors import UNIFORM, Distribution
+
+ZERO_ROWS = Distribution("zero_rows")
+OUTLIERS = Distribution("outliers", 1000.0)
+# Logits of +-100 (the draw's +-4 times 25): past float32's exp range, as
+# real logits are, so a softmax without its max subtracted overflows.
+LARGE_LOGITS = Distribution("large", 25.0)
+# Queries of +-16 (the draw's +-2 times 8): scores far from zero, which an
+# online softmax must rescale to keep finite.
+LARGE_QUERIES = Distribution("large", 8.0)
+
+BY_OPERATOR = {
+    "elementwise_add": (ZERO_ROWS, OUTLIERS),
+    "row_sum": (ZERO_ROWS, OUTLIERS),
+    "softmax": (LARGE_LOGITS, ZERO_ROWS, OUTLIERS),
+    "rmsnorm": (ZERO_ROWS, OUTLIERS),
+    "gemm": (ZERO_ROWS, OUTLIERS),
+    "attention": (ZERO_ROWS, LARGE_QUERIES),
+    "attention_causal": (ZERO_ROWS, LARGE_QUERIES),
+}
+
+
+def checked_on(operator: str) -> tuple[Distribution, ...]:
+    """Every distribution a pass of ``operator`` is checked on, the uniform
+    draw first (an operator this table does not name gets it alone)."""
+    return (UNIFORM, *BY_OPERATOR.get(operator, ()))
+
+
+def draw(
+    operator, shape: dict, dtype: str, seed: int, device: str, distribution
+) -> list:
+    """``operator``'s seeded inputs, the first shaped by ``distribution``."""
+    specs = [tensors.spec_dict(s) for s in operator.inputs(shape, dtype)]
+    return tensors.seeded_inputs(specs, seed, device, distribution)
