@@ -47,6 +47,7 @@ class Status(models.TextChoices):
     PASS = "pass"
     COMPILE_ERROR = "compile_error"
     MISMATCH = "mismatch"
+    UNSTABLE = "unstable"
     RUNTIME_ERROR = "runtime_error"
     TIMEOUT = "timeout"
     UNSUPPORTED = "unsupported"
@@ -57,6 +58,7 @@ EVIDENCE = {Status.LOWERED, Status.BUILT}
 FAILURES = {
     Status.COMPILE_ERROR,
     Status.MISMATCH,
+    Status.UNSTABLE,
     Status.RUNTIME_ERROR,
     Status.TIMEOUT,
     Status.INFRA_ERROR,

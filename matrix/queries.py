@@ -49,6 +49,7 @@ STATE_LABELS = {
     Status.BUILT: ("◑", "built", "built: binary produced, not run"),
     Status.COMPILE_ERROR: ("✗", "compile", "compile error"),
     Status.MISMATCH: ("≠", "mismatch", "mismatch: wrong numbers"),
+    Status.UNSTABLE: ("≈", "unstable", "unstable: right on some runs, wrong on others"),
     Status.RUNTIME_ERROR: ("!", "runtime", "runtime error"),
     Status.TIMEOUT: ("◷", "timeout", "timeout"),
     Status.UNSUPPORTED: ("–", "unsup.", "unsupported: production uses the reference"),

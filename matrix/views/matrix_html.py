@@ -71,6 +71,7 @@ TALLY_ORDER = [
     Status.LOWERED,
     Status.COMPILE_ERROR,
     Status.MISMATCH,
+    Status.UNSTABLE,
     Status.RUNTIME_ERROR,
     Status.TIMEOUT,
     Status.INFRA_ERROR,

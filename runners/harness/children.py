@@ -59,10 +59,10 @@ CRASH_TAIL = 2048
 # What a child that runs submitted code may keep under its HOME (its kernel
 # cache, temp files and outputs): on the host's disk, where the per-file
 # limit alone let one job write 2.4 GB in files of 200 MB. An executor may
-# write this many outputs of ``file_bytes`` on top (every input set and the
-# timed calls').
+# write this many outputs of ``file_bytes`` on top (each run on each input
+# set, and the timed calls').
 HOME_QUOTA_BYTES = 2**30
-OUTPUT_FILES_MAX = 8
+OUTPUT_FILES_MAX = 24
 QUOTA_CHECK_S = 0.25
 
 # Passed through to the child when set, and nothing else. Not TVM_LIBRARY_PATH

@@ -112,3 +112,38 @@ def compare_outputs(names, outs, refs, tolerance) -> Comparison:
         problem=next((p.problem for p in failing if p.problem), None),
         rounding_floor=max(p.rounding_floor for p in parts),
     )
+
+
+# Every input set is run this many times, each into fresh poisoned outputs:
+# a kernel with a race is right on some runs and wrong on others.
+VALIDATION_RUNS = 3
+
+
+def repeated_verdict(problems: list[str | None]) -> tuple[str, str] | None:
+    """The verdict of several runs on one input set, from each run's problem
+    (None where it matched): None when every run matched, ``mismatch`` when
+    every run failed, ``unstable`` with the failure rate and its 95% Wilson
+    interval when some did."""
+    failed = [p for p in problems if p]
+    if not failed:
+        return None
+    if len(failed) == len(problems):
+        return "mismatch", failed[0]
+    low, high = wilson_interval(len(failed), len(problems))
+    return (
+        "unstable",
+        f"{len(failed)} of {len(problems)} runs wrong, failure rate "
+        f"{len(failed) / len(problems):.0%} (95% interval {low:.0%}-{high:.0%}): "
+        f"{failed[0]}",
+    )
+
+
+def wilson_interval(failures: int, runs: int, z: float = 1.96) -> tuple[float, float]:
+    """The Wilson score interval of a failure rate seen as ``failures`` of
+    ``runs``: honest at a handful of runs, where the normal one is not."""
+    rate = failures / runs
+    denominator = 1 + z * z / runs
+    centre = (rate + z * z / (2 * runs)) / denominator
+    half = z * ((rate * (1 - rate) / runs + z * z / (4 * runs * runs)) ** 0.5)
+    half /= denominator
+    return max(0.0, centre - half), min(1.0, centre + half)

@@ -27,7 +27,7 @@ from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
 
-from runners.harness import distributions, isolation, tensors, timing
+from runners.harness import compare, distributions, isolation, tensors, timing
 from runners.harness.children import Child, OnResult, finish, run_child
 from runners.harness.job import lookup_operator, parse_job
 from runners.harness.result import FAILURES, new_result, set_error
@@ -304,7 +304,12 @@ def _submitted_children(
         def collect(base: str) -> None:
             # What is missing or malformed is left out: the judge finds
             # that output never written.
-            for input_set in [*range(len(input_sets)), tensors.TIMED_SET]:
+            written = [
+                tensors.run_set(input_set, run)
+                for input_set in range(len(input_sets))
+                for run in range(compare.VALIDATION_RUNS)
+            ]
+            for input_set in [*written, tensors.TIMED_SET]:
                 for index, spec in enumerate(out_specs):
                     name = tensors.output_name(input_set, index)
                     copy_child_file(
@@ -391,7 +396,7 @@ def _submitted_children(
     (ran,) = ran
     if not validate or ran["status"] != "pass":
         return ran
-    if not verdict or verdict[0]["status"] not in ("pass", "mismatch"):
+    if not verdict or verdict[0]["status"] not in ("pass", "mismatch", "unstable"):
         return _judge_failed(ran, verdict)
     return _merge_verdict(ran, verdict[0], operator)
 

@@ -145,32 +145,41 @@ def compile_program(job: dict, make_program, result: dict, on_stage, *, declines
 
 
 def _validate(job: dict, operator, kernel, tolerance, result: dict) -> dict:
-    """Run the kernel on each input distribution its operator declares and
-    compare with the reference; time it on the uniform draw."""
+    """Run the kernel on each input distribution its operator declares,
+    several times each, and compare with the reference; time it on the
+    uniform draw."""
     shape, dtype, target = job["shape"], job["dtype"], job["target"]
     device = device_for(target)
     if device is None:
         return set_error(
             result, "infra_error", f"this runner has no {target['kind']} device"
         )
-    out_specs = operator.outputs(shape, dtype)
+    out_specs = [tensors.spec_dict(s) for s in operator.outputs(shape, dtype)]
     result["distributions"] = []
     timed = None
     for distribution in distributions.checked_on(job["operator"]):
         inputs = distributions.draw(
             operator, shape, dtype, job["seed"], device, distribution
         )
-        outputs = tensors.poisoned_outputs(
-            [tensors.spec_dict(s) for s in out_specs], device
-        )
-        failure = _check_once(
-            operator, kernel, inputs, outputs, tolerance, result, device
-        )
-        if failure:
-            where = f" (on {distribution.label} inputs)"
-            if failure["error"] and distribution != tensors.UNIFORM:
-                failure["error"]["message"] += where
-            return failure
+        references = _references(operator, inputs, device, result)
+        if isinstance(references, dict):
+            return references
+        problems = []
+        for _ in range(compare.VALIDATION_RUNS):
+            outputs = tensors.poisoned_outputs(out_specs, device)
+            try:
+                kernel(*inputs, *outputs)
+                synchronize(device)
+            except Exception as exc:
+                message = f"{type(exc).__name__}: {exc}"
+                return set_error(result, "runtime_error", message)
+            problems.append(_compare(out_specs, outputs, references, tolerance, result))
+        failed = compare.repeated_verdict(problems)
+        if failed:
+            status, message = failed
+            if distribution != tensors.UNIFORM:
+                message += f" (on {distribution.label} inputs)"
+            return set_error(result, status, message)
         result["distributions"].append(distribution.label)
         timed = timed or (inputs, outputs)
     result["timings"].update(_time_both(job, operator, kernel, *timed, device))
@@ -178,18 +187,9 @@ def _validate(job: dict, operator, kernel, tolerance, result: dict) -> dict:
     return result
 
 
-def _check_once(
-    operator, kernel, inputs, outputs, tolerance, result, device
-) -> dict | None:
-    """None when the kernel's outputs match the reference on ``inputs``,
-    else the failed result; the worst metrics so far are kept in it."""
+def _references(operator, inputs, device: str, result: dict):
+    """The reference's outputs on ``inputs``, or the failed result."""
     import torch
-
-    try:
-        kernel(*inputs, *outputs)
-        synchronize(device)
-    except Exception as exc:
-        return set_error(result, "runtime_error", f"{type(exc).__name__}: {exc}")
 
     # float64 where the device has it cheaply; the CPU reference stays float32.
     wide = torch.float32 if device == "cpu" else torch.float64
@@ -203,15 +203,20 @@ def _check_once(
         return set_error(
             result, "infra_error", "the reference produced non-finite values"
         )
+    return references
 
-    names = [s.name for s in operator.outputs(result["shape"], result["dtype"])]
+
+def _compare(out_specs, outputs, references, tolerance, result) -> str | None:
+    """Why ``outputs`` fail against ``references``, or None; the worst
+    metrics so far are kept in ``result``."""
+    names = [s["name"] for s in out_specs]
     verdict = compare.compare_outputs(names, outputs, references, tolerance)
     metrics = {k: finite_or_none(v) for k, v in verdict.metrics().items()}
     problem = verdict.verdict(tolerance)
     worst = result["metrics"].get("rel_err") or 0.0
     if problem or (metrics["rel_err"] or 0.0) >= worst:
         result["metrics"] = metrics
-    return set_error(result, "mismatch", problem) if problem else None
+    return problem
 
 
 def _time_both(job, operator, kernel, inputs, outputs, device) -> dict:

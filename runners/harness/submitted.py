@@ -31,7 +31,7 @@ import os
 import time
 from pathlib import Path
 
-from runners.harness import distributions, tensors
+from runners.harness import compare, distributions, tensors
 from runners.harness.result import SUCCESS_FOR_STAGE, new_result, set_error
 from runners.harness.stages import (
     CompileFailure,
@@ -245,13 +245,13 @@ def execute(
                 if tensor is None:
                     return set_error(result, "infra_error", f"input {name} is missing")
                 args.append(tensor)
-            outs = tensors.poisoned_outputs(out_specs, device)
-            kernel(*args, *outs)
-            synchronize(device)
-            for index, out in enumerate(outs):
-                tensors.write_tensor(
-                    out_dir / tensors.output_name(input_set, index), out
-                )
+            for run in range(compare.VALIDATION_RUNS):
+                outs = tensors.poisoned_outputs(out_specs, device)
+                kernel(*args, *outs)
+                synchronize(device)
+                for index, out in enumerate(outs):
+                    name = tensors.output_name(tensors.run_set(input_set, run), index)
+                    tensors.write_tensor(out_dir / name, out)
             if timed is None:
                 timed = (args, outs)
         args, outs = timed
@@ -287,7 +287,6 @@ def judge(
     import torch
 
     from runners import kernels
-    from runners.harness import compare
 
     result = new_result(job)
     result["fingerprint"] = fingerprint
@@ -323,26 +322,34 @@ def judge(
         return set_error(result, "infra_error", "the supervisor stopped the job")
 
     worst = None
-    checked = [*enumerate(sets), (tensors.TIMED_SET, sets[0])]
+    runs = [
+        [tensors.run_set(input_set, run) for run in range(compare.VALIDATION_RUNS)]
+        for input_set in range(len(sets))
+    ]
+    checked = [*zip(runs, sets, strict=True), ([tensors.TIMED_SET], sets[0])]
     labels.append("on the first input set, as the timed calls left it")
-    for (input_set, (_, references)), label in zip(checked, labels, strict=True):
-        outs = []
-        for index, out_spec in enumerate(out_specs):
-            path = Path(spec["outputs_dir"], tensors.output_name(input_set, index))
-            out = tensors.read_tensor(path, out_spec)
-            if out is None:  # never written
-                out = tensors.poisoned_outputs([out_spec], "cpu")[0]
-            outs.append(out)
-        verdict = compare.compare_outputs(
-            [s["name"] for s in out_specs], outs, references, tolerance
-        )
-        metrics = verdict.metrics()
-        if worst is None or (metrics["rel_err"] or 0.0) > (worst["rel_err"] or 0.0):
-            worst = metrics
-        result["metrics"] = {k: finite_or_none(v) for k, v in worst.items()}
-        problem = verdict.verdict(tolerance)
-        if problem:
-            return set_error(result, "mismatch", f"{problem} ({label})")
+    for (names, (_, references)), label in zip(checked, labels, strict=True):
+        problems = []
+        for name in names:
+            outs = []
+            for index, out_spec in enumerate(out_specs):
+                path = Path(spec["outputs_dir"], tensors.output_name(name, index))
+                out = tensors.read_tensor(path, out_spec)
+                if out is None:  # never written
+                    out = tensors.poisoned_outputs([out_spec], "cpu")[0]
+                outs.append(out)
+            verdict = compare.compare_outputs(
+                [s["name"] for s in out_specs], outs, references, tolerance
+            )
+            metrics = verdict.metrics()
+            if worst is None or (metrics["rel_err"] or 0) > (worst["rel_err"] or 0):
+                worst = metrics
+            result["metrics"] = {k: finite_or_none(v) for k, v in worst.items()}
+            problems.append(verdict.verdict(tolerance))
+        failed = compare.repeated_verdict(problems)
+        if failed:
+            status, message = failed
+            return set_error(result, status, f"{message} ({label})")
     result["timings"]["reference_ms"] = _time_reference(job, operator, sets[0][0])
     result["distributions"] = [
         d.label for d in distributions.checked_on(job["operator"])

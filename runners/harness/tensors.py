@@ -48,6 +48,11 @@ def output_name(input_set: int | str, index: int) -> str:
     return f"{input_set}-{index}.bin"
 
 
+def run_set(input_set: int, run: int) -> str:
+    """The outputs of one of several runs on an input set."""
+    return f"{input_set}.{run}"
+
+
 def write_tensor(path, tensor) -> None:
     """``tensor``'s bytes into a new file at ``path``, readable by all (the
     next process runs as another uid)."""

@@ -37,11 +37,11 @@ from runners.services.envelopes import shown
 
 # The statuses a job of each stage can end in: its own rung of the ladder
 # or a failure. Only a validate job compares outputs, so only it can
-# mismatch or pass.
+# mismatch, be unstable or pass.
 REACHABLE = {
     stage: frozenset(
         {SUCCESS_FOR_STAGE[stage], *FAILURES}
-        - (set() if stage == "validate" else {"mismatch"})
+        - (set() if stage == "validate" else {"mismatch", "unstable"})
     )
     for stage in STAGES
 }

@@ -336,3 +336,33 @@ def test_what_the_harness_learned_is_kept_and_the_cell_page_shows_it(
     page = client.get(f"/cells/{job.shape_id}/{job.device_type_id}/").content.decode()
     assert "uniform, zero rows, outliers x1000" in page
     assert "timed in a process that imported no submitted Python" in page
+
+
+def test_an_unstable_validate_result_is_stored_and_shown_and_a_build_cannot_be(
+    client, cpu_runner, owner
+):
+    _, (job, build) = _claimed_jobs(cpu_runner, 2)
+    ValidationJob.objects.filter(pk=build.pk).update(stage=JobStage.BUILD)
+    build.refresh_from_db()
+    message = "1 of 3 runs wrong, failure rate 33% (95% interval 6%-79%): C has NaN"
+    unstable = cpu_runner.result(
+        job,
+        "unstable",
+        metrics={"rel_err": 0.5, "max_abs_err": 1.0, "mismatch_ratio": 0.5},
+        error={"message": message, "signature": None, "pass_name": None},
+    )
+    claimed = cpu_runner.result(
+        build,
+        "unstable",
+        error={"message": "x", "signature": None, "pass_name": None},
+    )
+
+    stored, refused = services.results_ingest(envelopes=[unstable, claimed])
+
+    assert stored.status == "stored", stored.reason
+    assert Cell.objects.get(result=stored.result).status == Status.UNSTABLE
+    assert refused.status == "refused"
+    assert "cannot come from a build job" in refused.reason
+    client.force_login(owner)
+    page = client.get(f"/cells/{job.shape_id}/{job.device_type_id}/").content.decode()
+    assert "unstable" in page and "95% interval 6%-79%" in page
