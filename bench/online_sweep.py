@@ -194,6 +194,18 @@ def sweep(deployment: Deployment, device_type: str, timeout: float) -> dict:
         "results_per_job": results.count() / max(1, jobs.count()),
         "job_wall_s_median": round(statistics.median(walls), 2) if walls else None,
         "runner_state_samples": dict(states),
+        # What did not pass, and why: a distribution or a run it failed on
+        # is named in the message.
+        "not_passed": [
+            {
+                "operator": r.shape.operator.name,
+                "dims": r.shape.dims,
+                "dtype": r.shape.dtype,
+                "status": r.status,
+                "message": r.error_message[:300],
+            }
+            for r in results.exclude(status="pass").select_related("shape__operator")
+        ],
     }
 
 

@@ -22,6 +22,32 @@ CHROMIUM_ARGS = [
 ]
 
 
+# The slowest files, by make test's durations, go first: a file stays on one
+# worker (--dist loadfile), and a long one handed out last runs on alone.
+SLOW_FILES_FIRST = (
+    "tests/runners/test_worker_e2e.py",
+    "tests/browser/test_run_missing.py",
+    "tests/security/test_forged_verdicts.py",
+    "tests/harness/test_submitted.py",
+    "tests/security/test_sandbox_escapes.py",
+    "tests/foundation/test_smoke.py",
+    "tests/runners/test_broker_restart_e2e.py",
+    "tests/security/test_native_code.py",
+    "tests/runners/test_several_hosts_e2e.py",
+    "tests/kernels/test_gpu_lowering.py",
+    "tests/harness/test_error_signatures.py",
+    "tests/browser/test_pages_at_two_widths.py",
+    "tests/runners/test_run_dev_e2e.py",
+    "tests/harness/test_warm_children.py",
+    "tests/harness/test_distributions.py",
+)
+
+
+def pytest_collection_modifyitems(items):
+    rank = {path: n for n, path in enumerate(SLOW_FILES_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))
+
+
 @pytest.fixture(autouse=True, scope="session")
 def fast_password_hashing():
     """Users are made, and log in, in most tests: PBKDF2 at full strength

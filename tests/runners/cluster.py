@@ -169,14 +169,14 @@ class Cluster:
     def log(self, name: str) -> str:
         return self.logs[name].read_text(errors="replace")
 
-    def kill(self, name: str, sig=signal.SIGKILL) -> None:
+    def kill(self, name: str, sig=signal.SIGKILL, grace: float = 30) -> None:
         proc = self.procs.pop(name)
         try:
             os.killpg(proc.pid, sig)
         except ProcessLookupError:
             return
         try:
-            proc.wait(timeout=30)
+            proc.wait(timeout=grace)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=10)
@@ -184,9 +184,11 @@ class Cluster:
     def close(self) -> None:
         # Runners may be blocked retrying a broker that is gone; nothing of
         # theirs needs a clean shutdown once the test has its answer.
+        # A control worker still flushing a batch took the whole 30 s of
+        # grace at the end of two tests: a few seconds, then SIGKILL.
         for name in list(self.procs):
             sig = signal.SIGKILL if name.startswith("runner:") else signal.SIGTERM
-            self.kill(name, sig)
+            self.kill(name, sig, grace=5)
         if self.pg_admin:
             self._pg_execute(f'DROP DATABASE IF EXISTS "{self.pg_name}" WITH (FORCE)')
         if os.environ.get("KEEP_CLUSTER_LOGS"):
