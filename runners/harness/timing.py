@@ -16,6 +16,11 @@ L2_ROTATION_BYTES = 60 * 2**20
 MAX_ROTATION_SETS = 64
 MAX_ROTATION_BYTES = 4 * 2**30
 GPU_TIMED_BUDGET_MS = 200.0
+# A CPU kernel of a few microseconds, timed 5 times, read 2.8x slower on one
+# toolchain than another while another process took the core: short calls
+# are timed until about this much time is spent, up to CPU_MAX_REPEATS.
+CPU_TIMED_BUDGET_MS = 20.0
+CPU_MAX_REPEATS = 1000
 MIN_GPU_REPEATS = 10
 # A call shorter than this is timed as CUDA-graph replays (see time_gpu).
 GRAPH_BELOW_MS = 1.0
@@ -45,7 +50,8 @@ def time_cpu(
     prepare: Callable[[], object] | None = None,
 ) -> float:
     """Median wall-clock milliseconds of ``fn(i)`` over ``repeats`` calls,
-    with torch on one thread, as the TileLang ``c`` kernels run: on a busy
+    or more for short calls (about CPU_TIMED_BUDGET_MS of them), with torch
+    on one thread, as the TileLang ``c`` kernels run: on a busy
     host, waking torch's other threads took 12-47 ms for a call of a few
     microseconds, which made the kernel look tens of times faster than the
     reference. ``prepare``, when given, runs before every call, outside the
@@ -57,13 +63,16 @@ def time_cpu(
     try:
         for i in range(warmup):
             fn(i)
-        samples = []
-        for i in range(repeats):
+        samples, spent_s = [], 0.0
+        while len(samples) < repeats or (
+            len(samples) < CPU_MAX_REPEATS and spent_s * 1e3 < CPU_TIMED_BUDGET_MS
+        ):
             if prepare is not None:
                 prepare()
             start = time.perf_counter()
-            fn(i)
+            fn(len(samples))
             samples.append(time.perf_counter() - start)
+            spent_s += samples[-1]
     finally:
         torch.set_num_threads(threads)
     return median_ms(samples)

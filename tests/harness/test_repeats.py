@@ -4,6 +4,8 @@ a 95% interval, never a lucky `pass` or an unlucky `mismatch`."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from runners import kernels
@@ -69,3 +71,20 @@ def test_the_wilson_interval_of_a_failure_rate(failures, runs, low, high):
     assert compare.wilson_interval(failures, runs) == pytest.approx(
         (low, high), abs=1e-4
     )
+
+
+def test_a_short_cpu_call_is_timed_until_its_budget_is_spent():
+    from runners.harness import timing
+
+    calls, slow = [], []
+
+    def slow_call(i):
+        slow.append(i)
+        time.sleep(0.004)
+
+    timing.time_cpu(calls.append, repeats=5)
+    # A call of a microsecond or less: the most calls, not 5 (1 warm-up).
+    assert len(calls) == 1 + timing.CPU_MAX_REPEATS
+    timing.time_cpu(slow_call, repeats=5)
+    # 4 ms calls: 5 of them already spend the budget's 20 ms.
+    assert len(slow) == 1 + 5
