@@ -125,7 +125,9 @@ def test_a_malformed_message_is_dropped_and_the_worker_carries_on(cluster, cpu_b
 
     # The sender's own connection: a Celery app takes CELERY_BROKER_URL from
     # the environment over anything it is given, and that is the suite's.
-    sender = Celery()
+    # Not the process's current app: shared tasks resolve through it, and a
+    # later test's eager tasks in this process went to a broker instead.
+    sender = Celery(set_as_current=False)
     with cluster.connection() as conn:
         queue = conn.SimpleQueue("runner.cpu-b")
         queue.put("not a task at all", serializer="json")
