@@ -71,6 +71,10 @@ GENERIC_OP_REASON = "not among the TIR operations a submitted kernel may use"
 ASSEMBLY_REASON = "inline assembly is native code outside TIR's operators"
 # Block and loop annotations that carry source code into the build.
 INJECTING_ANNOTATIONS = ("pragma_import_c", "pragma_import_llvm")
+# What a PrimFunc's own attributes may say: its name. The rest (a target, a
+# calling convention, linkage) is the compiler's to set, not the kernel's.
+FUNCTION_ATTRIBUTES = frozenset({"global_symbol"})
+FUNCTION_ATTRIBUTE_REASON = "a function attribute other than its name is the compiler's"
 # tl.region's access mask: 1 read, 2 write, 3 read and write.
 REGION_WRITE = 2
 
@@ -152,6 +156,8 @@ def tir_check(func, *, outputs: int) -> list[TirRefusal]:
     for key in func.attrs.keys() if func.attrs else ():
         if str(key) in INJECTING_ANNOTATIONS:
             found.append((str(key), "it injects source code into the build"))
+        elif str(key) not in FUNCTION_ATTRIBUTES:
+            found.append((str(key), FUNCTION_ATTRIBUTE_REASON))
     return _with_lines(func, found)
 
 

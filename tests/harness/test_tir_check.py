@@ -94,3 +94,17 @@ def test_inline_assembly_is_refused():
     assert [r.reason for r in refusals] == [
         "inline assembly is native code outside TIR's operators"
     ]
+
+
+def test_function_attributes_beyond_its_name_are_refused():
+    import tilelang.language as T
+
+    @T.prim_func
+    def kernel(A: T.Tensor((4,), "float32"), C: T.Tensor((4,), "float32")):
+        with T.Kernel(1, threads=4) as _:
+            T.copy(A, C)
+
+    assert tir_check(kernel, outputs=1) == []
+    (refusal,) = tir_check(kernel.with_attr("calling_conv", 2), outputs=1)
+    assert refusal.construct == "calling_conv"
+    assert "the compiler's" in refusal.reason
