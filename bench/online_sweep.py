@@ -206,6 +206,20 @@ def sweep(deployment: Deployment, device_type: str, timeout: float) -> dict:
             }
             for r in results.exclude(status="pass").select_related("shape__operator")
         ],
+        # Every pass's timings and samples, and its generated code's hash:
+        # the recorded samples the gate's speed statistics are tested on
+        # (tests/gate/test_speed_statistics.py).
+        "timed": [
+            {
+                "cell": f"{r.shape.operator.name}[{r.shape.dims_key}] {r.shape.dtype}",
+                "kernel_ms": r.kernel_ms,
+                "reference_ms": r.reference_ms,
+                "kernel_ms_samples": r.details.get("kernel_ms_samples"),
+                "reference_ms_samples": r.details.get("reference_ms_samples"),
+                "kernel_source_sha256": r.details.get("kernel_source_sha256"),
+            }
+            for r in results.filter(status="pass").select_related("shape__operator")
+        ],
     }
 
 

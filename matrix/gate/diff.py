@@ -21,6 +21,7 @@ from django.db.models import F, Q
 from django.db.models.fields.json import KeyTransform
 from django.db.models.functions import Substr
 
+from matrix.gate import significance
 from matrix.models import Cell, Result, Shape, Status
 
 # Relative noise assumed for a side that has a single timing: a lone median
@@ -103,6 +104,11 @@ class CellDiff:
     reference_ms: float | None = None
     speed: float | None = None
     speed_band: float | None = None
+    # The rank test's verdict on the timing samples (significance.SLOWER, FASTER,
+    # SAME, SAME_CODE: the generated code is byte-identical), and how sure
+    # it is; blank where a side had too few samples for the test.
+    speed_verdict: str = ""
+    confidence: float | None = None
 
     @property
     def label(self) -> str:
@@ -115,10 +121,13 @@ class CellDiff:
     @property
     def perf_step(self) -> int | None:
         """The slowdown (positive) or speed-up (negative) in 5% steps once
-        outside the noise band; 0 inside it; None without two timings."""
+        the rank test calls it one (else outside the noise band); 0 when it
+        is not one; None without two timings."""
         if self.ratio is None:
             return None
-        if abs(self.ratio - 1) <= self.band:
+        if self.speed_verdict in (significance.SAME, significance.SAME_CODE):
+            return 0
+        if not self.speed_verdict and abs(self.ratio - 1) <= self.band:
             return 0
         steps = min(math.ceil(abs(self.ratio - 1) / PERF_STEP), PERF_STEP_MAX)
         return int(math.copysign(steps, self.ratio - 1))
@@ -132,9 +141,13 @@ class CellDiff:
         return 2 * RANKS[kind] + (0 if self.served else 1)
 
     def slower_than(self, budget: float) -> bool:
-        """Slower than the budget allows even at the favourable edge of the
-        noise band."""
-        return self.ratio is not None and self.ratio - self.band > 1 + budget
+        """Called slower, and slower than the budget allows even at the
+        favourable edge of its interval (or noise band)."""
+        return (
+            (self.perf_step or 0) > 0
+            and self.ratio is not None
+            and self.ratio - self.band > 1 + budget
+        )
 
     def slower_than_reference(self, budget: float) -> bool:
         """The candidate's kernel was measured taking longer than its PyTorch
@@ -233,6 +246,31 @@ def noise(samples: list[float]) -> float | None:
     return MAD_TO_SIGMA * mad / centre
 
 
+def measure(row: CellDiff, base: dict, cand: dict, history) -> None:
+    """The candidate's speed against the baseline on a cell green on both:
+    no change where the generated code is byte-identical; else the rank test
+    on both results' samples; else the ratio of medians and its noise band
+    (results from before samples were kept)."""
+    row.baseline_ms, row.candidate_ms = base["kernel_ms"], cand["kernel_ms"]
+    changed = significance.compare(
+        base["kernel_ms_samples"] or [], cand["kernel_ms_samples"] or []
+    )
+    if changed is not None:
+        row.ratio, row.band = changed.ratio, changed.band
+        row.speed_verdict, row.confidence = changed.verdict, changed.confidence
+    else:
+        measured = perf(
+            timing_samples(base["kernel_ms_samples"], history[base["pk"]][0]),
+            timing_samples(cand["kernel_ms_samples"], history[cand["pk"]][0]),
+        )
+        if measured:
+            row.ratio, row.band = measured
+    code = base["kernel_source_sha256"]
+    if code and code == cand["kernel_source_sha256"] and row.ratio is not None:
+        # Any difference is the device's or the host's, not the release's.
+        row.speed_verdict = significance.SAME_CODE
+
+
 def timing_samples(stored, history: list[float]) -> list[float]:
     """Repeat timings of one cell: those the harness stored with the result
     (``kernel_ms_samples``), else the kernel medians of the cell's recent
@@ -297,6 +335,8 @@ CELL_COLUMNS = (
     "revision_sha256",
     "error",
     "kernel_ms_samples",
+    "reference_ms_samples",
+    "kernel_source_sha256",
 )
 
 
@@ -311,7 +351,7 @@ def _cells(baseline, candidate, dt_ids) -> list[dict]:
         .annotate(
             revision_sha256=F("revision__source_sha256"),
             error=Substr("result__error_message", 1, ERROR_SHOWN),
-            kernel_ms_samples=KeyTransform("kernel_ms_samples", "result__details"),
+            **{key: KeyTransform(key, "result__details") for key in CELL_COLUMNS[-3:]},
         )
         .order_by()
         .values(*CELL_COLUMNS)
@@ -361,13 +401,7 @@ def matrix_diff(*, baseline, candidate, device_types) -> Diff:
                 change=classify(base and base["status"], cand and cand["status"]),
             )
             if row.change == Change.STILL_GREEN:
-                row.baseline_ms, row.candidate_ms = base["kernel_ms"], cand["kernel_ms"]
-                measured = perf(
-                    timing_samples(base["kernel_ms_samples"], history[base["pk"]][0]),
-                    timing_samples(cand["kernel_ms_samples"], history[cand["pk"]][0]),
-                )
-                if measured:
-                    row.ratio, row.band = measured
+                measure(row, base, cand, history)
             if cand and cand["status"] == Status.PASS:
                 _speed_measure(row, cand, history[cand["pk"]])
             rows.append(row)
@@ -380,8 +414,14 @@ def _speed_measure(row: CellDiff, cand: dict, history: tuple[list, list]) -> Non
     kernels, references = history
     row.candidate_ms = cand["kernel_ms"]
     row.reference_ms = cand["reference_ms"]
+    # compare(a, b) and perf(a, b) are b / a: here reference / TileLang.
+    changed = significance.compare(
+        cand["kernel_ms_samples"] or [], cand["reference_ms_samples"] or []
+    )
+    if changed is not None:
+        row.speed, row.speed_band = changed.ratio, changed.band
+        return
     kernels = timing_samples(cand["kernel_ms_samples"], kernels)
-    # perf(a, b) is b / a: here reference / TileLang, the speed.
     measured = perf(kernels, references)
     if measured:
         row.speed, row.speed_band = measured

@@ -279,6 +279,12 @@ class DiffRow(models.Model):
         null=True, blank=True, help_text="reference / TileLang time on the candidate"
     )
     speed_band = models.FloatField(null=True, blank=True)
+    speed_verdict = models.CharField(
+        max_length=12, blank=True, help_text="the rank test's verdict on the samples"
+    )
+    confidence = models.FloatField(
+        null=True, blank=True, help_text="1 - p of the rank test"
+    )
     blocking_rule = models.CharField(max_length=12, blank=True)
 
     RULES = ("regression", "missing", "slower")

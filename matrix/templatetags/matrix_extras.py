@@ -162,3 +162,10 @@ def result_speedup(result, floor: float):
 def share_of(part: float, whole: float) -> str:
     """``part`` as a percent of ``whole``, as the shares read."""
     return percent_text(100 * part / whole) if whole else "0%"
+
+
+@register.filter
+def sure(confidence: float) -> str:
+    """How sure a rank test is, in words a reviewer reads: '99.9% sure'
+    (never 100%: a test on samples is never certain)."""
+    return f"{min(confidence, 0.999) * 100:.1f}% sure"

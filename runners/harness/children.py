@@ -42,6 +42,7 @@ from runners.harness.result import (
     cap_text,
     new_result,
     set_error,
+    timing_samples_valid,
 )
 from runners.harness.sanitize import error_signature, sanitize
 from runners.harness.stages import DEVICE_LOCK_ENV
@@ -611,6 +612,9 @@ def _copy_checked(result: dict, clean: dict) -> None:
         )
     )
     clean["distributions"] = distributions
+    samples = result.get("timing_samples")
+    require(samples is None or timing_samples_valid(samples))
+    clean["timing_samples"] = samples
 
 
 def finish(result: dict, since: float, private: tuple[str, ...]) -> dict:

@@ -19,6 +19,9 @@ Shared by the supervisor and the child so that both build the same keys::
     fingerprint     hash (toolchain only) and components (device too)
     kernel_source   generated device code, at most 64 KB
     tolerance       rel_err, atol, rtol, max_mismatch_ratio, reason
+    timing_samples  kernel_ms and reference_ms: up to 32 of the timed
+                    calls' milliseconds each (timing.kept), for the gate's
+                    speed statistics; None where nothing was timed
     sandbox         what confined the child ("full: ..."), or what it lacked
     operator, shape, dtype, target, stage, seed, source_sha256: the job
 
@@ -29,7 +32,10 @@ can be trusted (the kernel ran, and was timed, in a process of its own).
 from __future__ import annotations
 
 import itertools
+import math
 import re
+
+from runners.harness.timing import SAMPLES_KEPT
 
 STAGES = ("lower", "build", "validate")
 
@@ -68,6 +74,28 @@ TIMING_KEYS = (
 )
 
 
+def timing_samples_valid(samples) -> bool:
+    """``timing_samples`` as a result may carry it: kernel_ms and/or
+    reference_ms, each 2 to SAMPLES_KEPT positive, finite milliseconds."""
+    if not isinstance(samples, dict) or not set(samples) <= {
+        "kernel_ms",
+        "reference_ms",
+    }:
+        return False
+    return all(
+        isinstance(values, list)
+        and 2 <= len(values) <= SAMPLES_KEPT
+        and all(
+            isinstance(v, (int, float))
+            and not isinstance(v, bool)
+            and math.isfinite(v)
+            and v > 0
+            for v in values
+        )
+        for values in samples.values()
+    )
+
+
 def new_result(job: dict) -> dict:
     """An empty result for ``job`` (a parsed job dict), with the job echoed."""
     return {
@@ -82,6 +110,7 @@ def new_result(job: dict) -> dict:
         "sandbox": None,
         # The input distributions a validate job was checked on, in order.
         "distributions": None,
+        "timing_samples": None,
         "operator": job["operator"],
         "shape": job["shape"],
         "dtype": job["dtype"],

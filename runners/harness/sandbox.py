@@ -476,7 +476,12 @@ def _merge_verdict(ran: dict, verdict: dict, operator) -> dict:
     kernel_ms = timings["kernel_ms"]
     if result["status"] != "pass" or not kernel_ms:
         timings["kernel_ms"] = None
+        result["timing_samples"] = None
     else:
+        result["timing_samples"] = {
+            **(ran.get("timing_samples") or {}),
+            **(verdict.get("timing_samples") or {}),
+        }
         reference_ms = verdict["timings"]["reference_ms"]
         timings["reference_ms"] = reference_ms
         timings["speedup"] = reference_ms / kernel_ms if reference_ms else None

@@ -182,7 +182,7 @@ def _validate(job: dict, operator, kernel, tolerance, result: dict) -> dict:
             return set_error(result, status, message)
         result["distributions"].append(distribution.label)
         timed = timed or (inputs, outputs)
-    result["timings"].update(_time_both(job, operator, kernel, *timed, device))
+    result["timings"].update(_time_both(job, operator, kernel, *timed, device, result))
     result["status"] = "pass"
     return result
 
@@ -219,12 +219,20 @@ def _compare(out_specs, outputs, references, tolerance, result) -> str | None:
     return problem
 
 
-def _time_both(job, operator, kernel, inputs, outputs, device) -> dict:
+def _time_both(job, operator, kernel, inputs, outputs, device, result) -> dict:
     shape, dtype = job["shape"], job["dtype"]
-    kernel_ms = time_kernel(kernel, inputs, outputs, device, repeats=job["repeats"])
-    reference_ms = time_kernel(
+    kernel_samples = time_kernel(
+        kernel, inputs, outputs, device, repeats=job["repeats"]
+    )
+    reference_samples = time_kernel(
         operator.reference, inputs, [], device, repeats=job["repeats"]
     )
+    result["timing_samples"] = {
+        "kernel_ms": timing.kept(kernel_samples),
+        "reference_ms": timing.kept(reference_samples),
+    }
+    kernel_ms = timing.median(kernel_samples)
+    reference_ms = timing.median(reference_samples)
     timings = {
         "kernel_ms": kernel_ms,
         "reference_ms": reference_ms,
@@ -248,8 +256,8 @@ def time_kernel(
     *,
     repeats: int | None,
     poison_outputs: bool = False,
-) -> float:
-    """Median milliseconds of ``kernel(*inputs, *outputs)``: wall clock on a
+) -> list[float]:
+    """Milliseconds of timed calls of ``kernel(*inputs, *outputs)``: wall clock on a
     CPU; CUDA events on a GPU (graph replays for short calls), each call on
     the next of several copies of the inputs (together larger than L2).
     ``poison_outputs``: on a CPU every call writes into fresh NaN, outside

@@ -31,7 +31,7 @@ import os
 import time
 from pathlib import Path
 
-from runners.harness import compare, distributions, tensors
+from runners.harness import compare, distributions, tensors, timing
 from runners.harness.result import SUCCESS_FOR_STAGE, new_result, set_error
 from runners.harness.stages import (
     CompileFailure,
@@ -257,9 +257,11 @@ def execute(
         args, outs = timed
         for out in outs:
             out.fill_(float("nan"))
-        result["timings"]["kernel_ms"] = time_kernel(
+        samples = time_kernel(
             kernel, args, outs, device, repeats=job["repeats"], poison_outputs=True
         )
+        result["timings"]["kernel_ms"] = timing.median(samples)
+        result["timing_samples"] = {"kernel_ms": timing.kept(samples)}
         synchronize(device)
         for index, out in enumerate(outs):
             tensors.write_tensor(
@@ -350,7 +352,10 @@ def judge(
         if failed:
             status, message = failed
             return set_error(result, status, f"{message} ({label})")
-    result["timings"]["reference_ms"] = _time_reference(job, operator, sets[0][0])
+    samples = _time_reference(job, operator, sets[0][0])
+    if samples:
+        result["timings"]["reference_ms"] = timing.median(samples)
+        result["timing_samples"] = {"reference_ms": timing.kept(samples)}
     result["distributions"] = [
         d.label for d in distributions.checked_on(job["operator"])
     ]
@@ -364,8 +369,8 @@ def _input_set_label(input_set: int, distribution) -> str:
     return f"on {distribution.label} inputs"
 
 
-def _time_reference(job: dict, operator, inputs) -> float | None:
-    """The reference's median on the kernel's device; None where this
+def _time_reference(job: dict, operator, inputs) -> list[float] | None:
+    """The reference's timings on the kernel's device; None where this
     process has no such device (a CPU time is no measure of a GPU kernel)."""
     device = device_for(job["target"])
     if device is None:

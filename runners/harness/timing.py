@@ -1,8 +1,12 @@
-"""Time a callable the way the GPU notes say: warm up, then take the median.
+"""Time a callable the way the GPU notes say: warm up, then take the samples.
 
 CPU: wall clock per call. GPU: CUDA events, each call on the next of several
 copies of its inputs so that together they exceed L2 and no call reads inputs
 the previous one left cached; calls of decode size as CUDA-graph replays.
+
+Each function returns the per-call samples in milliseconds: the result keeps
+their median and a few of them (``kept``), which the gate's speed verdict
+tests (matrix/gate/significance.py).
 """
 
 from __future__ import annotations
@@ -27,10 +31,33 @@ GRAPH_BELOW_MS = 1.0
 GRAPH_REPLAY_MS = 2.0
 GRAPH_REPLAYS = 10
 MAX_GRAPH_CALLS = 4096
+# How many samples a result keeps: enough for a rank test to tell a 3%
+# change from noise, few enough that a result row stays small.
+SAMPLES_KEPT = 32
+# Before timed GPU work the stream is given this much of a spin kernel, so
+# that the host has queued every timed call before the first starts: a host
+# descheduled between recording the start event and launching the call
+# (another child compiling on every core) is otherwise timed as the kernel.
+QUEUE_AHEAD_MS = 5.0
 
 
-def median_ms(samples_s: Sequence[float]) -> float:
-    return statistics.median(samples_s) * 1e3
+def median(samples: Sequence[float]) -> float:
+    return statistics.median(samples)
+
+
+def kept(samples_ms: Sequence[float]) -> list[float]:
+    """At most SAMPLES_KEPT samples, in the order taken: each the median of
+    a run of consecutive calls where there were more, rounded to six
+    significant digits. Medians of batches keep the spread between batches
+    (a host that slowed half-way shows) without one stalled call's tail."""
+    samples = list(samples_ms)
+    if len(samples) > SAMPLES_KEPT:
+        size = len(samples) / SAMPLES_KEPT
+        samples = [
+            statistics.median(samples[round(i * size) : round((i + 1) * size)])
+            for i in range(SAMPLES_KEPT)
+        ]
+    return [float(f"{s:.6g}") for s in samples]
 
 
 def rotation_sets(input_bytes: int) -> int:
@@ -48,8 +75,8 @@ def time_cpu(
     repeats: int,
     warmup: int = 1,
     prepare: Callable[[], object] | None = None,
-) -> float:
-    """Median wall-clock milliseconds of ``fn(i)`` over ``repeats`` calls,
+) -> list[float]:
+    """Wall-clock milliseconds of each of ``repeats`` calls of ``fn(i)``,
     or more for short calls (about CPU_TIMED_BUDGET_MS of them), with torch
     on one thread, as the TileLang ``c`` kernels run: on a busy
     host, waking torch's other threads took 12-47 ms for a call of a few
@@ -75,7 +102,7 @@ def time_cpu(
             spent_s += samples[-1]
     finally:
         torch.set_num_threads(threads)
-    return median_ms(samples)
+    return [s * 1e3 for s in samples]
 
 
 def time_gpu(
@@ -84,8 +111,8 @@ def time_gpu(
     *,
     repeats: int,
     warmup: int = 10,
-) -> float:
-    """Median milliseconds of a call of ``fn``, each call on the next of the
+) -> list[float]:
+    """Milliseconds of each timed call of ``fn``, each call on the next of the
     rotated ``input_sets``, after ``warmup`` calls.
 
     A call shorter than GRAPH_BELOW_MS is timed as replays of a CUDA graph of
@@ -131,12 +158,24 @@ def time_gpu(
         (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
         for _ in range(repeats)
     ]
+    queue_ahead(per_call_ms * repeats if warmup else GPU_TIMED_BUDGET_MS)
     for i, (start, end) in enumerate(events):
         start.record()
         call(warmup + i)
         end.record()
     torch.cuda.synchronize()
-    return statistics.median(start.elapsed_time(end) for start, end in events)
+    return [start.elapsed_time(end) for start, end in events]
+
+
+def queue_ahead(timed_ms: float) -> None:
+    """Keep the device busy while the host queues ``timed_ms`` of timed
+    work (see QUEUE_AHEAD_MS)."""
+    import torch
+
+    spin_ms = min(QUEUE_AHEAD_MS, max(0.5, timed_ms / 4))
+    properties = torch.cuda.get_device_properties(torch.cuda.current_device())
+    clock_hz = getattr(properties, "clock_rate", 0) * 1e3 or 2e9
+    torch.cuda._sleep(int(spin_ms / 1e3 * clock_hz))
 
 
 def graph_calls(per_call_ms: float, rotation: int) -> int:
@@ -186,8 +225,8 @@ def _capture_undo(stream) -> None:
     generator.graphsafe_set_state(generator.clone_state())
 
 
-def time_graph(graph, calls: int, replays: int = GRAPH_REPLAYS) -> float:
-    """Median milliseconds per call over ``replays`` replays of ``graph``."""
+def time_graph(graph, calls: int, replays: int = GRAPH_REPLAYS) -> list[float]:
+    """Milliseconds per call in each of ``replays`` replays of ``graph``."""
     import torch
 
     graph.replay()
@@ -195,12 +234,13 @@ def time_graph(graph, calls: int, replays: int = GRAPH_REPLAYS) -> float:
         (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
         for _ in range(replays)
     ]
+    queue_ahead(GRAPH_REPLAY_MS * replays)
     for start, end in events:
         start.record()
         graph.replay()
         end.record()
     torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) for s, e in events) / calls
+    return [s.elapsed_time(e) / calls for s, e in events]
 
 
 def throughput(*, flops: int, bytes_moved: int, kernel_ms: float | None) -> dict:

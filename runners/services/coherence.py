@@ -31,7 +31,9 @@ from runners.harness.result import (
     FAILURES,
     STAGES,
     SUCCESS_FOR_STAGE,
+    timing_samples_valid,
 )
+from runners.harness.timing import SAMPLES_KEPT
 from runners.kernels import peaks
 from runners.services.envelopes import shown
 
@@ -73,6 +75,9 @@ METRIC_MAX = {
     "mismatch_ratio": 1.0,
     "rounding_floor": 1.0,
 }
+# Samples are rounded to six digits, and a median of batch medians need not
+# equal the median of every call.
+SAMPLES_SLACK = 0.01
 PASS_METRICS = ("rel_err", "max_abs_err", "mismatch_ratio")
 
 # The harness passes a result whose rel_err is within the tolerance or
@@ -218,3 +223,36 @@ def result_check(
             f"({tolerance.max_mismatch_ratio:g}): not a pass"
         )
     return _as_dict(tolerance)
+
+
+def samples_check(raw: dict) -> dict:
+    """A pass's timing samples as details keep them (``kernel_ms_samples``,
+    ``reference_ms_samples``), or nothing. Refused when malformed, or when
+    the median a result states lies outside its own samples: the gate tests
+    the samples, and a runner must not send one figure to be shown and
+    others to be judged."""
+    samples = raw.get("timing_samples")
+    if raw.get("status") != "pass" or samples is None:
+        return {}
+    if not timing_samples_valid(samples):
+        raise ValidationError(
+            "result.timing_samples must hold kernel_ms and reference_ms lists "
+            f"of 2 to {SAMPLES_KEPT} positive milliseconds, got {shown(samples)}"
+        )
+    kept = {}
+    timings = raw.get("timings") or {}
+    for key, values in samples.items():
+        stated = timings.get(key)
+        if stated is None:
+            continue
+        if (
+            not min(values) * (1 - SAMPLES_SLACK)
+            <= stated
+            <= max(values) * (1 + SAMPLES_SLACK)
+        ):
+            raise ValidationError(
+                f"result.timings.{key} {stated:.4g} ms lies outside its own "
+                f"samples ({min(values):.4g}-{max(values):.4g} ms)"
+            )
+        kept[f"{key}_samples"] = [float(v) for v in values]
+    return kept

@@ -22,7 +22,7 @@ from django.utils import timezone
 from matrix.models import Cell, JobState, Result, Status, ValidationJob
 from runners import bulk
 from runners.models import Receipt, Runner
-from runners.services.coherence import result_check
+from runners.services.coherence import result_check, samples_check
 from runners.services.envelopes import (
     RESULT_MAX_AGE_S,
     envelope_runner,
@@ -142,6 +142,12 @@ def _result_from(job: SimpleNamespace, attempt: int, raw: dict) -> Result:
         k: raw[k] for k in ("kernel_source", "target", "stage", "seed") if k in raw
     }
     details.update(_harness_evidence(raw))
+    details.update(samples_check(raw))
+    if isinstance(raw.get("kernel_source"), str) and raw["kernel_source"]:
+        # What the gate compares to say "the generated code did not change".
+        details["kernel_source_sha256"] = hashlib.sha256(
+            raw["kernel_source"].encode(errors="replace")
+        ).hexdigest()
     # The tolerance the result was checked against: this server's.
     if tolerance is not None:
         details["tolerance"] = tolerance
