@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 # Below this change the verdict is "same" whatever the test says.
-MIN_EFFECT = 0.02
+MIN_EFFECT = 0.01
 Z_95 = 1.959964
 # Fewer samples on a side than this and the rank test has no 95% interval.
 MIN_SAMPLES = 4

@@ -129,6 +129,7 @@ class World:
         kernel_ms=1.0,
         samples=None,
         reference_ms=1.0,
+        code=None,
     ):
         """One finished job's result and the cell it updates. A pass is timed
         against the PyTorch reference, as the harness times it; by default
@@ -141,6 +142,7 @@ class World:
             kernel_ms=kernel_ms,
             samples=samples,
             reference_ms=reference_ms,
+            code=code,
         )
 
     def green(self, toolchain, device_types=None, kernel_ms=1.0, samples=None):
@@ -151,8 +153,18 @@ class World:
 
 
 def record_result(
-    *, shape, device_type, toolchain, status, kernel_ms, samples, reference_ms=1.0
+    *,
+    shape,
+    device_type,
+    toolchain,
+    status,
+    kernel_ms,
+    samples,
+    reference_ms=1.0,
+    code=None,
 ):
+    """``samples``: the kernel's timing samples; ``code``: the SHA-256 of
+    its generated source, as ingest keeps them."""
     revision = shape.operator.current_revision
     job = ValidationJob.objects.create(
         revision=revision,
@@ -175,7 +187,10 @@ def record_result(
         reference_ms=reference_ms if passed else None,
         error_message="" if passed else f"{status} in the kernel",
         fingerprint=toolchain.fingerprint,
-        details={"kernel_ms_samples": samples} if samples else {},
+        details={
+            **({"kernel_ms_samples": samples} if samples else {}),
+            **({"kernel_source_sha256": code} if code else {}),
+        },
     )
     Cell.objects.update_or_create(
         shape=shape,

@@ -110,6 +110,11 @@ def test_every_cpu_kernel_passes(batch, name, shape):
     timings = result["timings"]
     assert timings["kernel_ms"] > 0 and timings["reference_ms"] > 0
     assert timings["gbps"] > 0
+    # The samples the gate's rank test reads, around the medians shown.
+    samples = result["timing_samples"]
+    for key in ("kernel_ms", "reference_ms"):
+        assert 5 <= len(samples[key]) <= 32
+        assert min(samples[key]) * 0.99 <= timings[key] <= max(samples[key]) * 1.01
 
 
 def test_lower_and_build_stop_at_their_rung(batch):

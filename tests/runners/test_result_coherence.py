@@ -6,6 +6,7 @@ batch."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 
@@ -115,6 +116,31 @@ INCOHERENT = [
         {},
         "result.status",
         id="lowered-from-a-validate-job",
+    ),
+    pytest.param(
+        "pass",
+        {**_pass(), "timing_samples": {"kernel_ms": [0.2, -1.0, 0.2]}},
+        "result.timing_samples",
+        id="sample-negative",
+    ),
+    pytest.param(
+        "pass",
+        {**_pass(), "timing_samples": {"kernel_ms": [0.2] * 500}},
+        "result.timing_samples",
+        id="samples-too-many",
+    ),
+    pytest.param(
+        "pass",
+        {**_pass(), "timing_samples": {"clock": [0.2, 0.2]}},
+        "result.timing_samples",
+        id="samples-of-an-unknown-clock",
+    ),
+    pytest.param(
+        "pass",
+        # Shown at 0.2 ms, judged on samples ten times slower.
+        {**_pass(), "timing_samples": {"kernel_ms": [2.0, 2.1, 1.9, 2.0]}},
+        "result.timings.kernel_ms 0.2 ms lies outside its own samples",
+        id="median-outside-its-samples",
     ),
 ]
 
@@ -336,6 +362,21 @@ def test_what_the_harness_learned_is_kept_and_the_cell_page_shows_it(
     page = client.get(f"/cells/{job.shape_id}/{job.device_type_id}/").content.decode()
     assert "uniform, zero rows, outliers x1000" in page
     assert "timed in a process that imported no submitted Python" in page
+
+
+def test_a_pass_keeps_its_timing_samples_and_the_hash_of_its_code(cpu_runner):
+    (_, (job,)) = _claimed_jobs(cpu_runner, 1)
+    samples = {"kernel_ms": [0.19, 0.2, 0.21, 0.2], "reference_ms": [0.4, 0.41]}
+    envelope = cpu_runner.result(
+        job, **_pass(), timing_samples=samples, kernel_source="void k() {}"
+    )
+
+    (outcome,) = services.results_ingest(envelopes=[envelope])
+
+    details = outcome.result.details
+    assert details["kernel_ms_samples"] == samples["kernel_ms"]
+    assert details["reference_ms_samples"] == samples["reference_ms"]
+    assert details["kernel_source_sha256"] == hashlib.sha256(b"void k() {}").hexdigest()
 
 
 def test_an_unstable_validate_result_is_stored_and_shown_and_a_build_cannot_be(

@@ -38,7 +38,11 @@ def _message(result: dict) -> str:
 
 
 def test_the_honest_control_beside_them_passes(attacked):
-    assert attacked["good_add"]["status"] == "pass"
+    good = attacked["good_add"]
+    assert good["status"] == "pass"
+    # Its calls were timed by the executor, the reference's by the judge.
+    samples = good["timing_samples"]
+    assert len(samples["kernel_ms"]) >= 5 and len(samples["reference_ms"]) >= 5
 
 
 @pytest.mark.parametrize(
