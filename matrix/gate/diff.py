@@ -109,6 +109,9 @@ class CellDiff:
     # it is; blank where a side had too few samples for the test.
     speed_verdict: str = ""
     confidence: float | None = None
+    # Why the candidate's pass may not be served whatever its speed (a
+    # submitted kernel judged without the full sandbox); blank when none.
+    candidate_distrust: str = ""
 
     @property
     def label(self) -> str:
@@ -246,6 +249,22 @@ def noise(samples: list[float]) -> float | None:
     return MAD_TO_SIGMA * mad / centre
 
 
+def distrust(cell: dict) -> str:
+    """Why a pass may not be served whatever it measured: a submitted
+    kernel's verdict counts only from the full sandbox, which kept its code
+    from the judge and the clock (the harness refuses to run one in less;
+    a result that says otherwise was not made by this harness)."""
+    if cell["status"] != Status.PASS or cell["revision_origin"] == "library":
+        return ""
+    sandbox = cell["sandbox"] if isinstance(cell["sandbox"], str) else ""
+    if sandbox.startswith("full"):
+        return ""
+    return (
+        "a submitted kernel judged without the full sandbox "
+        f"({sandbox[:80] or 'its result does not say'})"
+    )
+
+
 def measure(row: CellDiff, base: dict, cand: dict, history) -> None:
     """The candidate's speed against the baseline on a cell green on both:
     no change where the generated code is byte-identical; else the rank test
@@ -334,6 +353,8 @@ CELL_COLUMNS = (
     "reference_ms",
     "revision_sha256",
     "error",
+    "revision_origin",
+    "sandbox",
     "kernel_ms_samples",
     "reference_ms_samples",
     "kernel_source_sha256",
@@ -350,6 +371,8 @@ def _cells(baseline, candidate, dt_ids) -> list[dict]:
         )
         .annotate(
             revision_sha256=F("revision__source_sha256"),
+            revision_origin=F("revision__origin"),
+            sandbox=KeyTransform("sandbox", "result__details"),
             error=Substr("result__error_message", 1, ERROR_SHOWN),
             **{key: KeyTransform(key, "result__details") for key in CELL_COLUMNS[-3:]},
         )
@@ -399,6 +422,7 @@ def matrix_diff(*, baseline, candidate, device_types) -> Diff:
                 candidate_revision_sha256=cand["revision_sha256"] if cand else "",
                 candidate_error=(cand["error"] or "") if cand else "",
                 change=classify(base and base["status"], cand and cand["status"]),
+                candidate_distrust=distrust(cand) if cand else "",
             )
             if row.change == Change.STILL_GREEN:
                 measure(row, base, cand, history)

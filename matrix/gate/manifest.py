@@ -42,6 +42,8 @@ def manifest_choice(
         return Choice.REFERENCE, f"not validated on {toolchain}"
     if row.candidate_status != Status.PASS:
         return Choice.REFERENCE, f"{row.candidate_status} on {toolchain}"
+    if row.candidate_distrust:
+        return Choice.REFERENCE, f"pass on {toolchain}, but {row.candidate_distrust}"
     if row.speed is None:
         return Choice.REFERENCE, f"pass on {toolchain}, but not timed"
     if row.slower_than_reference(speed_budget):

@@ -285,6 +285,11 @@ class DiffRow(models.Model):
     confidence = models.FloatField(
         null=True, blank=True, help_text="1 - p of the rank test"
     )
+    candidate_distrust = models.CharField(
+        max_length=200,
+        blank=True,
+        help_text="why the candidate's pass may not be served whatever its speed",
+    )
     blocking_rule = models.CharField(max_length=12, blank=True)
 
     RULES = ("regression", "missing", "slower")

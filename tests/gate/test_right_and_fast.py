@@ -173,3 +173,32 @@ def test_the_page_follows_a_new_speed_budget(client, world, admin_user):
     assert "reference<br>" in softmax_row_on_page(client, world, proposal)
     policy_save(by=admin_user, speed_budget=0.6)
     assert "tilelang<br>" in softmax_row_on_page(client, world, proposal)
+
+
+def test_a_submitted_kernels_pass_without_the_full_sandbox_is_never_served(world):
+    # The harness runs submitted code only in the full sandbox: a pass of a
+    # submitted revision that says otherwise (or nothing) did not come from
+    # it, and production keeps the reference however fast it was.
+    from matrix.models import KernelRevision, Result
+
+    proposal = approved_with(world, softmax_ms=0.5, softmax_reference_ms=1.0)
+    proposal.delete()
+    KernelRevision.objects.filter(operator__name="softmax").update(origin="submitted")
+    Result.objects.filter(shape__operator__name="softmax").update(
+        details={"sandbox": "namespaces: no uid of its own"}
+    )
+    proposal = proposal_open(
+        baseline=world.old,
+        candidate=world.new,
+        device_types=[world.cpu],
+        by=world.owner,
+    )
+    approve(world, proposal)
+
+    choice, reason = served(world)["softmax"]
+    assert choice == "reference"
+    assert reason == (
+        "pass on tilelang-0.1.15, but a submitted kernel judged without the full "
+        "sandbox (namespaces: no uid of its own)"
+    )
+    assert served(world)["gemm"][0] == "tilelang"
