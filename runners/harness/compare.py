@@ -80,7 +80,8 @@ def compare_one(name: str, out, ref, tolerance) -> Comparison:
     problem = None
     nan_count = torch.isnan(out).sum().item()
     if nan_count == out.numel() and out.numel():
-        problem = f"{name} was never written (still NaN everywhere)"
+        # The poison is NaN: a kernel that wrote NaN everywhere reads the same.
+        problem = f"{name} is NaN everywhere (never written, or written as NaN)"
     elif nan_count:
         problem = f"{name} has {nan_count} of {out.numel()} elements NaN"
     elif not finite.all():

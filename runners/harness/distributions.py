@@ -19,10 +19,14 @@ LARGE_LOGITS = Distribution("large", 25.0)
 # online softmax must rescale to keep finite.
 LARGE_QUERIES = Distribution("large", 8.0)
 
+# -inf over the first third of each row: a thread or block whose whole share
+# of a row is masked must not turn it into NaN (exp(-inf - -inf)).
+MASKED = Distribution("masked")
+
 BY_OPERATOR = {
     "elementwise_add": (ZERO_ROWS, OUTLIERS),
     "row_sum": (ZERO_ROWS, OUTLIERS),
-    "softmax": (LARGE_LOGITS, ZERO_ROWS, OUTLIERS),
+    "softmax": (LARGE_LOGITS, ZERO_ROWS, OUTLIERS, MASKED),
     "rmsnorm": (ZERO_ROWS, OUTLIERS),
     "gemm": (ZERO_ROWS, OUTLIERS),
     "attention": (ZERO_ROWS, LARGE_QUERIES),

@@ -84,8 +84,11 @@ class Distribution:
     seeded draw, so that a pass means right on what real models send, not
     only on friendly values: ``uniform`` is the draw itself; ``large``
     multiplies it by ``factor`` (softmax logits of +-100, past float32's
-    exp range); ``zero_rows`` zeroes every third row (padding); and
-    ``outliers`` multiplies four channels of the last dim by ``factor``."""
+    exp range); ``zero_rows`` zeroes every third row (padding);
+    ``outliers`` multiplies four channels of the last dim by ``factor``; and
+    ``masked`` sets the first third of every row to -inf, as a left-padded
+    batch's attention mask or a constrained decoder's token mask does (the
+    rest of the row stays finite, so the reference is defined)."""
 
     name: str
     factor: float = 1.0
@@ -101,6 +104,8 @@ class Distribution:
             tensor.mul_(self.factor)
         elif self.name == "zero_rows" and tensor.dim() >= 2:
             tensor.view(-1, tensor.shape[-1])[2::3] = 0
+        elif self.name == "masked" and tensor.dim() >= 2:
+            tensor[..., : tensor.shape[-1] // 3] = float("-inf")
         elif self.name == "outliers":
             last = tensor.shape[-1]
             for column in sorted({0, last // 3, 2 * last // 3, last - 1}):

@@ -1,5 +1,6 @@
 """A pass means right on the inputs real models send: each operator's
-declared distributions (large logits, zero rows, outlier channels) besides
+declared distributions (large logits, zero rows, outlier channels, masked
+rows) besides
 the uniform draw. Textbook-wrong kernels that the uniform draw let through
 fail, naming the distribution; the library's CPU kernels pass them all."""
 
@@ -32,6 +33,7 @@ def judged(cache_dir):
     jobs = {
         "naive_softmax": _submitted("naive_softmax", "softmax"),
         "rmsnorm_no_eps": _submitted("rmsnorm_no_eps", "rmsnorm"),
+        "online_softmax": _submitted("online_softmax_unguarded", "softmax"),
         "library_softmax": library_job("softmax", SHAPE),
         "library_rmsnorm": library_job("rmsnorm", SHAPE),
     }
@@ -52,6 +54,15 @@ def test_an_rmsnorm_without_epsilon_fails_on_zero_rows(judged):
     assert result["error"]["message"].endswith("(on zero rows inputs)")
 
 
+def test_an_online_softmax_without_a_guard_for_minus_infinity_fails_on_masked_rows(
+    judged,
+):
+    result = judged["online_softmax"]
+    assert result["status"] == "mismatch"
+    assert "NaN" in result["error"]["message"]
+    assert result["error"]["message"].endswith("(on masked inputs)")
+
+
 def test_the_library_kernels_pass_and_say_what_they_were_checked_on(judged):
     softmax, rmsnorm = judged["library_softmax"], judged["library_rmsnorm"]
     assert softmax["status"] == rmsnorm["status"] == "pass"
@@ -60,6 +71,7 @@ def test_the_library_kernels_pass_and_say_what_they_were_checked_on(judged):
         "large x25",
         "zero rows",
         "outliers x1000",
+        "masked",
     ]
     assert rmsnorm["distributions"] == ["uniform", "zero rows", "outliers x1000"]
 
@@ -81,6 +93,8 @@ def test_each_distribution_shapes_the_first_input_only():
     assert (outlier_x[:, [1, 2, 4]] == x[:, [1, 2, 4]]).all()
     large, _ = draw(Distribution("large", 25))
     assert (large == 25 * x).all()
+    masked, _ = draw(Distribution("masked"))
+    assert masked[:, :3].isneginf().all() and (masked[:, 3:] == x[:, 3:]).all()
 
 
 @pytest.mark.parametrize("name", sorted(kernels.OPERATORS))
