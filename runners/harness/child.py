@@ -9,6 +9,8 @@ a kernel prints can be mistaken for a result:
     {"event": "ready", "fingerprint": {...}}
     {"event": "start", "index": i}
     {"event": "stage", "index": i, "stage": "lower" | "build" | "validate"}
+        (an executor's "validate" also carries the ``kernel_source`` it built,
+        sent before the kernel first runs)
     {"event": "waiting", "index": i}    (executor and judge: until "go" on stdin)
     {"event": "result", "index": i, "result": {...}}
     {"event": "broken", "message": "..."}   (the toolchain cannot start)
@@ -130,8 +132,8 @@ def _run_jobs(jobs: list, run, toolchain: dict, mode: str, send) -> bool:
                 job,
                 fingerprint=toolchain,
                 workdir=os.getcwd(),
-                on_stage=lambda stage, i=index: send(
-                    {"event": "stage", "index": i, "stage": stage}
+                on_stage=lambda stage, i=index, **said: send(
+                    {"event": "stage", "index": i, "stage": stage, **said}
                 ),
                 wait_for_go=wait_for_go,
             )

@@ -455,7 +455,8 @@ def _supervise(spawned: Spawned, jobs, timeouts, on_waiting, on_result) -> list[
 
     # A warm child said which toolchain it is when it started.
     toolchain = spawned.toolchain
-    current, stage, waited = None, None, False
+    # ``sent``: the source an executor sent before its kernel first ran.
+    current, stage, waited, sent = None, None, False, None
     mark = time.perf_counter() if toolchain else spawned.born
     deadline = mark + STARTUP_TIMEOUT_S
     while True:
@@ -469,10 +470,13 @@ def _supervise(spawned: Spawned, jobs, timeouts, on_waiting, on_result) -> list[
             if message.get("index") != len(results):
                 child.notes.append("the harness child started jobs out of order")
                 break
-            current, stage = len(results), None
+            current, stage, sent = len(results), None, None
             deadline = time.perf_counter() + timeouts[current]
         elif event == "stage" and current is not None:
             stage = message.get("stage") if message.get("stage") in STAGES else stage
+            if child.mode == "executor" and stage == "validate" and sent is None:
+                said = message.get("kernel_source")
+                sent = said if isinstance(said, str) else ""
         elif event == "waiting" and current is not None and on_waiting and not waited:
             waited = True
             if not on_waiting():
@@ -481,6 +485,10 @@ def _supervise(spawned: Spawned, jobs, timeouts, on_waiting, on_result) -> list[
             deadline = time.perf_counter() + timeouts[current]
         elif event == "result" and current is not None:
             accepted = _accept(message.get("result"), jobs[current], toolchain, child)
+            if sent is not None:
+                # What the kernel's process says after the kernel ran is not
+                # what the cell page shows.
+                accepted["kernel_source"] = cap_text(sent, KERNEL_SOURCE_CAP) or None
             # What a builder leaves counts once it has exited, not when
             # something in it claimed to be done.
             if child.mode == "builder" and not child.wait_exit(deadline):

@@ -32,7 +32,13 @@ import time
 from pathlib import Path
 
 from runners.harness import compare, distributions, tensors, timing
-from runners.harness.result import SUCCESS_FOR_STAGE, new_result, set_error
+from runners.harness.result import (
+    KERNEL_SOURCE_CAP,
+    SUCCESS_FOR_STAGE,
+    cap_text,
+    new_result,
+    set_error,
+)
 from runners.harness.stages import (
     CompileFailure,
     compile_program,
@@ -225,7 +231,10 @@ def execute(
         return result
 
     result["stage_reached"] = "validate"
-    on_stage("validate")
+    # The source the cell page shows leaves this process before the kernel
+    # first runs: the kernel's native code may write past its buffers, and
+    # the supervisor keeps this copy, not the one in the result.
+    on_stage("validate", kernel_source=cap_text(source or "", KERNEL_SOURCE_CAP))
     device = device_for(job["target"])
     if device is None:
         kind = job["target"]["kind"]

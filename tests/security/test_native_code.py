@@ -41,6 +41,8 @@ def test_the_honest_control_beside_them_passes(attacked):
     good = attacked["good_add"]
     assert good["status"] == "pass"
     # Its calls were timed by the executor, the reference's by the judge.
+    # The source shown is what the executor sent before the kernel ran.
+    assert "void" in good["kernel_source"] or "def" in good["kernel_source"]
     samples = good["timing_samples"]
     assert len(samples["kernel_ms"]) >= 5 and len(samples["reference_ms"]) >= 5
 
