@@ -21,6 +21,7 @@ RESULT_KEYS = {
     "kernel_source",
     "tolerance",
     "distributions",
+    "timing_samples",
     "sandbox",
     "operator",
     "shape",
