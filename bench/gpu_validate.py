@@ -165,7 +165,7 @@ def time_graphs_in_turn(fns, input_sets, rounds: int) -> tuple[list, list[bool]]
     def timer(fn, graph):
         if graph is None:
             return lambda: time_gpu(fn, input_sets)
-        return lambda: time_graph(graph, calls)
+        return lambda: timing.median(time_graph(graph, calls))
 
     timers = [timer(fn, g) for fn, g in zip(fns, graphs, strict=True)]
     for t in timers:  # untimed: the GPU leaves its idle clocks

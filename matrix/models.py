@@ -486,6 +486,16 @@ class ValidationJob(models.Model):
         on_delete=models.SET_NULL,
         related_name="jobs",
     )
+    # The failure this job reruns the cell to confirm, before a green cell
+    # turns red (see runners.services.ingest); null for every other job.
+    confirms = models.ForeignKey(
+        "Result",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="confirmed_by",
+        db_index=False,
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)

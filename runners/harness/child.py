@@ -48,17 +48,26 @@ def apply_limits(limits: dict) -> None:
         _lower(which, limits[name])
 
 
-def limit_address_space(extra_bytes: int | None) -> None:
+def limit_memory(limits: dict) -> None:
     """Cap virtual memory at what the imported toolchain maps plus
-    ``extra_bytes``: applied after the imports, before any kernel code."""
-    if extra_bytes is None:
-        return
+    ``address_space_extra_bytes``; where that is None (a GPU target), cap
+    writable private memory at what it holds plus ``data_extra_bytes``.
+    Applied after the imports, before any kernel code."""
+    extra = limits["address_space_extra_bytes"]
+    which, field = (
+        (resource.RLIMIT_AS, "VmSize:")
+        if extra is not None
+        else (resource.RLIMIT_DATA, "VmData:")
+    )
     try:
         status = Path("/proc/self/status").read_text()
-        mapped_kb = int(status.split("VmSize:")[1].split()[0])
+        held_kb = int(status.split(field)[1].split()[0])
     except (OSError, IndexError, ValueError):
         return  # no procfs: the other limits still hold
-    _lower(resource.RLIMIT_AS, mapped_kb * 1024 + extra_bytes)
+    _lower(
+        which,
+        held_kb * 1024 + (extra if extra is not None else limits["data_extra_bytes"]),
+    )
 
 
 def _lower(which: int, value: int | None) -> None:
@@ -92,7 +101,7 @@ def main(argv: list[str]) -> int:
     except Exception:
         send({"event": "broken", "message": traceback.format_exc(limit=-4)})
         return 1
-    limit_address_space(spec["limits"]["address_space_extra_bytes"])
+    limit_memory(spec["limits"])
     send({"event": "ready", "fingerprint": toolchain})
 
     jobs = spec["jobs"]

@@ -105,12 +105,15 @@ class Limits:
     """Resource limits of one child. The address-space limit applies to CPU
     targets only (CUDA and ROCm reserve far more virtual memory than they use)
     and counts on top of what the toolchain maps at import, which is itself
-    16 GB for a CUDA build of torch."""
+    16 GB for a CUDA build of torch. Where it does not apply, the data limit
+    does: writable private memory (the heap, anonymous mappings), not the
+    address space a GPU driver reserves without writing it."""
 
     cpu_s: int
     file_bytes: int = 4 * 2**30
     processes: int = 4096
     address_space_extra_bytes: int | None = 16 * 2**30
+    data_extra_bytes: int = 32 * 2**30
     core_bytes: int = 0  # a core dump would hold tensor data and environment
 
 
@@ -123,6 +126,7 @@ def untrusted_limits(limits: Limits) -> Limits:
         file_bytes=256 * 2**20,
         processes=256,
         address_space_extra_bytes=None if extra is None else 4 * 2**30,
+        data_extra_bytes=8 * 2**30,
     )
 
 

@@ -30,6 +30,7 @@ from runners.services.envelopes import (
     shown,
 )
 from runners.services.errors import Conflict
+from runners.services.planning import confirmations_plan
 
 ERROR_MESSAGE_CAP = 8 * 1024
 VERIFY_PARALLEL_FROM = 64
@@ -91,6 +92,7 @@ JOB_ROW = {
     "dims": "shape__dims",
     "device_model": "device_type__model",
     "device_backend": "device_type__backend",
+    "confirms_id": "confirms_id",
 }
 STATUSES = frozenset(Status.values)
 # Parts of a harness result that are objects when present (error is null
@@ -207,10 +209,70 @@ RESULT_FIELDS = [
 CELL_KEY = ["shape", "device_type", "toolchain"]
 
 
-def _cells_upsert(results: list[Result], now) -> None:
+# Failures a rerun confirms before they turn a green cell red: not
+# infra_error (the runner's, never the kernel's) nor unsupported (the
+# operator's own check, the same everywhere).
+CONFIRMED_BEFORE_COUNTING = frozenset(
+    {
+        Status.COMPILE_ERROR,
+        Status.MISMATCH,
+        Status.UNSTABLE,
+        Status.RUNTIME_ERROR,
+        Status.TIMEOUT,
+    }
+)
+
+
+def _confirmations(results: list[Result], jobs: dict) -> tuple[list, dict]:
+    """Which results must wait for a rerun and which end one.
+
+    A failure on a cell that passes on the same revision is held: the cell
+    keeps its pass and a rerun is planned (``planning.confirmations_plan``).
+    The rerun's result decides: a failure again counts as the cell's
+    answer; a pass makes the cell ``unstable`` (right on some runs, wrong on
+    others), pointing at the failure. Returns the held results and, for each
+    rerun that passed, the failure it contradicts (result id -> failure)."""
+    confirming = {r.pk: jobs[r.job_id].confirms_id for r in results}
+    contradicted = {
+        r.pk: confirming[r.pk]
+        for r in results
+        if r.status == Status.PASS and confirming[r.pk]
+    }
+    failures = [
+        r
+        for r in results
+        if r.status in CONFIRMED_BEFORE_COUNTING and not confirming[r.pk]
+    ]
+    if not failures:
+        return [], contradicted
+    green = {
+        (s, d, t): revision
+        for s, d, t, revision in Cell.objects.filter(
+            shape__pk__any={r.shape_id for r in failures}, status=Status.PASS
+        ).values_list("shape_id", "device_type_id", "toolchain_id", "revision_id")
+    }
+    held = [
+        r
+        for r in failures
+        if green.get((r.shape_id, r.device_type_id, r.toolchain_id)) == r.revision_id
+    ]
+    return held, contradicted
+
+
+def _cells_upsert(results: list[Result], now, contradicted: dict | None = None) -> None:
     """Point each cell at its newest result, one statement per kind. An
     infra_error is the runner's trouble, not the kernel's: it fills an empty
-    cell but never hides an answer already there."""
+    cell but never hides an answer already there. ``contradicted``: passes
+    that contradict a failure (see ``_confirmations``): their cells become
+    unstable and point at the failure."""
+    contradicted = contradicted or {}
+    failures = dict(
+        Result.objects.filter(pk__in=set(contradicted.values())).values_list(
+            "pk", "error_signature"
+        )
+        if contradicted
+        else ()
+    )
     latest = {}
     for result in results:
         latest[result.shape_id, result.device_type_id, result.toolchain_id] = result
@@ -225,11 +287,17 @@ def _cells_upsert(results: list[Result], now) -> None:
             "device_type": [r.device_type_id for r in rows],
             "toolchain": [r.toolchain_id for r in rows],
             "revision": [r.revision_id for r in rows],
-            "result": [r.pk for r in rows],
-            "status": [r.status for r in rows],
-            "error_signature": [r.error_signature for r in rows],
-            "kernel_ms": [r.kernel_ms for r in rows],
-            "reference_ms": [r.reference_ms for r in rows],
+            "result": [contradicted.get(r.pk, r.pk) for r in rows],
+            "status": [
+                Status.UNSTABLE if r.pk in contradicted else r.status for r in rows
+            ],
+            "error_signature": [
+                failures.get(contradicted.get(r.pk), r.error_signature) for r in rows
+            ],
+            "kernel_ms": [None if r.pk in contradicted else r.kernel_ms for r in rows],
+            "reference_ms": [
+                None if r.pk in contradicted else r.reference_ms for r in rows
+            ],
             "updated_at": [now] * len(rows),
         }
         bulk.columns_insert(
@@ -272,9 +340,9 @@ def _checks(envelopes: list, runners: dict, max_age_s: float) -> list:
         return [verdict for part in pool.map(check_all, parts) for verdict in part]
 
 
-def _store(accepted: list[tuple[Result, Runner, dict]]) -> None:
+def _store(accepted: list[tuple[Result, Runner, dict]], jobs: dict) -> None:
     """Write the accepted results, their receipts, their jobs' new states
-    and their cells."""
+    and their cells; plan the reruns that confirm a green cell's failure."""
     now = timezone.now()
     results = [result for result, _, _ in accepted]
     for result in results:
@@ -304,7 +372,11 @@ def _store(accepted: list[tuple[Result, Runner, dict]]) -> None:
             ValidationJob.objects.filter(pk__any=ids).update(
                 state=state, finished_at=now
             )
-    _cells_upsert(results, now)
+    held, contradicted = _confirmations(results, jobs)
+    waiting = {r.pk for r in held}
+    _cells_upsert([r for r in results if r.pk not in waiting], now, contradicted)
+    if held:
+        confirmations_plan(failures=[(r, jobs[r.job_id].runner_id) for r in held])
     # The gate re-evaluates in the background once these are committed;
     # ingest only marks the open proposals they touch.
     from matrix.gate.services import proposals_reevaluation_request
@@ -423,7 +495,7 @@ def results_ingest(
                 accepted.append((result, runner, envelope))
                 outcomes[i] = Outcome("stored", result=result)
         if accepted:
-            _store(accepted)
+            _store(accepted, jobs)
     return outcomes
 
 

@@ -20,6 +20,7 @@ from matrix.models import (
     JobStage,
     JobState,
     KernelRevision,
+    Result,
     Shape,
     Sweep,
     Toolchain,
@@ -399,6 +400,7 @@ JOB_FIELDS = (
     "runner_id",
     "created_at",
     "started_at",
+    "confirms_id",
 )
 
 
@@ -411,6 +413,8 @@ def jobs_insert(plan: Plannable, **fields) -> list[dict]:
     spent most of a 10,000-job sweep preparing values one field at a time,
     and an INSERT from arrays dumping them."""
     route = fields.pop("route")
+    # Fields of single cells' jobs, by (shape, device type, toolchain).
+    per_cell = fields.pop("per_cell", {})
     shared = {
         "state": JobState.QUEUED,
         "attempt": 1,
@@ -419,6 +423,7 @@ def jobs_insert(plan: Plannable, **fields) -> list[dict]:
         "runner_id": None,
         "created_at": timezone.now(),
         "started_at": None,
+        "confirms_id": None,
         **fields,
     }
     rows = []
@@ -433,6 +438,7 @@ def jobs_insert(plan: Plannable, **fields) -> list[dict]:
                 "toolchain_id": t,
                 "stage": stage,
                 "queue": queue,
+                **per_cell.get((s, d, t), {}),
             }
         )
     if not rows:
@@ -492,6 +498,42 @@ def sweep_plan(
     sweep.save(update_fields=["total"])
     _messages_publish(_chunks(plan.payloads(jobs)))
     return sweep
+
+
+def confirmations_plan(*, failures: list[tuple[Result, int | None]]) -> list[dict]:
+    """A rerun of each cell whose green verdict a failure would end, before
+    it counts: on another online runner with the device and the toolchain
+    where there is one (its own queue), else wherever the cell's jobs go.
+    ``failures``: each failing result and the runner that sent it. Called
+    inside ingest's transaction; published once it commits."""
+    by_cell = {
+        (r.shape_id, r.device_type_id, r.toolchain_id): (r, runner_id)
+        for r, runner_id in failures
+    }
+    plan = _plannable(list(by_cell))
+    if not plan.cells:
+        return []
+    routes = routes_for(pairs={(d, t) for _, d, t in plan.cells})
+    per_cell = {}
+    for s, d, t in plan.cells:
+        failed, runner_id = by_cell[s, d, t]
+        other = (
+            Runner.objects.online()
+            .filter(device_types=d, toolchains=t)
+            .exclude(pk=runner_id)
+            .order_by("pk")
+            .first()
+        )
+        per_cell[s, d, t] = {"confirms_id": failed.pk}
+        if other is not None:
+            per_cell[s, d, t].update(stage=JobStage.VALIDATE, queue=other.queue)
+    jobs = jobs_insert(
+        plan,
+        route=lambda d, t: (routes[d, t].stage, routes[d, t].queue),
+        per_cell=per_cell,
+    )
+    _messages_publish(_chunks(plan.payloads(jobs)))
+    return jobs
 
 
 @transaction.atomic

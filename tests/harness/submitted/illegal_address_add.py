@@ -1,6 +1,8 @@
 """elementwise_add for cuda that stores far outside C, at an offset read from
 its input so that no compiler pass can see it coming, with TileLang's guard
-against out-of-bounds accesses switched off: an illegal address."""
+against out-of-bounds accesses switched off: an illegal address. The TIR
+check refuses it before it is built (a submission may not set pass
+configs)."""
 
 import tilelang.language as T
 
