@@ -12,6 +12,7 @@ from django.views.decorators.http import require_GET
 
 from matrix import queries
 from matrix.cache import cache_seconds, cached_read, cell_version, read_key
+from matrix.gate import significance
 from matrix.models import Cell, DeviceType, Result, Shape, Status
 from matrix.page_cache import page_response
 from matrix.serving import (
@@ -166,12 +167,44 @@ def cell_context(shape, device_type, filters, toolchains) -> dict:
         "distributions": details.get("distributions") or [],
         "sandbox": details.get("sandbox") or "",
         "timing_trust": details.get("timing_trust") or "",
+        "since_previous": _since_previous(result) if status == Status.PASS else None,
         "fingerprint_components": details.get("fingerprint_components") or {},
         "shared": shared,
         "job_json": json.dumps(repro_job(shape, device_type, cell), indent=2),
         "labels": queries.STATE_LABELS,
     }
     return context
+
+
+def _since_previous(result):
+    """The cell's pass against the pass before it on the same toolchain and
+    revision, by the gate's rank test on their timing samples (see
+    matrix/gate/significance.py), and whether the generated code is the
+    same; None where either has no samples."""
+    details = result.details or {}
+    previous = (
+        Result.objects.filter(
+            shape_id=result.shape_id,
+            device_type_id=result.device_type_id,
+            toolchain_id=result.toolchain_id,
+            revision_id=result.revision_id,
+            status=Status.PASS,
+            id__lt=result.pk,
+        )
+        .order_by("-id")
+        .values_list(
+            "pk", "details__kernel_ms_samples", "details__kernel_source_sha256"
+        )
+        .first()
+    )
+    if previous is None:
+        return None
+    pk, samples, code = previous
+    change = significance.compare(samples or [], details.get("kernel_ms_samples") or [])
+    if change is None:
+        return None
+    same_code = bool(code) and code == details.get("kernel_source_sha256")
+    return {"result_id": pk, "change": change, "same_code": same_code}
 
 
 def _time_chart(history):

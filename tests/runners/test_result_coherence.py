@@ -407,3 +407,43 @@ def test_an_unstable_validate_result_is_stored_and_shown_and_a_build_cannot_be(
     client.force_login(owner)
     page = client.get(f"/cells/{job.shape_id}/{job.device_type_id}/").content.decode()
     assert "unstable" in page and "95% interval 6%-79%" in page
+
+
+def test_the_cell_page_says_how_a_pass_compares_with_the_pass_before(
+    client, cpu_runner, owner
+):
+    (_, (job,)) = _claimed_jobs(cpu_runner, 1)
+    before = [0.200, 0.201, 0.199, 0.200, 0.202, 0.198]
+    services.results_ingest(
+        envelopes=[
+            cpu_runner.result(
+                job,
+                **_pass(),
+                timing_samples={"kernel_ms": before},
+                kernel_source="void k() {}",
+            )
+        ]
+    )
+    again = services.sweep_plan(cells=[(job.shape, job.device_type, job.toolchain)])
+    rerun = again.jobs.get()
+    services.job_claim(job_id=rerun.pk, attempt=1, runner=cpu_runner.runner)
+    rerun.refresh_from_db()
+    slower = [s * 1.1 for s in before]
+    (outcome,) = services.results_ingest(
+        envelopes=[
+            cpu_runner.result(
+                rerun,
+                **_pass(timings={"kernel_ms": 0.22}),
+                timing_samples={"kernel_ms": slower},
+                kernel_source="void k() {}",
+            )
+        ]
+    )
+    assert outcome.status == "stored", outcome.reason
+
+    client.force_login(owner)
+    page = client.get(f"/cells/{job.shape_id}/{job.device_type_id}/").content.decode()
+    said = page.split("Since the pass before")[1].split("</dd>")[0]
+    assert "1.10× the time of result" in said
+    assert "<strong>slower</strong>, 99." in said
+    assert "the same generated code" in said
