@@ -1,7 +1,8 @@
 """Served gaps: the served cells that need work, classified, counted, ranked
 and paged by the database.
 
-A gap is a served cell (shape × device type, on one toolchain) whose latest
+A gap is a served cell (shape × device type, on one toolchain), or one of a
+served shape's neighbours (``Shape.guards``, matrix/neighbours.py), whose latest
 result is missing, stale (an older kernel revision, or a superseded
 toolchain), failing, or evidence only (lowered or built: never run on the
 device). A current pass is never a gap, and neither is a current
@@ -178,7 +179,7 @@ def _candidates_sql(scope: GapScope) -> tuple[str, list]:
     params += [MISSING, filters.toolchain_stale, STALE]
     params += [*sorted(FAILURES), FAILING, *sorted(EVIDENCE), NOT_VALIDATED]
     params += [True, scope.toolchain_id, JobState.QUEUED, JobState.RUNNING]
-    params += [scope.toolchain_id, True]
+    params += [scope.toolchain_id, True, True]
     where = ""
     if filters.dtype:
         where += " AND s.dtype = %s"
@@ -238,7 +239,7 @@ def _candidates_sql(scope: GapScope) -> tuple[str, list]:
                 WHERE state IN (%s, %s) AND toolchain_id + 0 = %s
                 GROUP BY shape_id, device_type_id
             ) j ON j.shape_id = s.id AND j.device_type_id = d.id
-            WHERE s.served = %s{where}
+            WHERE (s.served = %s OR s.guards = %s){where}
         ) g
         WHERE g.kind IS NOT NULL{status}
     """
@@ -265,10 +266,10 @@ def gaps_version() -> tuple:
     over the shapes. What the runners can take is not part of it: a page
     applies that to what it reads from the cache."""
     shape, revision = Shape._meta.db_table, KernelRevision._meta.db_table
-    # The served shapes in one pass over the table.
+    # The served shapes and their neighbours in one pass over the table.
     served = (
         "SELECT CAST(COUNT(*) AS TEXT) || ',' || CAST(SUM(id) AS TEXT) || ','"
-        f" || CAST(SUM(weight) AS TEXT) FROM {shape} WHERE served = %s"
+        f" || CAST(SUM(weight) AS TEXT) FROM {shape} WHERE served = %s OR guards = %s"
     )
     sql = f"""
         SELECT (SELECT MAX(id) FROM {Result._meta.db_table}),
@@ -279,7 +280,7 @@ def gaps_version() -> tuple:
             (SELECT SUM(id) FROM {DeviceType._meta.db_table}),
             (SELECT MAX(id) FROM {Toolchain._meta.db_table} WHERE is_current)
     """
-    return tuple(_fetch(sql, [True, True])[0])
+    return tuple(_fetch(sql, [True, True, True])[0])
 
 
 def current_toolchain_in(version: tuple) -> int | None:

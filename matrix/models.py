@@ -236,6 +236,10 @@ class Shape(models.Model):
         default=0.0, help_text="calls per token or share of time"
     )
     source_profile = models.CharField(max_length=80, blank=True)
+    # A neighbour of a served shape (matrix/neighbours.py): not called by a
+    # model, but run beside the served cells (gaps, Run missing) to catch
+    # the shape bugs that hide one size away.
+    guards = models.BooleanField(default=False)
 
     objects = ShapeQuerySet.as_manager()
 
