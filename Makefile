@@ -60,6 +60,7 @@ test: install toolchains
 
 lint: install
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports
 
 clean:
 	rm -rf var/db.sqlite3 var/broker
