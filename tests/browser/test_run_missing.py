@@ -118,10 +118,12 @@ def test_a_newcomer_runs_the_whole_loop(chromium, cluster):
         )
         assert page.locator("#op-elementwise_add td.c.k-pass").count() == 2
 
-        # CPU timings on a shared 2-core host swing by up to 2x between
-        # runs: the admin's policy says so before anyone proposes.
+        # CPU timings on a shared 2-core host swing between runs (a CI run
+        # read rmsnorm 2.22x slower on one toolchain, ratio 2.22 +- 0.04,
+        # while other tests took the cores): the admin's policy says so
+        # before anyone proposes. This test is of the loop, not of speed.
         tab.open("/upgrades/policy/")
-        page.fill("input[name=perf_budget]", "1.0")
+        page.fill("input[name=perf_budget]", "4.0")
         page.click("button:has-text('Save as v')")
         page.wait_for_selector("text=saved policy v2")
         tab.open("/upgrades/")
