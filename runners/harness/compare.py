@@ -44,6 +44,22 @@ class Comparison:
         return None
 
 
+def reference_problem(inputs, references) -> str | None:
+    """Why the reference's outputs cannot judge a kernel, or None: a NaN
+    anywhere, or an infinity that no input held (it overflowed). Infinite
+    inputs (the ``infinities`` distribution) may give infinite results: the
+    reference defines them, and the kernel must match them."""
+    import torch
+
+    if any(torch.isnan(r).any() for r in references):
+        return "the reference produced NaN"
+    if not all(torch.isfinite(r).all() for r in references) and all(
+        torch.isfinite(x).all() for x in inputs
+    ):
+        return "the reference produced non-finite values from finite inputs"
+    return None
+
+
 def compare_one(name: str, out, ref, tolerance) -> Comparison:
     """Compare one output tensor with its reference (any float dtypes)."""
     import torch
@@ -60,18 +76,24 @@ def compare_one(name: str, out, ref, tolerance) -> Comparison:
             f"{name} has shape {list(out.shape)}, the reference {list(ref.shape)}",
         )
     total = max(out.numel(), 1)
+    # Where the reference is infinite (an add of an infinite input), the
+    # kernel must give the same infinity; elsewhere its error is measured.
+    ref_inf = torch.isinf(ref)
+    inf_right = ref_inf & (out == ref)
+    measured = ~ref_inf
+    ref = torch.where(measured, ref, 0.0)
     finite = torch.isfinite(out)
-    diff = (out - ref).abs()
+    diff = torch.where(measured & finite, out - ref, 0.0).abs()
     bound = tolerance.atol + tolerance.rtol * ref.abs()
-    mismatched = (~finite) | (diff > bound)
+    mismatched = (ref_inf & ~inf_right) | (measured & ~finite) | (diff > bound)
     mismatch_ratio = mismatched.sum().item() / total
     ref_norm = torch.linalg.vector_norm(ref).item()
     floor = 0.0
     if ref_norm > 0 and out_dtype != wide:
         rounded = ref.to(out_dtype).to(wide)
         floor = torch.linalg.vector_norm(rounded - ref).item() / ref_norm
-    if finite.all():
-        err_norm = torch.linalg.vector_norm(out - ref).item()
+    if (finite | inf_right).all():
+        err_norm = torch.linalg.vector_norm(diff).item()
         rel_err = err_norm / ref_norm if ref_norm > 0 else err_norm
         max_abs_err = diff.max().item() if out.numel() else 0.0
     else:
@@ -79,12 +101,18 @@ def compare_one(name: str, out, ref, tolerance) -> Comparison:
 
     problem = None
     nan_count = torch.isnan(out).sum().item()
+    missed = (ref_inf & ~inf_right).sum().item()
     if nan_count == out.numel() and out.numel():
         # The poison is NaN: a kernel that wrote NaN everywhere reads the same.
         problem = f"{name} is NaN everywhere (never written, or written as NaN)"
     elif nan_count:
         problem = f"{name} has {nan_count} of {out.numel()} elements NaN"
-    elif not finite.all():
+    elif missed:
+        problem = (
+            f"{name} is not the reference's infinity at {missed} of "
+            f"{ref_inf.sum().item()} places"
+        )
+    elif not (finite | inf_right).all():
         problem = f"{name} has infinite values"
     elif ref_norm > 0 and not out.abs().max().item() > 0:
         problem = f"{name} is all zeros and the reference is not"

@@ -23,12 +23,39 @@ LARGE_QUERIES = Distribution("large", 8.0)
 # of a row is masked must not turn it into NaN (exp(-inf - -inf)).
 MASKED = Distribution("masked")
 
+# Every third row one value: a variance of zero, a softmax of 1/N.
+CONSTANT_ROWS = Distribution("constant_rows")
+# A few values up to 100x the scale among many near it, as activations are.
+HEAVY_TAILS = Distribution("heavy_tails", 100.0)
+# The largest value at 45% of the dtype's largest finite one: an add of a
+# small second input stays finite, and a softmax that subtracts its max
+# stays exact (one that does not overflows).
+NEAR_LIMIT = Distribution("near_limit", 0.45)
+# +-inf in an add, where the reference's sum is infinite too: a kernel that
+# saturates, or clamps to the largest finite value, is wrong there.
+INFINITIES = Distribution("infinities")
+
 BY_OPERATOR = {
-    "elementwise_add": (ZERO_ROWS, OUTLIERS),
-    "row_sum": (ZERO_ROWS, OUTLIERS),
-    "softmax": (LARGE_LOGITS, ZERO_ROWS, OUTLIERS, MASKED),
-    "rmsnorm": (ZERO_ROWS, OUTLIERS),
-    "gemm": (ZERO_ROWS, OUTLIERS),
+    "elementwise_add": (
+        ZERO_ROWS,
+        CONSTANT_ROWS,
+        OUTLIERS,
+        HEAVY_TAILS,
+        NEAR_LIMIT,
+        INFINITIES,
+    ),
+    "row_sum": (ZERO_ROWS, CONSTANT_ROWS, OUTLIERS, HEAVY_TAILS),
+    "softmax": (
+        LARGE_LOGITS,
+        ZERO_ROWS,
+        CONSTANT_ROWS,
+        OUTLIERS,
+        HEAVY_TAILS,
+        NEAR_LIMIT,
+        MASKED,
+    ),
+    "rmsnorm": (ZERO_ROWS, CONSTANT_ROWS, OUTLIERS, HEAVY_TAILS),
+    "gemm": (ZERO_ROWS, CONSTANT_ROWS, OUTLIERS, HEAVY_TAILS),
     "attention": (ZERO_ROWS, LARGE_QUERIES),
     "attention_causal": (ZERO_ROWS, LARGE_QUERIES),
 }

@@ -199,10 +199,9 @@ def _references(operator, inputs, device: str, result: dict):
         return set_error(
             result, "infra_error", f"reference failed: {type(exc).__name__}: {exc}"
         )
-    if not all(torch.isfinite(r).all() for r in references):
-        return set_error(
-            result, "infra_error", "the reference produced non-finite values"
-        )
+    problem = compare.reference_problem(inputs, references)
+    if problem:
+        return set_error(result, "infra_error", problem)
     return references
 
 

@@ -323,10 +323,9 @@ def judge(
             name = tensors.input_name(input_set, index)
             tensors.write_tensor(Path(spec["inputs_dir"], name), tensor)
         references = list(operator.reference(*[x.to(wide) for x in inputs]))
-        if not all(torch.isfinite(r).all() for r in references):
-            return set_error(
-                result, "infra_error", "the reference produced non-finite values"
-            )
+        problem = compare.reference_problem(inputs, references)
+        if problem:
+            return set_error(result, "infra_error", problem)
         sets.append((inputs, references))
         labels.append(_input_set_label(input_set, distribution))
     if not wait_for_go():

@@ -85,10 +85,17 @@ class Distribution:
     only on friendly values: ``uniform`` is the draw itself; ``large``
     multiplies it by ``factor`` (softmax logits of +-100, past float32's
     exp range); ``zero_rows`` zeroes every third row (padding);
-    ``outliers`` multiplies four channels of the last dim by ``factor``; and
-    ``masked`` sets the first third of every row to -inf, as a left-padded
-    batch's attention mask or a constrained decoder's token mask does (the
-    rest of the row stays finite, so the reference is defined)."""
+    ``constant_rows`` makes every third row (another third) one value
+    repeated (a variance of zero, a uniform softmax); ``outliers``
+    multiplies four channels of the last dim by ``factor``; ``heavy_tails``
+    maps the draw to a Pareto tail of index 2 (most values near the scale, a
+    few up to ``factor`` times it); ``near_limit`` scales the draw until its
+    largest value is ``factor`` of the dtype's largest finite one;
+    ``infinities`` sets every seventh value to +inf and the next-but-two to
+    -inf, where the reference's result is infinite too; and ``masked`` sets
+    the first third of every row to -inf, as a left-padded batch's
+    attention mask or a constrained decoder's token mask does (the rest of
+    the row stays finite, so the reference is defined)."""
 
     name: str
     factor: float = 1.0
@@ -96,6 +103,8 @@ class Distribution:
     @property
     def label(self) -> str:
         words = self.name.replace("_", " ")
+        if self.name == "near_limit":
+            return f"near the dtype's limit ({self.factor:.0%} of it)"
         return f"{words} x{self.factor:g}" if self.factor != 1.0 else words
 
     def shape(self, tensor) -> None:
@@ -106,13 +115,48 @@ class Distribution:
             tensor.view(-1, tensor.shape[-1])[2::3] = 0
         elif self.name == "masked" and tensor.dim() >= 2:
             tensor[..., : tensor.shape[-1] // 3] = float("-inf")
+        elif self.name == "constant_rows" and tensor.dim() >= 2:
+            rows = tensor.view(-1, tensor.shape[-1])
+            rows[1::3] = rows[1::3, :1]
         elif self.name == "outliers":
             last = tensor.shape[-1]
             for column in sorted({0, last // 3, 2 * last // 3, last - 1}):
                 tensor[..., column].mul_(self.factor)
+        elif self.name == "heavy_tails":
+            _heavy_tails(tensor, self.factor)
+        elif self.name == "near_limit":
+            import torch
+
+            largest = tensor.abs().max().float().item()
+            if largest > 0:
+                limit = torch.finfo(tensor.dtype).max * self.factor
+                tensor.mul_(limit / largest)
+        elif self.name == "infinities":
+            flat = tensor.view(-1)
+            flat[::7] = float("inf")
+            flat[3::7] = float("-inf")
 
 
 UNIFORM = Distribution("uniform")
+
+
+def _heavy_tails(tensor, cap: float) -> None:
+    """The draw's magnitudes, which lie evenly in [0.25, 1) * scale, mapped
+    to scale * (1 - u) ** -0.5 for u evenly in [0, 1): a Pareto tail of index
+    2 (the median 1.4x the scale, one value in a hundred past 10x), capped at
+    ``cap`` times the scale; signs kept. In place, a piece at a time."""
+    import torch
+
+    flat = tensor.view(-1)
+    scale = tensor.abs().max().float().item()
+    if scale <= 0:
+        return
+    for start in range(0, flat.numel(), DEVICE_CHUNK_ELEMENTS):
+        piece = flat[start : start + DEVICE_CHUNK_ELEMENTS]
+        values = piece.float()
+        unit = ((values.abs() / scale - 0.25) / 0.75).clamp(0.0, 1.0)
+        tail = (1.0 - unit).clamp_min(cap**-2).rsqrt() * scale
+        piece.copy_(torch.copysign(tail, values))
 
 
 def distribution_dict(distribution: Distribution) -> dict:

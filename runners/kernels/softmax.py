@@ -7,7 +7,9 @@ every block keeping its slice in shared memory, so X is still read once
 (``_build_cluster``). Without clusters (Ampere, ROCm) long rows stream in
 chunks: an online pass keeps each thread's running max and rescaled sum, a
 second pass re-reads the row (partly from L2) and writes it. Columns past N
-enter as -inf so they weigh zero.
+enter as -inf so they weigh zero, as masked logits do: a block's slice or a
+thread's share that is all -inf adds nothing to the row's sum (it has no max
+to subtract), and the row is still right if any of it is not masked.
 
 Metal has no ``T.reduce_*`` lowering in TileLang 0.1.15, so its kernel gives
 each thread one row and loops serially.
@@ -155,11 +157,15 @@ def _build_cluster(
             T.fill(run, 0.0)
             for k in T.serial(chunks):
                 for t, v in T.Parallel(threads, vec):
+                    value = T.cast(s[k * chunk + t * vec + v], "float32")
+                    # A masked value weighs nothing: exp(-inf - max) would be
+                    # NaN where the whole slice is masked (max -inf).
                     x[t, v] = T.if_then_else(
                         base + k * chunk + t * vec + v < N,
-                        T.exp2(
-                            (T.cast(s[k * chunk + t * vec + v], "float32") - row_max[0])
-                            * LOG2E
+                        T.if_then_else(
+                            value == neg_inf,
+                            0.0,
+                            T.exp2((value - row_max[0]) * LOG2E),
                         ),
                         0.0,
                     )
@@ -264,7 +270,11 @@ def _build_streaming(
                     )
                     run_max[t] = vec_max[t]
                 for t, v in T.Parallel(threads, vec):
-                    x[t, v] = T.exp2((x[t, v] - run_max[t]) * LOG2E)
+                    # As in the cluster kernel: a thread whose values so far
+                    # are all masked has run_max -inf, and -inf - -inf is NaN.
+                    x[t, v] = T.if_then_else(
+                        x[t, v] == neg_inf, 0.0, T.exp2((x[t, v] - run_max[t]) * LOG2E)
+                    )
                 T.reduce_sum(x, vec_sum, dim=1)
                 for t in T.Parallel(threads):
                     run_sum[t] += vec_sum[t]

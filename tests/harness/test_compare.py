@@ -66,3 +66,33 @@ def test_the_output_dtype_rounding_floor_widens_the_bound_and_no_further():
     assert "relative error" in compare_outputs(["Y"], [worse], [ref], FP16).verdict(
         FP16
     )
+
+
+def test_infinities_where_the_reference_has_them_pass_and_nowhere_else():
+    ref = REF.clone()
+    ref[0, 0], ref[2, 3] = float("inf"), float("-inf")
+    assert verdict(ref.clone(), TIGHT, ref) is None
+    clamped = ref.clamp(-3e38, 3e38)
+    assert "not the reference's infinity at 2 of 2 places" in verdict(
+        clamped, LOOSE, ref
+    )
+    flipped = ref.clone()
+    flipped[0, 0] = float("-inf")
+    assert "not the reference's infinity at 1 of 2 places" in verdict(
+        flipped, LOOSE, ref
+    )
+    extra = ref.clone()
+    extra[1, 1] = float("inf")
+    assert "infinite" in verdict(extra, LOOSE, ref)
+
+
+def test_a_reference_that_overflowed_or_made_nan_cannot_judge():
+    from runners.harness.compare import reference_problem
+
+    finite = [REF]
+    assert reference_problem(finite, [REF * 2]) is None
+    assert "NaN" in reference_problem(finite, [REF / 0 * 0])
+    overflowed = REF.clone()
+    overflowed[0, 0] = float("inf")
+    assert "from finite inputs" in reference_problem(finite, [overflowed])
+    assert reference_problem([overflowed], [overflowed]) is None

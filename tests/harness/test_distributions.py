@@ -1,7 +1,7 @@
 """A pass means right on the inputs real models send: each operator's
-declared distributions (large logits, zero rows, outlier channels, masked
-rows) besides
-the uniform draw. Textbook-wrong kernels that the uniform draw let through
+declared distributions (large logits, zero and constant rows, outlier
+channels, heavy tails, values near the dtype's limit, infinities, masked
+rows) besides the uniform draw. Textbook-wrong kernels that the uniform draw let through
 fail, naming the distribution; the library's CPU kernels pass them all."""
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 
 import pytest
+import torch
 
 from runners import kernels
 from runners.harness import distributions
@@ -34,8 +35,10 @@ def judged(cache_dir):
         "naive_softmax": _submitted("naive_softmax", "softmax"),
         "rmsnorm_no_eps": _submitted("rmsnorm_no_eps", "rmsnorm"),
         "online_softmax": _submitted("online_softmax_unguarded", "softmax"),
+        "saturating_add": _submitted("saturating_add", "elementwise_add"),
         "library_softmax": library_job("softmax", SHAPE),
         "library_rmsnorm": library_job("rmsnorm", SHAPE),
+        "library_add": library_job("elementwise_add", SHAPE),
     }
     results = run_batch(list(jobs.values()), cache_dir=cache_dir, workers=2)
     return dict(zip(jobs, results, strict=True))
@@ -63,6 +66,14 @@ def test_an_online_softmax_without_a_guard_for_minus_infinity_fails_on_masked_ro
     assert result["error"]["message"].endswith("(on masked inputs)")
 
 
+def test_an_add_that_saturates_fails_where_the_reference_is_infinite(judged):
+    result = judged["saturating_add"]
+    assert result["status"] == "mismatch"
+    message = result["error"]["message"]
+    assert "not the reference's infinity" in message
+    assert message.endswith("(on infinities inputs)")
+
+
 def test_the_library_kernels_pass_and_say_what_they_were_checked_on(judged):
     softmax, rmsnorm = judged["library_softmax"], judged["library_rmsnorm"]
     assert softmax["status"] == rmsnorm["status"] == "pass"
@@ -70,10 +81,25 @@ def test_the_library_kernels_pass_and_say_what_they_were_checked_on(judged):
         "uniform",
         "large x25",
         "zero rows",
+        "constant rows",
         "outliers x1000",
+        "heavy tails x100",
+        "near the dtype's limit (45% of it)",
         "masked",
     ]
-    assert rmsnorm["distributions"] == ["uniform", "zero rows", "outliers x1000"]
+    assert rmsnorm["distributions"] == [
+        "uniform",
+        "zero rows",
+        "constant rows",
+        "outliers x1000",
+        "heavy tails x100",
+    ]
+    add = judged["library_add"]
+    assert add["status"] == "pass", add["error"]
+    assert add["distributions"][-2:] == [
+        "near the dtype's limit (45% of it)",
+        "infinities",
+    ]
 
 
 def test_each_distribution_shapes_the_first_input_only():
@@ -95,6 +121,22 @@ def test_each_distribution_shapes_the_first_input_only():
     assert (large == 25 * x).all()
     masked, _ = draw(Distribution("masked"))
     assert masked[:, :3].isneginf().all() and (masked[:, 3:] == x[:, 3:]).all()
+    constant, _ = draw(distributions.CONSTANT_ROWS)
+    assert (constant[1] == x[1, 0]).all() and (constant[4] == x[4, 0]).all()
+    assert (constant[[0, 2, 3, 5]] == x[[0, 2, 3, 5]]).all()
+    heavy, _ = draw(distributions.HEAVY_TAILS)
+    ratio = (heavy.abs() / x.abs().max()).flatten()
+    assert (heavy.sign() == x.sign()).all()
+    assert ratio.min() >= 1.0 and ratio.max() <= 100.0
+    assert ratio.median() < 2.0 < ratio.max()
+    near, _ = draw(distributions.NEAR_LIMIT)
+    largest = torch.finfo(torch.float32).max
+    assert near.abs().max().item() == pytest.approx(0.45 * largest, rel=1e-6)
+    assert near.isfinite().all()
+    infinite, _ = draw(distributions.INFINITIES)
+    flat = infinite.flatten()
+    assert flat[::7].isposinf().all() and flat[3::7].isneginf().all()
+    assert flat.isinf().sum() == len(flat[::7]) + len(flat[3::7])
 
 
 @pytest.mark.parametrize("name", sorted(kernels.OPERATORS))
