@@ -78,7 +78,9 @@ class CoverageFilters(Schema):
     status: str | None = Field(None, description=", ".join(queries.STATE_FILTERS))
     served: bool = Field(False, description="served shapes only (the matrix)")
     limit: int = Field(500, ge=1, le=5000)
-    offset: int = Field(0, ge=0)
+    # A trillion rows is past any table; a larger offset is a typing error
+    # (and past PostgreSQL's bigint, a server error).
+    offset: int = Field(0, ge=0, le=10**12)
 
 
 class Answer(BaseModel):

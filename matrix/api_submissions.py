@@ -3,13 +3,15 @@ session; CSRF applies as on the page), read one, review one."""
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.http import Http404
 from ninja import Field, Router, Schema, Status
 from ninja.security import django_auth
 
 from matrix import submissions
-from matrix.models import KernelRevision, Operator
+from matrix.models import ID_MAX, KernelRevision, Operator
+from runners.roles import has_role
 
 router = Router(tags=["kernels"], auth=django_auth)
 
@@ -51,6 +53,12 @@ def _out(revision: KernelRevision) -> dict:
 
 
 def _visible(request, pk: int) -> KernelRevision:
+    """The submission ``pk`` as the user may read it: none for an account
+    with no role, which the pages let read nothing (hidden, as another
+    author's pending submission is); then the submissions' own rule."""
+    anyone = getattr(settings, "TILEMATRIX_ANONYMOUS_READ", False)
+    if not (anyone or has_role(request.user)) or not 0 < pk <= ID_MAX:
+        raise Http404("no such submission")
     try:
         return submissions.visible_submissions(request.user).get(pk=pk)
     except KernelRevision.DoesNotExist:

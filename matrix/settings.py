@@ -63,6 +63,7 @@ MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "matrix.security.SecurityHeadersMiddleware",
     "matrix.api_errors.ApiJsonErrorsMiddleware",
+    "matrix.control_chars.ControlCharacterMiddleware",
     # Outside the role and login checks, so their redirects reach it.
     "django_htmx.middleware.HtmxMiddleware",
     "matrix.htmx_login.HtmxLoginRedirectMiddleware",

@@ -3,7 +3,8 @@ from __future__ import annotations
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.templatetags.static import static
-from django.urls import path
+from django.urls import path, register_converter
+from django.urls.converters import IntConverter
 from django.views.generic import RedirectView
 
 from matrix.api import api
@@ -20,6 +21,17 @@ from matrix.views import (
     upgrades,
 )
 
+
+class IdConverter(IntConverter):
+    """A row id: at most 18 digits, so every one fits a 64-bit key. A longer
+    number in a path is no page (404), not an id SQLite cannot compare."""
+
+    regex = "[0-9]{1,18}"
+
+
+register_converter(IdConverter, "id")
+
+
 urlpatterns = [
     path("", matrix.matrix_page, name="matrix"),
     path("matrix.csv", matrix.matrix_csv, name="matrix-csv"),
@@ -29,48 +41,46 @@ urlpatterns = [
     path("gaps/", gaps.gaps_page, name="gaps"),
     path("gaps/run/", gaps.gaps_run, name="gaps-run"),
     path("gaps.csv", gaps.gaps_csv, name="gaps-csv"),
-    path("sweeps/<int:pk>/", gaps.sweep_page, name="sweep"),
-    path("cells/<int:shape_id>/<int:device_type_id>/", cells.cell_page, name="cell"),
+    path("sweeps/<id:pk>/", gaps.sweep_page, name="sweep"),
+    path("cells/<id:shape_id>/<id:device_type_id>/", cells.cell_page, name="cell"),
     path(
-        "cells/<int:shape_id>/<int:device_type_id>/job.json",
+        "cells/<id:shape_id>/<id:device_type_id>/job.json",
         cells.cell_job,
         name="cell-job",
     ),
     path("errors/", errors.errors_page, name="errors"),
     path("runners/", runners.runners_page, name="runners"),
     path("runners/tokens/", runners.runner_token_create, name="runner-token"),
-    path("runners/<int:pk>/health/", runners.runner_health, name="runner-health"),
-    path("runners/<int:pk>/approve/", runners.runner_approve, name="runner-approve"),
-    path("runners/<int:pk>/refuse/", runners.runner_refuse, name="runner-refuse"),
-    path("runners/<int:pk>/revoke/", runners.runner_revoke, name="runner-revoke"),
+    path("runners/<id:pk>/health/", runners.runner_health, name="runner-health"),
+    path("runners/<id:pk>/approve/", runners.runner_approve, name="runner-approve"),
+    path("runners/<id:pk>/refuse/", runners.runner_refuse, name="runner-refuse"),
+    path("runners/<id:pk>/revoke/", runners.runner_revoke, name="runner-revoke"),
     path("upgrades/", upgrades.upgrades_page, name="upgrades"),
     path("upgrades/new/", upgrades.upgrade_new, name="upgrade-new"),
     path("upgrades/policy/", upgrades.policy_page, name="upgrade-policy"),
-    path("upgrades/<int:pk>/", upgrades.upgrade_page, name="upgrade"),
-    path("upgrades/<int:pk>/decide/", upgrades.upgrade_decide, name="upgrade-decide"),
+    path("upgrades/<id:pk>/", upgrades.upgrade_page, name="upgrade"),
+    path("upgrades/<id:pk>/decide/", upgrades.upgrade_decide, name="upgrade-decide"),
     path(
-        "upgrades/<int:pk>/reevaluate/",
+        "upgrades/<id:pk>/reevaluate/",
         upgrades.upgrade_reevaluate,
         name="upgrade-reevaluate",
     ),
+    path("upgrades/<id:pk>/rollout/", upgrades.upgrade_rollout, name="upgrade-rollout"),
     path(
-        "upgrades/<int:pk>/rollout/", upgrades.upgrade_rollout, name="upgrade-rollout"
-    ),
-    path(
-        "upgrades/<int:pk>/exceptions/",
+        "upgrades/<id:pk>/exceptions/",
         upgrades.upgrade_exception,
         name="upgrade-exception",
     ),
     path(
-        "upgrades/exceptions/<int:pk>/sign-off/",
+        "upgrades/exceptions/<id:pk>/sign-off/",
         upgrades.exception_sign_off,
         name="upgrade-exception-sign-off",
     ),
     path("submissions/", submissions.submissions_page, name="submissions"),
     path("submissions/new/", submissions.submission_new, name="submission-new"),
-    path("submissions/<int:pk>/", submissions.submission_page, name="submission"),
+    path("submissions/<id:pk>/", submissions.submission_page, name="submission"),
     path(
-        "submissions/<int:pk>/review/",
+        "submissions/<id:pk>/review/",
         submissions.submission_review,
         name="submission-review",
     ),

@@ -23,6 +23,7 @@ from django.views.decorators.vary import vary_on_headers
 
 from matrix import gaps, queries
 from matrix.cache import cache_seconds, cached_read, jobs_version, read_key
+from matrix.exports import download_name, spreadsheet_safe, unknown_toolchain
 from matrix.models import Backend, Dtype, JobStage, Shape, Sweep
 from matrix.page_cache import page_response
 from runners.services import capabilities_online, sweep_plan
@@ -316,12 +317,6 @@ CSV_COLUMNS = (
 )
 
 
-def _csv_text(value: str) -> str:
-    """A catalogue string as a spreadsheet reads it: a device name a runner
-    reported that starts like a formula is quoted, not evaluated."""
-    return "'" + value if value[:1] in ("=", "+", "-", "@", "\t", "\r") else value
-
-
 class _Echo:
     """A file that hands back what is written, for a streamed csv.writer."""
 
@@ -335,6 +330,9 @@ def gaps_csv(request):
     scope, _ = _scope(request.GET)
     if scope.filters.toolchain is None:
         return HttpResponse("no toolchain has reported yet\n", status=404)
+    refused = unknown_toolchain(request.GET, scope.filters, queries.toolchain_list())
+    if refused:
+        return refused
     query = urlencode({"toolchain": scope.filters.toolchain.name})
     writer = csv.writer(_Echo())
 
@@ -345,11 +343,11 @@ def gaps_csv(request):
             yield writer.writerow(
                 (
                     g.rank,
-                    _csv_text(g.operator),
-                    _csv_text(g.dims_key),
+                    spreadsheet_safe(g.operator),
+                    spreadsheet_safe(g.dims_key),
                     g.dtype,
                     g.weight,
-                    _csv_text(str(g.device_type)),
+                    spreadsheet_safe(str(g.device_type)),
                     g.device_type.backend,
                     g.status,
                     g.kind,
@@ -362,7 +360,7 @@ def gaps_csv(request):
             )
 
     response = StreamingHttpResponse(lines(), content_type="text/csv; charset=utf-8")
-    name = f"gaps-{scope.filters.toolchain.name}.csv"
+    name = download_name("gaps", scope.filters.toolchain.name)
     response["Content-Disposition"] = f'attachment; filename="{name}"'
     return response
 

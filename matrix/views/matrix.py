@@ -30,6 +30,7 @@ from django.views.decorators.vary import vary_on_headers
 
 from matrix import queries
 from matrix.cache import cache_seconds, cached_read, read_key
+from matrix.exports import spreadsheet_safe, unknown_toolchain
 from matrix.models import Backend, DeviceType, Dtype, Operator, Toolchain
 from matrix.page_cache import page_response
 from matrix.serving import serve_speedup_floor
@@ -346,6 +347,9 @@ def matrix_csv(request):
 
     toolchains = queries.toolchain_list()
     filters = queries.MatrixFilters.from_params(request.GET, toolchains)
+    refused = unknown_toolchain(request.GET, filters, toolchains)
+    if refused:
+        return refused
     response = HttpResponse(content_type="text/csv; charset=utf-8")
     response["Content-Disposition"] = 'attachment; filename="matrix.csv"'
     writer = csv.writer(response)
@@ -355,17 +359,17 @@ def matrix_csv(request):
     for row in coverage_cells(filters):
         writer.writerow(
             [
-                row["operator"],
-                row["dims_key"],
+                spreadsheet_safe(row["operator"]),
+                spreadsheet_safe(row["dims_key"]),
                 row["dtype"],
                 int(row["served"]),
                 f"{row['weight']:g}",
-                row["device_type"],
-                row["backend"],
+                spreadsheet_safe(row["device_type"]),
+                spreadsheet_safe(row["backend"]),
                 row["status"],
                 int(row["stale"]),
                 "" if row["speedup"] is None else f"{row['speedup']:.4g}",
-                row["serves"],
+                spreadsheet_safe(row["serves"]),
                 "" if row["kernel_ms"] is None else f"{row['kernel_ms']:.6g}",
                 "" if row["reference_ms"] is None else f"{row['reference_ms']:.6g}",
                 row["produced_at"].isoformat() if row["produced_at"] else "",

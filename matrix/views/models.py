@@ -14,6 +14,7 @@ from django.views.decorators.http import require_GET
 from django.views.decorators.vary import vary_on_headers
 
 from matrix import queries
+from matrix.exports import spreadsheet_safe, unknown_toolchain
 from matrix.models import Backend, Dtype
 from matrix.served_models import model_coverage
 from matrix.serving import OUTCOME_LABELS, OUTCOMES, serve_speedup_floor
@@ -81,18 +82,15 @@ CSV_FIELDS = [
 ]
 
 
-def spreadsheet_safe(value) -> str:
-    """A text cell a spreadsheet will not run as a formula."""
-    text = str(value)
-    return "'" + text if text[:1] in ("=", "+", "-", "@", "\t", "\r") else text
-
-
 @require_GET
 def models_csv(request):
     """Per model and device type, the calls per forward step by outcome:
     over every step size imported ('all'), then per step size."""
     toolchains = queries.toolchain_list()
     filters = queries.MatrixFilters.from_params(request.GET, toolchains)
+    refused = unknown_toolchain(request.GET, filters, toolchains)
+    if refused:
+        return refused
     response = HttpResponse(content_type="text/csv; charset=utf-8")
     response["Content-Disposition"] = 'attachment; filename="models.csv"'
     writer = csv.writer(response)
@@ -104,9 +102,9 @@ def models_csv(request):
                 writer.writerow(
                     [
                         spreadsheet_safe(model.name),
-                        str(device.device_type),
-                        device.device_type.backend,
-                        toolchain,
+                        spreadsheet_safe(device.device_type),
+                        spreadsheet_safe(device.device_type.backend),
+                        spreadsheet_safe(toolchain),
                         tokens,
                         f"{shares.total:g}",
                         *(f"{shares.calls[o]:g}" for o in OUTCOMES),

@@ -160,9 +160,10 @@ def test_the_models_page_adds_up_each_models_forward_step(fresh):
     assert rows.count() == 3
     llama = rows.filter(has_text="llama-3-8b").first
     # The H200 column: most of Llama's calls run TileLang; slow passes fall
-    # back to the reference; nothing is left unvalidated there.
+    # back to the reference; only the softmax calls are not validated (its
+    # kernel was fixed after the H200 evidence), under 1% of the calls.
     h200 = llama.locator("td.share").first.inner_text()
-    assert re.search(r"\d+% TileLang · \d+% reference · 0% not validated", h200)
+    assert re.search(r"\d+% TileLang · \d+% reference · <1% not validated", h200)
     # The compile-only ROCm column: lowered everywhere, validated nowhere.
     rocm = llama.locator("td.share").nth(1).inner_text()
     assert "0% TileLang" in rocm and "100% not validated" in rocm

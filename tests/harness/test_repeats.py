@@ -52,7 +52,15 @@ def test_a_kernel_wrong_on_every_run_is_a_mismatch():
 def test_a_kernel_right_on_every_run_of_every_distribution_passes():
     result = _validate(_racy_add(set()))
     assert result["status"] == "pass"
-    assert result["distributions"] == ["uniform", "zero rows", "outliers x1000"]
+    assert result["distributions"] == [
+        "uniform",
+        "zero rows",
+        "constant rows",
+        "outliers x1000",
+        "heavy tails x100",
+        "near the dtype's limit (45% of it)",
+        "infinities",
+    ]
 
 
 def test_a_race_on_a_later_distribution_names_it():

@@ -18,6 +18,7 @@ from matrix.models import (
     Shape,
     Status,
     Sweep,
+    Toolchain,
     ValidationJob,
 )
 from matrix.services import toolchain_register
@@ -837,3 +838,12 @@ def test_readers_share_one_kept_gap_list_and_the_run_form_stays_per_user(
     client.handler.enforce_csrf_checks = True
     response = client.post(reverse("gaps-run"), {"csrfmiddlewaretoken": token})
     assert response.status_code in (200, 302)
+
+
+def test_the_gaps_csv_file_name_keeps_only_safe_characters(client, results, toolchains):
+    Toolchain.objects.filter(pk=toolchains[1].pk).update(name='tl"; evil=1\r\n/..')
+    response = client.get(reverse("gaps-csv"))
+    assert response.status_code == 200
+    assert (
+        response["Content-Disposition"] == 'attachment; filename="gaps-tl-evil-1.csv"'
+    )

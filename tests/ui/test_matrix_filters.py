@@ -10,7 +10,7 @@ import io
 import pytest
 from django.urls import reverse
 
-from matrix.models import ServedCall, Shape, Status
+from matrix.models import DeviceType, ServedCall, Shape, Status
 from tests.ui.conftest import record
 
 pytestmark = pytest.mark.django_db
@@ -78,8 +78,13 @@ def test_an_unknown_filter_value_is_named_on_every_page(
 ):
     url = reverse(page, args=["gemm"]) if page == "operator" else reverse(page)
     response = client.get(url, params)
-    assert response.status_code == 200
     body = response.content.decode()
+    if page == "matrix-csv" and "toolchain" in params:
+        # A script asking for a toolchain must not get another one's rows.
+        assert response.status_code == 404
+        assert "no toolchain named 'nope'" in body
+        return
+    assert response.status_code == 200
     if page == "matrix-csv":
         # A file has no notice: the unknown value is dropped, as on the page.
         assert body.startswith("operator,dims,dtype")
@@ -204,3 +209,24 @@ def test_the_matrix_exports_csv_and_links_json(client, results, device_types):
         "tilelang",
     )
     assert row["url"].startswith("http://testserver/cells/")
+
+
+def test_the_matrix_csv_quotes_names_that_look_like_formulas(
+    client, results, device_types, toolchains
+):
+    DeviceType.objects.filter(pk=device_types["c"].pk).update(vendor="=HYPERLINK(1)")
+    response = client.get(reverse("matrix-csv"), {"backend": "c"})
+    rows = list(csv.DictReader(io.StringIO(response.content.decode())))
+    assert rows and all(r["device_type"].startswith("'=HYPERLINK(1)") for r in rows)
+    for line in response.content.decode().splitlines()[1:]:
+        assert not line.startswith(("=", "+", "-", "@"))
+
+
+@pytest.mark.parametrize("name", ["matrix-csv", "models-csv", "gaps-csv"])
+def test_a_csv_of_a_toolchain_this_server_lacks_is_a_404_naming_it(
+    client, results, name
+):
+    response = client.get(reverse(name), {"toolchain": "nope"})
+    assert response.status_code == 404
+    body = response.content.decode()
+    assert "no toolchain named 'nope'" in body and "tl-0.1.15" in body

@@ -10,7 +10,7 @@ import io
 import pytest
 from django.urls import reverse
 
-from matrix.models import ServedCall, Shape, Status
+from matrix.models import DeviceType, ServedCall, Shape, Status, Toolchain
 from tests.ui.conftest import record
 
 pytestmark = pytest.mark.django_db
@@ -260,3 +260,12 @@ def test_the_api_is_in_the_schema(client):
     schema = client.get("/api/v1/openapi.json").json()
     assert "/api/v1/models" in schema["paths"]
     assert "ModelsOut" in schema["components"]["schemas"]
+
+
+def test_device_and_toolchain_names_cannot_become_formulas_either(client, served):
+    DeviceType.objects.update(vendor="@SUM(1)")
+    Toolchain.objects.filter(is_current=True).update(name="+cmd")
+    body = client.get(reverse("models-csv"), {"toolchain": "+cmd"}).content.decode()
+    lines = body.splitlines()[1:]
+    assert lines and all(not line.startswith(("=", "+", "-", "@")) for line in lines)
+    assert "'@SUM(1)" in body and "'+cmd" in body
