@@ -20,10 +20,19 @@ ENTRIES_PER_STATEMENT = 500
 Choice = ManifestEntry.Choice
 
 
-def times(speed: float) -> str:
+def times(speed: float, floor: float | None = None) -> str:
     """A speed ratio as people read it: two decimals, or two significant
-    figures where two decimals would say 0.00."""
-    return f"{speed:.2f}×" if speed >= 0.1 else f"{speed:.2g}×"
+    figures where two decimals would say 0.00. Given the ``floor`` a served
+    speed must reach, as many more decimals as it takes for the number shown
+    to fall on the same side of it as the speed: 0.996 is "0.996×", not a
+    "1.00×" that reads as fast enough beside a reference served."""
+    if speed < 0.1:
+        return f"{speed:.2g}×"
+    for decimals in range(2, 7):
+        shown = f"{speed:.{decimals}f}"
+        if floor is None or (float(shown) >= floor) == (speed >= floor):
+            break
+    return f"{shown}×"
 
 
 def manifest_choice(
@@ -46,21 +55,22 @@ def manifest_choice(
         return Choice.REFERENCE, f"pass on {toolchain}, but {row.candidate_distrust}"
     if row.speed is None:
         return Choice.REFERENCE, f"pass on {toolchain}, but not timed"
+    speed = times(row.speed, serve_floor(speed_budget))
     if row.slower_than_reference(speed_budget):
-        return (
-            Choice.REFERENCE,
-            f"pass on {toolchain}, but {times(row.speed)} of the reference",
-        )
+        return Choice.REFERENCE, f"pass on {toolchain}, but {speed} of the reference"
     if sustained is not None and 1 / sustained > 1 + speed_budget:
         return (
             Choice.REFERENCE,
-            f"pass on {toolchain}, {times(row.speed)} of the reference, but "
+            f"pass on {toolchain}, {speed} of the reference, but "
             f"{sustained:.4f}× at the power cap",
         )
-    return (
-        Choice.TILELANG,
-        f"validated: pass on {toolchain}, {times(row.speed)} of the reference",
-    )
+    return Choice.TILELANG, f"validated: pass on {toolchain}, {speed} of the reference"
+
+
+def serve_floor(speed_budget: float) -> float:
+    """The lowest measured speed (reference time / kernel time) at which a
+    passing candidate is served TileLang under ``speed_budget``."""
+    return 1 / (1 + speed_budget)
 
 
 def manifest_entries_write(*, proposal: UpgradeProposal, policy: Policy) -> int:

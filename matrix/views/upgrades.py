@@ -24,7 +24,7 @@ from matrix.cache import cache_seconds, cached_read, read_key
 from matrix.gate import evaluation, services
 from matrix.gate.diff import CellDiff, Change
 from matrix.gate.forms import DecisionForm, ExceptionForm, PolicyForm, ProposalForm
-from matrix.gate.manifest import manifest_choice, times
+from matrix.gate.manifest import manifest_choice, serve_floor, times
 from matrix.gate.models import Approval, BackendException, Policy, UpgradeProposal
 from matrix.gate.sustained import sustained_key, sustained_speeds, sustained_version
 from matrix.models import AuditEvent, Backend
@@ -254,7 +254,11 @@ def _rows_context(request, proposal: UpgradeProposal, policy: Policy) -> dict:
             speed_budget=policy.speed_budget,
             sustained=sustained.get(sustained_key(row)),
         )
-        row.speed_shown = times(row.speed) if row.speed is not None else ""
+        row.speed_shown = (
+            ""
+            if row.speed is None
+            else times(row.speed, serve_floor(policy.speed_budget))
+        )
     return {"rows_page": page, "rows_filter": rows_filter, "changes": CHANGES}
 
 
@@ -411,6 +415,9 @@ def _detail_context(
         "exceptions": exceptions,
         "events": _proposal_events(proposal),
         "policy": policy,
+        # The speed the manifest asks of a passing candidate, as it applies
+        # it (CellDiff.slower_than_reference): the measured speed decides.
+        "serve_floor": serve_floor(policy.speed_budget),
         "jobs": jobs,
         "hosted": jobs.hosted if jobs.stalled else [],
         "can_decide": reviewer and not is_proposer,

@@ -202,3 +202,29 @@ def test_a_submitted_kernels_pass_without_the_full_sandbox_is_never_served(world
         "sandbox (namespaces: no uid of its own)"
     )
     assert served(world)["gemm"][0] == "tilelang"
+
+
+def test_a_speed_just_short_of_the_reference_is_never_shown_as_1_00(client, world):
+    # 0.4% slower than the reference: two decimals would say "1.00×" on a
+    # cell served the reference, beside a "1.00×" served TileLang.
+    proposal = approved_with(world, softmax_ms=1.004, softmax_reference_ms=1.0)
+    row = softmax_row_on_page(client, world, proposal)
+    assert "0.996×" in row and "1.00×" not in row
+    approve(world, proposal)
+    assert served(world)["softmax"] == (
+        "reference",
+        "pass on tilelang-0.1.15, but 0.996× of the reference",
+    )
+    assert served(world)["gemm"][1].endswith("1.00× of the reference")
+
+
+def test_the_page_states_the_rule_the_manifest_applies(client, world, admin_user):
+    proposal = approved_with(world, softmax_ms=1.0, softmax_reference_ms=1.0)
+    client.force_login(world.reviewers[0])
+    body = client.get(f"/upgrades/{proposal.pk}/").content.decode()
+    rule = body.split('id="speed-rule">')[1].split("</p>")[0]
+    assert "beyond the band" not in rule
+    assert "its measured speed is at least 1.000×" in rule
+    policy_save(by=admin_user, speed_budget=0.25)
+    body = client.get(f"/upgrades/{proposal.pk}/").content.decode()
+    assert "at least 0.800× (the policy's 25% speed budget)" in body

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import io
+import re
 
 import pytest
 from django.urls import reverse
@@ -269,3 +270,31 @@ def test_device_and_toolchain_names_cannot_become_formulas_either(client, served
     lines = body.splitlines()[1:]
     assert lines and all(not line.startswith(("=", "+", "-", "@")) for line in lines)
     assert "'@SUM(1)" in body and "'+cmd" in body
+
+
+def test_a_step_with_one_failing_call_in_a_thousand_is_never_100_percent(
+    client, served
+):
+    # gemm M=1 passes at TileLang's speed; one call in 1,000 does not compile.
+    ServedCall.objects.create(
+        source="gamma", shape=served["gemm_1"], tokens=1, calls=999
+    )
+    ServedCall.objects.create(
+        source="gamma", shape=served["gemm_big"], tokens=1, calls=1
+    )
+    # A second step size, so the page lists the steps.
+    ServedCall.objects.create(source="gamma", shape=served["gemm_1"], tokens=8, calls=1)
+    response = client.get(reverse("models"), {"model": "gamma", "backend": "cuda"})
+    body = response.content.decode()
+    assert "&gt;99% TileLang" in body and "100% TileLang" not in body
+    row = re.search(r'<th scope="row">1</th>(.*?)</tr>', body).group(1)
+    assert '<td class="pct o-tilelang">&gt;99%</td>' in row
+    assert '<td class="pct o-reference">&lt;1%</td>' in row
+    assert '<td class="pct o-unvalidated none">0%</td>' in row
+
+
+def test_no_tilelang_at_all_is_not_shown_as_a_success(client, served):
+    response = client.get(reverse("models"), {"backend": "hip"})
+    body = response.content.decode()
+    assert '<span class="none">0% TileLang</span>' in body
+    assert '<strong class="o-tilelang">0% TileLang' not in body
