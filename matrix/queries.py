@@ -91,6 +91,12 @@ FILTER_PARAMS = (
 SEARCH_MAX = 200
 
 
+# The served filter's values: these show served shapes only, "0" and "off"
+# (a checkbox left clear) every shape; anything else is named as unknown.
+SERVED_ONLY = ("1", "on", "true")
+SERVED_VALUES = (*SERVED_ONLY, "0", "off", "false")
+
+
 @dataclass
 class MatrixFilters:
     toolchain: Toolchain | None
@@ -144,6 +150,8 @@ class MatrixFilters:
             and not Operator.objects.filter(name=given["operator"]).exists()
         ):
             unknown["operator"] = given["operator"]
+        if given["served"] and given["served"] not in SERVED_VALUES:
+            unknown["served"] = given["served"]
         text = given["q"].strip()
         if len(text) > SEARCH_MAX:
             unknown["q"] = text[:40] + "…"
@@ -156,7 +164,7 @@ class MatrixFilters:
             dtype=kept["dtype"],
             backend=kept["backend"],
             status=kept["status"],
-            served_only=given["served"] in ("1", "on", "true"),
+            served_only=given["served"] in SERVED_ONLY,
             superseded_by=current if superseded else None,
             unknown=unknown,
             model=kept["model"],
@@ -192,6 +200,12 @@ class MatrixFilters:
                 )
                 continue
             label = "device type" if name == "device" else name
+            if name == "served":
+                notes.append(
+                    f"Unknown served “{value}”: showing every shape, served or not "
+                    "(served=1 shows the served ones)."
+                )
+                continue
             if name != "toolchain":
                 shown = f"showing every {label} instead"
             elif self.toolchain is not None:

@@ -4,6 +4,7 @@ command, read by runners.dispatch without Django."""
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import logging
 import subprocess
@@ -350,3 +351,16 @@ def test_the_manifest_is_in_the_openapi_schema(client, db):
     # A production host told "no such toolchain" can tell it from a bug, and
     # one that holds the manifest already gets a 304.
     assert set(operation["responses"]) == {"200", "304", "404", "422"}
+
+
+def test_an_empty_export_says_where_the_approved_manifests_are(world, approved):
+    # The baseline is still current after the approval: its manifest is
+    # empty, and the command says so rather than writing 0 entries silently.
+    out, err = io.StringIO(), io.StringIO()
+    call_command(
+        "export_manifest", "--toolchain", world.old.name, stdout=out, stderr=err
+    )
+    assert json.loads(out.getvalue())["entries"] == []
+    said = err.getvalue()
+    assert f"no approved entries for {world.old.name}" in said
+    assert "approved manifests exist for: tilelang-0.1.15" in said

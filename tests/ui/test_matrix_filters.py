@@ -65,6 +65,10 @@ def test_an_operator_that_cannot_open_is_named(client, results):
         ),
         ({"dtype": "fp4"}, "Unknown dtype “fp4”: showing every dtype instead."),
         (
+            {"served": "maybe"},
+            "Unknown served “maybe”: showing every shape, served or not",
+        ),
+        (
             {"q": "M" * 201},
             "is longer than 200 characters: showing every shape instead.",
         ),

@@ -8,6 +8,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from matrix.api_manifest import device_named, toolchain_lookup
 from matrix.gate.manifest import manifest_for
+from matrix.gate.models import ManifestEntry, ProposalState
 from matrix.management.commands._files import OutputFile
 from matrix.management.commands._options import not_empty
 from matrix.models import DeviceType, Toolchain
@@ -55,6 +56,8 @@ class Command(BaseCommand):
         except LookupError as exc:
             raise CommandError(str(exc)) from None
         text = json.dumps(manifest, indent=2, sort_keys=True) + "\n"
+        if not manifest["entries"]:
+            self.stderr.write(self._empty_hint(manifest["toolchain"]["name"]))
         if output:
             output.write(text)
             self.stderr.write(
@@ -63,3 +66,27 @@ class Command(BaseCommand):
             )
         else:
             self.stdout.write(text, ending="")
+
+    @staticmethod
+    def _empty_hint(name: str) -> str:
+        """Why a manifest has no entries, and where the approved ones are:
+        after an upgrade is approved the baseline is still current until it
+        is rolled out, and its manifest is empty."""
+        approved = (
+            ManifestEntry.objects.filter(
+                proposal__state__in=[ProposalState.APPROVED, ProposalState.ROLLED_OUT]
+            )
+            .values_list("proposal__candidate__name", flat=True)
+            .distinct()
+        )
+        others = sorted(set(approved) - {name})
+        where = (
+            f"approved manifests exist for: {', '.join(others)} (name one with "
+            "--toolchain)"
+            if others
+            else "no upgrade proposal has been approved yet"
+        )
+        return (
+            f"no approved entries for {name}: production reading this serves the "
+            f"reference everywhere; {where}"
+        )
