@@ -7,6 +7,7 @@ import math
 
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
+from django.db.models import Sum
 
 from matrix import profiles
 from matrix.models import (
@@ -151,8 +152,9 @@ def shape_import(*, rows, source_profile: str, served: bool = True) -> int:
     its rows' calls (calls per forward step over the steps imported); rows
     without tokens each give the weight (the last one wins). Served shapes
     also record, per model, how often it calls them (``ServedCall``): an
-    import replaces that model's counts for the shapes it names. Every row
-    is validated before the first write."""
+    import replaces that model's counts for the shapes it names, and a
+    served shape's weight is then the sum over every model that calls it.
+    Every row is validated before the first write."""
     operators = {op.name: op for op in Operator.objects.all()}
     clean = []
     for i, row in enumerate(rows, start=1):
@@ -196,16 +198,24 @@ def shape_import(*, rows, source_profile: str, served: bool = True) -> int:
                 "source_profile": source_profile,
             },
         )
-        if not created and served and (not shape.served or shape.weight != weight):
-            shape.served, shape.weight = True, weight
-            shape.source_profile = shape.source_profile or source_profile
-            shape.save(update_fields=["served", "weight", "source_profile"])
         if served:
             ServedCall.objects.filter(source=source_profile, shape=shape).delete()
             ServedCall.objects.bulk_create(
                 ServedCall(source=source_profile, shape=shape, tokens=t, calls=n)
                 for t, n in sorted(calls[key].items())
             )
+            # A shape several models call weighs their calls together: the
+            # order of imports, or importing one again, changes nothing.
+            weight = (
+                ServedCall.objects.filter(shape=shape).aggregate(total=Sum("calls"))[
+                    "total"
+                ]
+                or weight
+            )
+        if served and (not shape.served or shape.weight != weight):
+            shape.served, shape.weight = True, weight
+            shape.source_profile = shape.source_profile or source_profile
+            shape.save(update_fields=["served", "weight", "source_profile"])
     return len(clean)
 
 

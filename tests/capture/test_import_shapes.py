@@ -161,6 +161,20 @@ def test_two_models_calling_one_shape_each_keep_their_own_count(operators):
     assert served_calls("mixtral-8x7b")[attention] == 32
 
 
+def test_a_shape_two_models_call_weighs_both_whatever_the_order(operators):
+    args = ("--tokens", "1", "--dtypes", "float16")
+    import_shapes("--profile", "llama-3-8b", *args)
+    import_shapes("--profile", "mixtral-8x7b", *args)
+    gate_up = Shape.objects.get(dims_key="M=1,N=28672,K=4096", dtype="float16")
+    # 32 calls a step from Llama, 64 from Mixtral's two experts.
+    assert gate_up.weight == 96
+    # Importing Llama again (as every `make seed` does) changes nothing.
+    output = import_shapes("--profile", "llama-3-8b", *args)
+    assert " 0 updated" in output
+    gate_up.refresh_from_db()
+    assert gate_up.weight == 96
+
+
 def test_a_profile_records_each_step_size_apart(operators):
     import_shapes("--profile", "llama-3-8b", "--tokens", "1,16", "--dtypes", "float16")
 
