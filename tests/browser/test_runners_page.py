@@ -32,7 +32,15 @@ def test_register_a_runner_and_see_it_online(tab, admin_user):
     page.click("text=Register a runner")
     command = page.wait_for_selector("#register-cmd").inner_text()
     token = command.split("--token ", 1)[1].split()[0]
-    assert command.startswith("python manage.py runner register --server http")
+    assert command.startswith(
+        ".venv/bin/python manage.py runner register --server http"
+    )
+    assert command.endswith('--key-dir "var/runners/$(hostname -s)"')
+    work = page.inner_text("#work-cmd")
+    assert (
+        work
+        == '.venv/bin/python manage.py runner work --key-dir "var/runners/$(hostname -s)"'
+    )
 
     # What `manage.py runner register` and the worker's first heartbeat do.
     key = Ed25519PrivateKey.generate()
