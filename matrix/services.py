@@ -67,7 +67,9 @@ WEIGHT_MAX = 1e12
 @transaction.atomic
 def operator_sync_library() -> list[Operator]:
     """Mirror the kernel library into the catalogue: one Operator per module
-    and its current library revision, pinned by the module source's sha256."""
+    and its current library revision, pinned by the module source's sha256;
+    where a reviewer approved a submitted revision, it stays current (the
+    library's is kept, not current)."""
     from runners import kernels
     from runners.kernels.revision import library_source, revision_sha256
 
@@ -82,7 +84,21 @@ def operator_sync_library() -> list[Operator]:
         source = library_source(name)
         digest = revision_sha256(source)
         revision = op.revisions.filter(source_sha256=digest).first()
-        if revision is None or not revision.is_current:
+        current = op.revisions.filter(is_current=True).first()
+        if current is not None and current.origin == KernelRevision.Origin.SUBMITTED:
+            # A reviewer made a submission current: a start-up's sync keeps
+            # their decision, and keeps the library's revision beside it for
+            # a revert.
+            if revision is None:
+                KernelRevision.objects.create(
+                    operator=op,
+                    source_sha256=digest,
+                    source=source,
+                    origin=KernelRevision.Origin.LIBRARY,
+                    review_state=KernelRevision.Review.APPROVED,
+                    is_current=False,
+                )
+        elif revision is None or not revision.is_current:
             op.revisions.filter(is_current=True).update(is_current=False)
             KernelRevision.objects.update_or_create(
                 operator=op,

@@ -16,7 +16,7 @@ from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import transaction
 from django.db.models import Q
 
-from matrix.models import KernelRevision, Operator
+from matrix.models import AuditEvent, KernelRevision, Operator
 from runners.harness.precheck import precheck
 from runners.kernels.revision import operator_module
 from runners.roles import is_reviewer
@@ -97,11 +97,28 @@ def kernel_review(*, revision: KernelRevision, by, approve: bool) -> KernelRevis
         ).update(review_state=state)
         if not claimed:
             raise ValidationError("this submission was already reviewed")
+        replaced = KernelRevision.objects.filter(
+            operator_id=revision.operator_id, is_current=True
+        ).first()
         if approve:
             KernelRevision.objects.filter(
                 operator_id=revision.operator_id, is_current=True
             ).update(is_current=False)
             KernelRevision.objects.filter(pk=revision.pk).update(is_current=True)
+        current = revision if approve else replaced
+        AuditEvent.record(
+            actor=by,
+            verb="submission.approve" if approve else "submission.reject",
+            obj=revision,
+            before={
+                "review_state": KernelRevision.Review.PENDING,
+                "current": replaced.source_sha256 if replaced else None,
+            },
+            after={
+                "review_state": state,
+                "current": current.source_sha256 if current else None,
+            },
+        )
     revision.refresh_from_db()
     return revision
 

@@ -249,3 +249,26 @@ def test_the_api_refuses_self_review(client, author, pending):
     )
     assert response.status_code == 403
     assert "own submission" in response.json()["detail"]
+
+
+def test_a_review_is_audited_and_a_restart_keeps_the_reviewers_decision(
+    client, second_reviewer, pending
+):
+    from matrix.models import AuditEvent
+    from matrix.services import operator_sync_library
+
+    library = KernelRevision.objects.get(operator=pending.operator, is_current=True)
+    client.force_login(second_reviewer)
+    client.post(
+        reverse("submission-review", args=[pending.pk]), {"decision": "approve"}
+    )
+    event = AuditEvent.objects.get(verb="submission.approve")
+    assert event.actor == second_reviewer
+    assert event.before["current"] == library.source_sha256
+    assert event.after["current"] == pending.source_sha256
+    # What every `make run` does on start-up: the library is mirrored again,
+    # and the reviewed submission stays current.
+    operator_sync_library()
+    pending.refresh_from_db()
+    library.refresh_from_db()
+    assert pending.is_current and not library.is_current
