@@ -73,6 +73,8 @@ class DecisionForm(FocusesItsError, forms.Form):
         widget=forms.Textarea(attrs={"rows": 3}),
         error_messages={"required": "write a comment: it explains the decision"},
     )
+    # Asked for where a decision withdraws a live manifest (see the view).
+    confirm = forms.BooleanField(required=False)
 
 
 class ExceptionForm(FocusesItsError, forms.Form):

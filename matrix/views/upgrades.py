@@ -418,6 +418,7 @@ def _detail_context(
         # The speed the manifest asks of a passing candidate, as it applies
         # it (CellDiff.slower_than_reference): the measured speed decides.
         "serve_floor": serve_floor(policy.speed_budget),
+        "reject_withdraws": _manifest_withdrawn(proposal, approving=False),
         "jobs": jobs,
         "hosted": jobs.hosted if jobs.stalled else [],
         "can_decide": reviewer and not is_proposer,
@@ -513,11 +514,12 @@ def upgrade_decide(request, pk: int):
         raise PermissionDenied("only reviewers decide on upgrades")
     form = DecisionForm(request.POST)
     if form.is_valid():
-        decide = (
-            services.proposal_approve
-            if form.cleaned_data["decision"] == "approve"
-            else services.proposal_reject
-        )
+        approving = form.cleaned_data["decision"] == "approve"
+        withdrawn = _manifest_withdrawn(proposal, approving)
+        if withdrawn and not form.cleaned_data["confirm"]:
+            form.add_error("confirm", f"{withdrawn} Tick the box to confirm.")
+            return _form_again(request, proposal, "decision-form", decision_form=form)
+        decide = services.proposal_approve if approving else services.proposal_reject
         try:
             decide(
                 proposal=proposal, by=request.user, comment=form.cleaned_data["comment"]
@@ -525,8 +527,42 @@ def upgrade_decide(request, pk: int):
         except ValidationError as exc:
             form.add_error(None, exc)
         else:
+            messages.success(request, _decision_said(proposal, approving, withdrawn))
             return _back_to_proposal(request, proposal)
     return _form_again(request, proposal, "decision-form", decision_form=form)
+
+
+def _manifest_withdrawn(proposal: UpgradeProposal, approving: bool) -> str:
+    """What rejecting an approved proposal does to production, in words; ""
+    for a decision that withdraws nothing."""
+    if approving or proposal.state != UpgradeProposal.State.APPROVED:
+        return ""
+    entries = proposal.manifest_entries.count()
+    return (
+        f"Rejecting it withdraws its manifest: {proposal.candidate.name} goes from "
+        f"{entries} entries to 0, and production reading it serves the reference "
+        "everywhere."
+    )
+
+
+def _decision_said(proposal: UpgradeProposal, approving: bool, withdrawn: str) -> str:
+    """What a decision did, for the page it returns to."""
+    proposal.refresh_from_db()
+    if withdrawn:
+        return f"Rejected. The manifest for {proposal.candidate.name} is withdrawn."
+    if not approving:
+        return f"Rejected: the proposal is {proposal.get_state_display().lower()}."
+    if proposal.state == UpgradeProposal.State.APPROVED:
+        entries = proposal.manifest_entries
+        tilelang = entries.filter(choice="tilelang").count()
+        return (
+            f"Approved. The manifest for {proposal.candidate.name} has "
+            f"{entries.count()} entries, {tilelang} serving TileLang."
+        )
+    return (
+        "Your approval is recorded; the proposal is "
+        f"{proposal.get_state_display().lower()}."
+    )
 
 
 @login_required
@@ -551,11 +587,28 @@ def upgrade_reevaluate(request, pk: int):
 @login_required
 @require_POST
 def upgrade_rollout(request, pk: int):
+    """Final, so asked for twice: the button's form carries a confirmation
+    box that says what changes."""
     proposal = _get_proposal_for_user(request.user, pk)
+    if not (
+        services.can_edit_policy(request.user) or services.is_reviewer(request.user)
+    ):
+        raise PermissionDenied("only reviewers or admins roll out an upgrade")
+    if request.POST.get("confirm") != "on":
+        messages.error(
+            request,
+            "Not rolled out: tick the box that says what rolling out changes.",
+        )
+        return redirect("upgrade", pk=pk)
     try:
         services.proposal_rollout(proposal=proposal, by=request.user)
     except ValidationError as exc:
         _refusal(request, exc)
+    else:
+        messages.success(
+            request,
+            f"Rolled out: {proposal.candidate.name} is the current toolchain.",
+        )
     return redirect("upgrade", pk=pk)
 
 

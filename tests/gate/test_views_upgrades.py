@@ -781,3 +781,70 @@ def test_a_reader_arriving_while_another_renders_the_new_page_gets_the_one_befor
     assert "clean diff" not in earlier.content.decode(), "the page before"
     monkeypatch.undo()
     assert "clean diff" in other.get(url("upgrade", green)).content.decode()
+
+
+def test_an_approval_says_what_it_did(client, world, green):
+    proposal_approve(proposal=green, by=world.reviewers[0], comment="ok")
+    client.force_login(world.reviewers[1])
+    response = client.post(
+        url("upgrade-decide", green),
+        {"decision": "approve", "comment": "ok"},
+        follow=True,
+    )
+    green.refresh_from_db()
+    entries = green.manifest_entries.count()
+    assert entries and green.state == UpgradeProposal.State.APPROVED
+    assert f"Approved. The manifest for {world.new.name} has {entries} entries" in (
+        response.content.decode()
+    )
+
+
+def test_rejecting_an_approved_proposal_shows_what_production_loses_and_asks_first(
+    client, world, green
+):
+    proposal_approve(proposal=green, by=world.reviewers[0], comment="ok")
+    proposal_approve(proposal=green, by=world.reviewers[1], comment="ok")
+    entries = green.manifest_entries.count()
+    assert entries
+    client.force_login(world.reviewers[2])
+    preview = f"{world.new.name} goes from {entries} entries to 0"
+    page = client.get(url("upgrade", green)).content.decode()
+    assert preview in page.split('id="reject-preview"')[1]
+    decide = url("upgrade-decide", green)
+    refused = client.post(decide, {"decision": "reject", "comment": "wait"})
+    assert preview in refused.content.decode() and "Tick the box" in (
+        refused.content.decode()
+    )
+    green.refresh_from_db()
+    assert green.state == UpgradeProposal.State.APPROVED
+    assert green.manifest_entries.count() == entries
+    done = client.post(
+        decide, {"decision": "reject", "comment": "wait", "confirm": "on"}, follow=True
+    )
+    green.refresh_from_db()
+    assert green.state == UpgradeProposal.State.REJECTED
+    assert f"The manifest for {world.new.name} is withdrawn" in done.content.decode()
+
+
+def test_a_roll_out_needs_its_confirmation(client, world, green):
+    from matrix.models import AuditEvent
+
+    proposal_approve(proposal=green, by=world.reviewers[0], comment="ok")
+    proposal_approve(proposal=green, by=world.reviewers[1], comment="ok")
+    client.force_login(world.reviewers[2])
+    page = client.get(url("upgrade", green)).content.decode()
+    form = page.split('id="rollout-form"')[1].split("</form>")[0]
+    assert 'name="confirm" required' in form and "This is final" in form
+    response = client.post(url("upgrade-rollout", green), follow=True)
+    assert "Not rolled out" in response.content.decode()
+    green.refresh_from_db()
+    assert green.state == UpgradeProposal.State.APPROVED
+    response = client.post(
+        url("upgrade-rollout", green), {"confirm": "on"}, follow=True
+    )
+    green.refresh_from_db()
+    assert green.state == UpgradeProposal.State.ROLLED_OUT
+    assert f"Rolled out: {world.new.name} is the current toolchain" in (
+        response.content.decode()
+    )
+    assert AuditEvent.objects.filter(verb="proposal.rollout").count() == 1
