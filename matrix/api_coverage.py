@@ -687,6 +687,11 @@ class PieceOut(Schema):
     serves: str
     reason: str
     rerun_helps: bool = Field(description="a fresh run (Run missing) could close it")
+    passes_on: str | None = Field(
+        description="a toolchain on which this failing cell passes (same device "
+        "type and kernel revision): an upgrade closes it, a run here does not"
+    )
+    upgrade: int | None = Field(description="the open proposal that brings it")
     speedup: float | None
     url: str
 
@@ -762,7 +767,9 @@ def coverage_models(request, params: Query[ModelFilters]):
                             "status": p.status,
                             "serves": p.verdict.outcome,
                             "reason": p.verdict.reason,
-                            "rerun_helps": p.verdict.rerun_helps,
+                            "rerun_helps": p.verdict.rerun_helps and not p.passes_on,
+                            "passes_on": p.passes_on[0] if p.passes_on else None,
+                            "upgrade": p.passes_on[1] if p.passes_on else None,
                             "speedup": p.speedup,
                         }
                         for p in device.pieces[: params.pieces]

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from matrix import queries
-from matrix.models import Cell, DeviceType, ServedCall, Shape, Status
+from matrix.models import FAILURES, Cell, DeviceType, ServedCall, Shape, Status
 from matrix.serving import (
     OUTCOMES,
     TILELANG,
@@ -65,6 +65,11 @@ class Piece:
     status: str
     verdict: Verdict
     speedup: float | None
+    # Where it fails here but passes on another toolchain (same device type,
+    # the current kernel revision): that toolchain's name and the open or
+    # approved proposal that brings it, if any. A run here cannot close it;
+    # the upgrade can.
+    passes_on: tuple[str, int | None] | None = None
 
 
 @dataclass
@@ -78,8 +83,10 @@ class DeviceCoverage:
 
     @property
     def rerunnable(self) -> list[Piece]:
-        """The pieces a fresh run could close: never run, stale, failing."""
-        return [p for p in self.pieces if p.verdict.rerun_helps]
+        """The pieces a fresh run could close: never run, stale, failing
+        (but not where another toolchain already passes: the same one fails
+        the same way again)."""
+        return [p for p in self.pieces if p.verdict.rerun_helps and not p.passes_on]
 
 
 @dataclass
@@ -137,6 +144,7 @@ def model_coverage(
             )
         }
     current = queries.current_revisions() if found else {}
+    elsewhere = _passing_elsewhere(found, current, filters)
 
     by_model: dict[str, list[ServedCall]] = {}
     for call in calls:
@@ -166,7 +174,16 @@ def model_coverage(
             for shape_id, n in per_shape.items():
                 status, verdict, value = verdicts[shape_id, dt.id]
                 if verdict.outcome != TILELANG:
-                    pieces.append(Piece(shapes[shape_id], n, status, verdict, value))
+                    pieces.append(
+                        Piece(
+                            shapes[shape_id],
+                            n,
+                            status,
+                            verdict,
+                            value,
+                            elsewhere.get((shape_id, dt.id)),
+                        )
+                    )
             pieces.sort(
                 key=lambda p: (
                     -p.calls,
@@ -195,3 +212,46 @@ def _verdict(hit, shape: Shape, current: dict[int, int], filters, floor: float):
     stale = filters.toolchain_stale or revision_id != current.get(shape.operator_id)
     value = speedup(kernel_ms, reference_ms) if status == Status.PASS else None
     return status, serving_verdict(status, stale, value, floor), value
+
+
+def _passing_elsewhere(found: dict, current: dict[int, int], filters) -> dict:
+    """(shape id, device type id) -> (toolchain name, proposal id or None)
+    for the cells that fail on the filters' toolchain, on the current kernel
+    revision, and pass on another toolchain on that revision. Two queries,
+    and none where nothing fails."""
+    from matrix.gate.models import ProposalState, UpgradeProposal
+
+    failing = {
+        key
+        for key, (status, revision_id, *_) in found.items()
+        if status in FAILURES and revision_id in current.values()
+    }
+    if not failing:
+        return {}
+    passing = Cell.objects.filter(
+        shape_id__in={s for s, _ in failing},
+        device_type_id__in={d for _, d in failing},
+        revision_id__in=[revision for _, revision, *_ in (found[k] for k in failing)],
+        status=Status.PASS,
+    ).exclude(toolchain=filters.toolchain)
+    rows = list(
+        passing.values_list(
+            "shape_id", "device_type_id", "toolchain_id", "toolchain__name"
+        )
+    )
+    if not rows:
+        return {}
+    proposals = dict(
+        UpgradeProposal.objects.filter(
+            candidate_id__in={t for _, _, t, _ in rows},
+            baseline=filters.toolchain,
+        )
+        .exclude(state__in=[ProposalState.REJECTED, ProposalState.ROLLED_OUT])
+        .order_by("pk")
+        .values_list("candidate_id", "pk")
+    )
+    return {
+        (s, d): (name, proposals.get(toolchain_id))
+        for s, d, toolchain_id, name in rows
+        if (s, d) in failing
+    }

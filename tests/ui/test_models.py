@@ -298,3 +298,31 @@ def test_no_tilelang_at_all_is_not_shown_as_a_success(client, served):
     body = response.content.decode()
     assert '<span class="none">0% TileLang</span>' in body
     assert '<strong class="o-tilelang">0% TileLang' not in body
+
+
+def test_a_cell_failing_here_that_passes_on_a_proposed_toolchain_says_so(
+    client, served, toolchains, device_types, django_user_model
+):
+    # gemm M=4096 does not compile on tl-0.1.15; it passes on tl-0.1.13, on
+    # the same kernel revision, and an upgrade proposes going there.
+    from matrix.gate.services import proposal_open
+
+    old, current = toolchains
+    cuda = device_types["cuda"]
+    record(served["gemm_big"], cuda, old, Status.PASS, kernel_ms=1.0, reference_ms=1.0)
+    proposer = django_user_model.objects.create_superuser("prop", password="x")
+    proposal = proposal_open(
+        baseline=current, candidate=old, device_types=[cuda], by=proposer
+    )
+    response = client.get(reverse("models"), {"model": "alpha"})
+    alpha = coverage(response, "alpha", "cuda")
+    piece = next(p for p in alpha.pieces if p.shape == served["gemm_big"])
+    assert piece.passes_on == ("tl-0.1.13", proposal.pk)
+    # A run here would fail the same way: it is no longer offered as one.
+    assert [p.shape for p in alpha.rerunnable] == [served["norm_big"]]
+    body = response.content.decode()
+    assert (
+        f'passes on tl-0.1.13 (<a href="/upgrades/{proposal.pk}/">upgrade '
+        f"#{proposal.pk}</a>): a run here fails the same way"
+    ) in body
+    assert "Run missing for this cell" in body
