@@ -40,6 +40,7 @@ urlpatterns = [
     path("operators/<slug:name>/", operators.operator_page, name="operator"),
     path("gaps/", gaps.gaps_page, name="gaps"),
     path("gaps/run/", gaps.gaps_run, name="gaps-run"),
+    path("gaps/neighbours/", gaps.gaps_neighbours, name="gaps-neighbours"),
     path("gaps.csv", gaps.gaps_csv, name="gaps-csv"),
     path("sweeps/<id:pk>/", gaps.sweep_page, name="sweep"),
     path("cells/<id:shape_id>/<id:device_type_id>/", cells.cell_page, name="cell"),

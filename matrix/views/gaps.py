@@ -24,7 +24,8 @@ from django.views.decorators.vary import vary_on_headers
 from matrix import gaps, queries
 from matrix.cache import cache_seconds, cached_read, jobs_version, read_key
 from matrix.exports import download_name, spreadsheet_safe, unknown_toolchain
-from matrix.models import Backend, Dtype, JobStage, Shape, Sweep
+from matrix.models import AuditEvent, Backend, Dtype, JobStage, Shape, Sweep
+from matrix.neighbours import neighbours_add
 from matrix.page_cache import page_response
 from runners.services import capabilities_online, sweep_plan
 
@@ -389,6 +390,37 @@ def _run_refusal(scope: gaps.GapScope) -> str:
             "planned: run without “build with nvcc” to lower these cells instead."
         )
     return ""
+
+
+@login_required
+@require_POST
+def gaps_neighbours(request):
+    """Add the neighbours of every served shape (matrix/neighbours.py) as
+    shapes of their own: the gaps list them and Run missing plans them."""
+    if not can_run_sweeps(request.user):
+        raise PermissionDenied(
+            "adding shapes to run needs the matrix.add_sweep permission"
+        )
+    added = neighbours_add()
+    served = Shape.objects.served().count()
+    if added:
+        AuditEvent.record(
+            actor=request.user,
+            verb="shapes.neighbours",
+            # The newest neighbour stands for the batch it closes.
+            obj=Shape.objects.filter(guards=True).latest("pk"),
+            after={"added": added, "served": served},
+        )
+        messages.success(
+            request,
+            f"{added} neighbour shapes added around the {served} served ones: the "
+            "gaps list them and Run missing plans them.",
+        )
+    else:
+        messages.info(
+            request, "Every neighbour of the served shapes is a shape already."
+        )
+    return redirect("gaps")
 
 
 @login_required

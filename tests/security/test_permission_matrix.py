@@ -44,6 +44,7 @@ EXPECTED = {
     "operator": READ,
     "gaps": READ,
     "gaps-run": page(post=SWEEPERS),
+    "gaps-neighbours": page(post=SWEEPERS),
     "gaps-csv": READ,
     "sweep": READ,
     "cell": READ,

@@ -847,3 +847,34 @@ def test_the_gaps_csv_file_name_keeps_only_safe_characters(client, results, tool
     assert (
         response["Content-Disposition"] == 'attachment; filename="gaps-tl-evil-1.csv"'
     )
+
+
+def test_the_neighbours_of_the_served_shapes_are_added_from_the_page_and_listed(
+    client, results, cpu_runner, sweeper, outsider
+):
+    from matrix.models import AuditEvent
+
+    client.force_login(outsider)
+    assert client.post(reverse("gaps-neighbours")).status_code == 403
+    assert not Shape.objects.filter(guards=True).exists()
+
+    client.force_login(sweeper)
+    page = client.get(reverse("gaps"), {"backend": "c"}).content.decode()
+    assert 'id="neighbours-form"' in page
+    before = client.get(reverse("gaps"), {"backend": "c"}).context["gap_count"]
+    response = client.post(reverse("gaps-neighbours"), follow=True)
+    added = Shape.objects.filter(guards=True).count()
+    assert added > 0
+    assert f"{added} neighbour shapes added around the" in response.content.decode()
+    event = AuditEvent.objects.get(verb="shapes.neighbours")
+    assert event.actor == sweeper and event.after["added"] == added
+    # The gaps now list them, and Run missing plans them.
+    after = client.get(reverse("gaps"), {"backend": "c"}).context
+    assert after["gap_count"] > before
+    client.post(reverse("gaps-run"), {"backend": "c"})
+    planned = set(Sweep.objects.get().jobs.values_list("shape__guards", flat=True))
+    assert planned == {True, False}
+    # Twice adds nothing.
+    again = client.post(reverse("gaps-neighbours"), follow=True)
+    assert "is a shape already" in again.content.decode()
+    assert Shape.objects.filter(guards=True).count() == added
