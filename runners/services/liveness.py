@@ -79,9 +79,17 @@ def job_claim(
     )
     if queues is not None:
         jobs = jobs.filter(queue__in=queues)
-    return bool(
+    claimed = bool(
         jobs.update(state=JobState.RUNNING, runner=runner, started_at=timezone.now())
     )
+    if claimed and runner.state == Runner.State.ONLINE:
+        # Busy from its first job, not from its next heartbeat (up to a
+        # heartbeat's interval later, while the Runners page said online).
+        Runner.objects.filter(pk=runner.pk, state=Runner.State.ONLINE).update(
+            state=Runner.State.BUSY
+        )
+        runner.state = Runner.State.BUSY
+    return claimed
 
 
 def _infra_result(job: ValidationJob, message: str) -> Result:

@@ -80,3 +80,17 @@ def test_a_heartbeat_from_an_unknown_runner_is_refused(cpu_runner):
     )
     with pytest.raises(PermissionDenied, match="unknown runner 'ghost'"):
         services.runner_heartbeat(envelope=envelope)
+
+
+def test_a_runner_is_busy_from_the_job_it_claims_not_from_its_next_heartbeat(
+    cpu_runner, cpu_cells
+):
+    runner = Runner.objects.get(name=cpu_runner.name)
+    assert runner.state == Runner.State.ONLINE
+    sweep = services.sweep_plan(cells=cpu_cells()[:1])
+    job = sweep.jobs.get()
+    assert services.job_claim(job_id=job.pk, attempt=job.attempt, runner=runner)
+    assert Runner.objects.get(pk=runner.pk).state == Runner.State.BUSY
+    # Its next heartbeat, its work done, says online again.
+    services.runner_heartbeat(envelope=cpu_runner.heartbeat(state="online"))
+    assert Runner.objects.get(pk=runner.pk).state == Runner.State.ONLINE
