@@ -236,6 +236,33 @@ def shape_import(*, rows, source_profile: str, served: bool = True) -> int:
 
 
 @transaction.atomic
+def served_model_remove(source: str) -> tuple[int, int]:
+    """Stop counting a model's calls: its ServedCall rows go; a shape no
+    other model calls is no longer served (its results stay, for the
+    history); one another model calls weighs those calls alone. Returns
+    (shapes it called, shapes no longer served); ValidationError for a model
+    that was never imported."""
+    calls = ServedCall.objects.filter(source=source)
+    shape_ids = set(calls.values_list("shape_id", flat=True))
+    if not shape_ids:
+        known = sorted(set(ServedCall.objects.values_list("source", flat=True)))
+        raise ValidationError(
+            f"no served model {source!r}; imported: {', '.join(known) or 'none'}"
+        )
+    calls.delete()
+    remaining = dict(
+        ServedCall.objects.filter(shape_id__in=shape_ids)
+        .values_list("shape_id")
+        .annotate(total=Sum("calls"))
+    )
+    unserved = shape_ids - set(remaining)
+    Shape.objects.filter(pk__in=unserved).update(served=False, weight=0.0)
+    for shape_id, total in remaining.items():
+        Shape.objects.filter(pk=shape_id).update(weight=total)
+    return len(shape_ids), len(unserved)
+
+
+@transaction.atomic
 def toolchain_register(
     *, name: str, components: dict, current: bool = False
 ) -> Toolchain:

@@ -378,3 +378,30 @@ def test_unmapped_calls_are_reported_summed_over_token_counts(operators, tmp_pat
     assert (
         "  not imported: 5 call(s) of aten.convolution: no TileLang operator" in output
     )
+
+
+def test_a_model_is_removed_and_the_shapes_it_alone_called_are_no_longer_served(
+    operators,
+):
+    args = ("--tokens", "1", "--dtypes", "float16")
+    import_shapes("--profile", "llama-3-8b", *args)
+    import_shapes("--profile", "mixtral-8x7b", *args)
+    gate_up = Shape.objects.get(dims_key="M=1,N=28672,K=4096", dtype="float16")
+    assert gate_up.weight == 96
+    mixtral_only = set(
+        ServedCall.objects.filter(source="mixtral-8x7b")
+        .exclude(
+            shape__in=ServedCall.objects.filter(source="llama-3-8b").values("shape")
+        )
+        .values_list("shape_id", flat=True)
+    )
+    assert mixtral_only
+    said = import_shapes("--remove", "mixtral-8x7b")
+    assert f"{len(mixtral_only)} are no longer served" in said
+    assert not ServedCall.objects.filter(source="mixtral-8x7b").exists()
+    assert not Shape.objects.filter(pk__in=mixtral_only, served=True).exists()
+    # The shape Llama calls too weighs Llama's calls alone.
+    gate_up.refresh_from_db()
+    assert gate_up.served and gate_up.weight == 32
+    with pytest.raises(CommandError, match="no served model 'gpt-9'; imported: llama"):
+        import_shapes("--remove", "gpt-9")

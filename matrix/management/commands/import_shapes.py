@@ -11,7 +11,7 @@ from matrix import profiles
 from matrix.management.commands._files import read_json
 from matrix.management.commands._options import not_empty
 from matrix.models import Dtype, Operator, Shape, dims_key
-from matrix.services import DIM_MAX, shape_import
+from matrix.services import DIM_MAX, served_model_remove, shape_import
 
 SOURCE_PROFILE_MAX = Shape._meta.get_field("source_profile").max_length
 # Calls of one shape in one forward step; far past any model's.
@@ -124,6 +124,13 @@ class Command(BaseCommand):
         source = parser.add_mutually_exclusive_group(required=True)
         source.add_argument("--profile", choices=sorted(profiles.PROFILES))
         source.add_argument("--trace", metavar="TRACE_JSON", type=not_empty)
+        source.add_argument(
+            "--remove",
+            metavar="MODEL",
+            type=not_empty,
+            help="stop serving a model: its calls go, and shapes no other model "
+            "calls are no longer served (their results stay)",
+        )
         parser.add_argument(
             "--tokens",
             type=not_empty,
@@ -149,8 +156,19 @@ class Command(BaseCommand):
         tokens=None,
         dtypes=None,
         name=None,
+        remove=None,
         **options,
     ):
+        if remove:
+            try:
+                called, unserved = served_model_remove(remove)
+            except ValidationError as exc:
+                raise CommandError("; ".join(exc.messages)) from None
+            self.stdout.write(
+                f"{remove}: removed; of the {called} shapes it called, {unserved} "
+                "are no longer served and the rest keep the other models' calls"
+            )
+            return
         if profile:
             if name:
                 raise CommandError(
