@@ -144,7 +144,14 @@ def model_coverage(
             )
         }
     current = queries.current_revisions() if found else {}
-    elsewhere = _passing_elsewhere(found, current, filters)
+    elsewhere = queries.passing_elsewhere(
+        {
+            key
+            for key, (status, revision_id, *_) in found.items()
+            if status in FAILURES and revision_id in current.values()
+        },
+        filters.toolchain,
+    )
 
     by_model: dict[str, list[ServedCall]] = {}
     for call in calls:
@@ -212,46 +219,3 @@ def _verdict(hit, shape: Shape, current: dict[int, int], filters, floor: float):
     stale = filters.toolchain_stale or revision_id != current.get(shape.operator_id)
     value = speedup(kernel_ms, reference_ms) if status == Status.PASS else None
     return status, serving_verdict(status, stale, value, floor), value
-
-
-def _passing_elsewhere(found: dict, current: dict[int, int], filters) -> dict:
-    """(shape id, device type id) -> (toolchain name, proposal id or None)
-    for the cells that fail on the filters' toolchain, on the current kernel
-    revision, and pass on another toolchain on that revision. Two queries,
-    and none where nothing fails."""
-    from matrix.gate.models import ProposalState, UpgradeProposal
-
-    failing = {
-        key
-        for key, (status, revision_id, *_) in found.items()
-        if status in FAILURES and revision_id in current.values()
-    }
-    if not failing:
-        return {}
-    passing = Cell.objects.filter(
-        shape_id__in={s for s, _ in failing},
-        device_type_id__in={d for _, d in failing},
-        revision_id__in=[revision for _, revision, *_ in (found[k] for k in failing)],
-        status=Status.PASS,
-    ).exclude(toolchain=filters.toolchain)
-    rows = list(
-        passing.values_list(
-            "shape_id", "device_type_id", "toolchain_id", "toolchain__name"
-        )
-    )
-    if not rows:
-        return {}
-    proposals = dict(
-        UpgradeProposal.objects.filter(
-            candidate_id__in={t for _, _, t, _ in rows},
-            baseline=filters.toolchain,
-        )
-        .exclude(state__in=[ProposalState.REJECTED, ProposalState.ROLLED_OUT])
-        .order_by("pk")
-        .values_list("candidate_id", "pk")
-    )
-    return {
-        (s, d): (name, proposals.get(toolchain_id))
-        for s, d, toolchain_id, name in rows
-        if (s, d) in failing
-    }

@@ -24,7 +24,15 @@ from django.views.decorators.vary import vary_on_headers
 from matrix import gaps, queries
 from matrix.cache import cache_seconds, cached_read, jobs_version, read_key
 from matrix.exports import download_name, spreadsheet_safe, unknown_toolchain
-from matrix.models import AuditEvent, Backend, Dtype, JobStage, Shape, Sweep
+from matrix.models import (
+    FAILURES,
+    AuditEvent,
+    Backend,
+    Dtype,
+    JobStage,
+    Shape,
+    Sweep,
+)
 from matrix.neighbours import neighbours_add
 from matrix.page_cache import page_response
 from runners.services import capabilities_online, sweep_plan
@@ -95,6 +103,16 @@ def _gaps_context(request, scope: gaps.GapScope, toolchains, can_run: bool) -> d
     page = min(_page_number(request.GET.get("page")), last_page)
     offset = (page - 1) * PAGE_SIZE
     rows = gaps.gap_page(scope, limit=PAGE_SIZE, offset=offset) if summary.total else []
+    elsewhere = queries.passing_elsewhere(
+        {
+            (g.shape_id, g.device_type.pk)
+            for g in rows
+            if g.status in FAILURES and not g.stale
+        },
+        filters.toolchain,
+    )
+    for g in rows:
+        g.passes_on = elsewhere.get((g.shape_id, g.device_type.pk))
     # What Run missing would plan, with the time it takes, and what the
     # build choice would plan instead where a runner with nvcc could.
     preview, build_stage = [], None
@@ -191,6 +209,19 @@ def gap_rows_html(rows: list[gaps.Gap], query: str) -> SafeString:
         else:
             run = '<span class="muted">—</span>'
         url = cell.format(g.shape_id, g.device_type.pk)
+        why = escape(", ".join(g.reasons))
+        if g.passes_on:
+            name, proposal = g.passes_on
+            upgrade = (
+                f' (<a href="{reverse("upgrade", args=[proposal])}">upgrade '
+                f"#{proposal}</a>)"
+                if proposal
+                else ""
+            )
+            why += (
+                f'<br><span class="passes-on">passes on {escape(name)}{upgrade}: '
+                "a run here fails the same way</span>"
+            )
         parts.append(
             f"<tr><td>{g.rank}</td><td>{escape(g.operator)}</td>"
             f'<th scope="row"><a href="{url}?{escape(query)}">'
@@ -198,7 +229,7 @@ def gap_rows_html(rows: list[gaps.Gap], query: str) -> SafeString:
             f"<td>{escape(g.device_type)}</td>"
             f'<td class="c k-{g.status_kind}{stale}"><span aria-hidden="true">'
             f"{icon}</span> {escape(short)}</td>"
-            f"<td>{escape(', '.join(g.reasons))}</td><td>{run}</td>"
+            f"<td>{why}</td><td>{run}</td>"
             f"<td>{g.score:.2f}</td></tr>"
         )
     return mark_safe("\n".join(parts))

@@ -878,3 +878,24 @@ def test_the_neighbours_of_the_served_shapes_are_added_from_the_page_and_listed(
     again = client.post(reverse("gaps-neighbours"), follow=True)
     assert "is a shape already" in again.content.decode()
     assert Shape.objects.filter(guards=True).count() == added
+
+
+def test_a_gap_failing_here_that_passes_on_a_proposed_toolchain_says_so(
+    client, results, toolchains, device_types, sweeper
+):
+    from matrix.gate.services import proposal_open
+
+    old, current = toolchains
+    cpu = device_types["c"]
+    shape = Shape.objects.filter(served=True).order_by("pk").first()
+    record(shape, cpu, current, Status.COMPILE_ERROR)
+    record(shape, cpu, old, Status.PASS)
+    proposal = proposal_open(
+        baseline=current, candidate=old, device_types=[cpu], by=sweeper
+    )
+    client.force_login(sweeper)
+    body = client.get(reverse("gaps"), {"backend": "c"}).content.decode()
+    assert (
+        f'passes on tl-0.1.13 (<a href="/upgrades/{proposal.pk}/">upgrade '
+        f"#{proposal.pk}</a>): a run here fails the same way"
+    ) in body
