@@ -40,13 +40,13 @@ class ControlCharacterMiddleware:
         self.get_response = get_response
 
     def __call__(self, request):
+        where = "a query parameter"
         found = _first_control(request.GET.lists(), IN_QUERIES)
         if found is None and request.method == "POST":
-            found = self._in_form(request)
+            where, found = "a form field", self._in_form(request)
         if found is None:
             return self.get_response(request)
         name, char = found
-        where = "a form field" if request.method == "POST" else "a query parameter"
         reason = (
             f"{where} ({name[:40]!r}) holds a control character ({char}), which "
             "no field of this site takes: remove it and send it again. Nothing "
