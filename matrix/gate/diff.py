@@ -78,6 +78,13 @@ RANKS = {
 }
 
 
+def serve_floor(speed_budget: float) -> float:
+    """The lowest measured speed (reference time / kernel time) at which a
+    passing candidate is served TileLang under ``speed_budget``: the one
+    comparison the manifest, the rows and the page's stated rule share."""
+    return 1 / (1 + speed_budget)
+
+
 @dataclass
 class CellDiff:
     shape_id: int
@@ -159,7 +166,7 @@ class CellDiff:
         to be earned, and where the two are within noise of each other the
         reference is the one production already trusts. (Judged at the
         band's edge, the H200's decode cells at 0.95-0.99x were served.)"""
-        return self.speed is not None and 1 / self.speed > 1 + budget
+        return self.speed is not None and self.speed < serve_floor(budget)
 
     def row_fields(self) -> dict:
         """The stored row's fields (``DiffRow``), but for its place."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from django.utils import timezone
 
-from matrix.gate.diff import CellDiff
+from matrix.gate.diff import CellDiff, serve_floor
 from matrix.gate.models import (
     ManifestEntry,
     Policy,
@@ -58,19 +58,13 @@ def manifest_choice(
     speed = times(row.speed, serve_floor(speed_budget))
     if row.slower_than_reference(speed_budget):
         return Choice.REFERENCE, f"pass on {toolchain}, but {speed} of the reference"
-    if sustained is not None and 1 / sustained > 1 + speed_budget:
+    if sustained is not None and sustained < serve_floor(speed_budget):
         return (
             Choice.REFERENCE,
             f"pass on {toolchain}, {speed} of the reference, but "
             f"{sustained:.4f}× at the power cap",
         )
     return Choice.TILELANG, f"validated: pass on {toolchain}, {speed} of the reference"
-
-
-def serve_floor(speed_budget: float) -> float:
-    """The lowest measured speed (reference time / kernel time) at which a
-    passing candidate is served TileLang under ``speed_budget``."""
-    return 1 / (1 + speed_budget)
 
 
 def manifest_entries_write(*, proposal: UpgradeProposal, policy: Policy) -> int:

@@ -22,9 +22,9 @@ from django_htmx.http import HttpResponseClientRedirect, HttpResponseClientRefre
 
 from matrix.cache import cache_seconds, cached_read, read_key
 from matrix.gate import evaluation, services
-from matrix.gate.diff import CellDiff, Change
+from matrix.gate.diff import CellDiff, Change, serve_floor
 from matrix.gate.forms import DecisionForm, ExceptionForm, PolicyForm, ProposalForm
-from matrix.gate.manifest import manifest_choice, serve_floor, times
+from matrix.gate.manifest import manifest_choice, times
 from matrix.gate.models import Approval, BackendException, Policy, UpgradeProposal
 from matrix.gate.sustained import sustained_key, sustained_speeds, sustained_version
 from matrix.models import AuditEvent, Backend
