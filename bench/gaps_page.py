@@ -88,6 +88,7 @@ def reset() -> None:
 
 def catalogue(device_types: int, shapes: int, served: int) -> dict:
     from matrix.models import (
+        Backend,
         DeviceType,
         KernelRevision,
         Operator,
@@ -95,6 +96,7 @@ def catalogue(device_types: int, shapes: int, served: int) -> dict:
         Toolchain,
         dims_key,
     )
+    from matrix.revisions import make_current
 
     rng = random.Random(7)
     DeviceType.objects.bulk_create(
@@ -116,10 +118,10 @@ def catalogue(device_types: int, shapes: int, served: int) -> dict:
                 source_sha256=hashlib.sha256(f"{name}-{v}".encode()).hexdigest(),
                 origin="library",
                 review_state="approved",
-                is_current=v == "new",
             )
             for v in ("old", "new")
         )
+        make_current(current, Backend.values)
         revisions[op.pk] = (current.pk, old.pk)
         for i in range(per_operator):
             values = {d: 2 ** (4 + (i * (j + 3)) % 9) + i for j, d in enumerate(dims)}

@@ -181,7 +181,7 @@ def fill(shape_count: int, history: int) -> dict:
     Shape.objects.all().delete()
     KernelRevision.objects.filter(is_current=True).update(source="x" * 20_000)
     gemm = Operator.objects.get(name="gemm")
-    revision = gemm.current_revision
+    revision = gemm.current_revision("c")
     Shape.objects.bulk_create(
         [
             Shape(

@@ -17,14 +17,14 @@ from datetime import datetime
 from functools import lru_cache
 
 from django.conf import settings
-from django.db.models import Count, Exists, OuterRef, Q, Subquery
+from django.db.models import Exists, OuterRef, Q, Subquery
 from django.urls import reverse
 from django.utils.http import urlencode
 from ninja import Field, Query, Router, Schema
 from ninja.errors import HttpError
 from pydantic import BaseModel
 
-from matrix import gaps, queries
+from matrix import gaps, queries, revisions
 from matrix.api_errors import Problem
 from matrix.cache import current_toolchain_in, data_version, json_answer, read_key
 from matrix.models import (
@@ -344,11 +344,11 @@ def _row_filter(filters: queries.MatrixFilters, dt_ids: list[int]) -> Q:
     if filters.status == queries.STALE:
         if filters.toolchain_stale:
             return Q(Exists(cells))
-        return Q(Exists(cells.exclude(revision_id=OuterRef("current_revision"))))
+        return Q(Exists(cells.exclude(revisions.is_current_cell())))
     return Q(Exists(cells.filter(status=filters.status)))
 
 
-def _matrix_count(filters, shapes, dt_ids: list[int], current: dict) -> int:
+def _matrix_count(filters, shapes, dt_ids: list[int]) -> int:
     total = shapes.count() * len(dt_ids)
     if not filters.status or not dt_ids:
         return total
@@ -363,13 +363,7 @@ def _matrix_count(filters, shapes, dt_ids: list[int], current: dict) -> int:
         return cells.filter(status=filters.status).count()
     if filters.toolchain_stale:
         return cells.count()
-    return sum(
-        n
-        for op, rev, n in cells.values_list("shape__operator_id", "revision_id")
-        .annotate(n=Count("id"))
-        .order_by()
-        if rev != current.get(op)
-    )
+    return cells.exclude(revisions.is_current_cell()).count()
 
 
 CELL_COLUMNS = (
@@ -408,14 +402,17 @@ def _cells_found(filters, shape_ids, dt_ids) -> dict:
     }
 
 
-def _revisions(found: dict) -> tuple[dict, dict]:
-    """(operator id -> its current revision id, revision id -> sha256) for
-    the current revisions and those the cells were run on."""
-    revisions = KernelRevision.objects.filter(
-        Q(is_current=True) | Q(pk__in={row[2] for row in found.values()})
-    ).values_list("pk", "operator_id", "is_current", "source_sha256")
-    current = {op: pk for pk, op, is_current, _ in revisions if is_current}
-    return current, {pk: digest for pk, _, _, digest in revisions}
+def _revisions(found: dict) -> tuple[revisions.CurrentMap, dict]:
+    """((operator id, backend) -> its current revision id, revision id ->
+    sha256) for the revisions the cells were run on."""
+    # One query: a current revision comes once per backend it is current on.
+    rows = KernelRevision.objects.filter(
+        Q(pk__in={row[2] for row in found.values()}) | Q(is_current=True)
+    ).values_list(
+        "pk", "source_sha256", "current_on__operator_id", "current_on__backend"
+    )
+    current = {(op, backend): pk for pk, _, op, backend in rows if backend}
+    return current, {pk: digest for pk, digest, _, _ in rows}
 
 
 def _cell_row(shape, dt, cell, status, stale, sha, filters, floor) -> dict:
@@ -442,9 +439,10 @@ def _cell_row(shape, dt, cell, status, stale, sha, filters, floor) -> dict:
     }
 
 
-def _stale(filters, cell, shape, current: dict) -> bool:
+def _stale(filters, cell, shape, dt, current: revisions.CurrentMap) -> bool:
     return cell is not None and (
-        filters.toolchain_stale or cell[2] != current.get(shape.operator_id)
+        filters.toolchain_stale
+        or cell[2] != current.get((shape.operator_id, dt.backend))
     )
 
 
@@ -467,7 +465,7 @@ def coverage_cells(filters: queries.MatrixFilters) -> list[dict]:
         for dt in device_types:
             cell = found.get((shape.pk, dt.pk))
             status = cell[3] if cell else queries.EMPTY
-            stale = _stale(filters, cell, shape, current)
+            stale = _stale(filters, cell, shape, dt, current)
             if queries.matches(filters.status, status, stale):
                 rows.append(
                     _cell_row(shape, dt, cell, status, stale, sha, filters, floor)
@@ -487,12 +485,7 @@ def _matrix_page(filters, params: MatrixParams, device_types) -> dict:
         page = page.filter(_from_cursor(cursor))
     wanted = params.offset + params.limit + 1
     if filters.status:
-        current_rev = KernelRevision.objects.filter(
-            operator=OuterRef("operator"), is_current=True
-        ).values("id")[:1]
-        page = page.annotate(current_revision=Subquery(current_rev)).filter(
-            _row_filter(filters, dt_ids)
-        )
+        page = page.filter(_row_filter(filters, dt_ids))
         page = list(page[: wanted + 1])
     else:
         page = list(page[: -(-wanted // max(1, len(dt_ids))) + 1])
@@ -507,7 +500,7 @@ def _matrix_page(filters, params: MatrixParams, device_types) -> dict:
         for dt in device_types[start:]:
             cell = found.get((shape.pk, dt.pk))
             status = cell[3] if cell else queries.EMPTY
-            stale = _stale(filters, cell, shape, current)
+            stale = _stale(filters, cell, shape, dt, current)
             if not queries.matches(filters.status, status, stale):
                 continue
             if skip:
@@ -520,7 +513,7 @@ def _matrix_page(filters, params: MatrixParams, device_types) -> dict:
     rows = rows[: params.limit]
     return {
         "toolchain": _toolchain(filters),
-        "count": _matrix_count(filters, shapes, dt_ids, current),
+        "count": _matrix_count(filters, shapes, dt_ids),
         "next": _cursor_make(rows[-1][0], rows[-1][1].pk) if more else None,
         "cells": [
             _cell_row(shape, dt, cell, status, stale, sha, filters, floor)

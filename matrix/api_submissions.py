@@ -9,7 +9,7 @@ from django.http import Http404
 from ninja import Field, Router, Schema, Status
 from ninja.security import django_auth
 
-from matrix import submissions
+from matrix import revisions, submissions
 from matrix.models import ID_MAX, KernelRevision, Operator
 from runners.roles import has_role
 
@@ -21,6 +21,8 @@ class KernelIn(Schema):
     # PostgreSQL cannot store them in text (found by the API fuzzing).
     operator: str = Field(pattern=r"^[-a-zA-Z0-9_]{1,60}$")
     source: str = Field(pattern=r"^[^\x00]*$")
+    # What approving it changes: these backends' current revision, only.
+    backends: list[str] = Field(min_length=1, max_length=8)
 
 
 class KernelOut(Schema):
@@ -29,11 +31,19 @@ class KernelOut(Schema):
     source_sha256: str
     review_state: str
     is_current: bool
+    backends: list[str]
+    current_on: list[str]
     author: str | None
 
 
 class ReviewIn(Schema):
     decision: str
+    comment: str = Field("", max_length=2000, pattern=r"^[^\x00]*$")
+
+
+class RevertIn(Schema):
+    backends: list[str] = Field(min_length=1, max_length=8)
+    comment: str = Field(min_length=1, max_length=2000, pattern=r"^[^\x00]*$")
 
 
 class Refused(Schema):
@@ -48,6 +58,8 @@ def _out(revision: KernelRevision) -> dict:
         "source_sha256": revision.source_sha256,
         "review_state": revision.review_state,
         "is_current": revision.is_current,
+        "backends": revisions.backends_of(revision),
+        "current_on": sorted(revision.current_on.values_list("backend", flat=True)),
         "author": revision.author.get_username() if revision.author else None,
     }
 
@@ -82,7 +94,10 @@ def kernel_create(request, body: KernelIn):
         return Status(404, {"detail": f"no operator {body.operator!r}"})
     try:
         revision = submissions.kernel_submit(
-            operator=operator, source=body.source, author=request.user
+            operator=operator,
+            source=body.source,
+            author=request.user,
+            backends=body.backends,
         )
     except PermissionDenied as exc:
         return Status(403, {"detail": str(exc)})
@@ -113,10 +128,40 @@ def kernel_review(request, pk: int, body: ReviewIn):
         return Status(400, {"detail": "decision must be approve or reject"})
     try:
         revision = submissions.kernel_review(
-            revision=revision, by=request.user, approve=body.decision == "approve"
+            revision=revision,
+            by=request.user,
+            approve=body.decision == "approve",
+            comment=body.comment,
         )
     except PermissionDenied as exc:
         return Status(403, {"detail": str(exc)})
     except ValidationError as exc:
         return Status(409, {"detail": " ".join(exc.messages)})
+    return Status(200, _out(revision))
+
+
+@router.post(
+    "/kernels/{pk}/revert",
+    response={200: KernelOut, 400: Refused, 403: Refused, 404: Refused},
+    summary="Make an approved revision current again on some backends",
+)
+def kernel_revert(request, pk: int, body: RevertIn):
+    """A reviewer's revert, with its reason; audited as ``revision.revert``."""
+    if not submissions.is_reviewer(request.user):
+        return Status(403, {"detail": "only reviewers revert kernel revisions"})
+    if not 0 < pk <= ID_MAX:
+        raise Http404("no such revision")
+    revision = KernelRevision.objects.filter(pk=pk).first()
+    if revision is None:
+        raise Http404("no such revision")
+    try:
+        submissions.revision_revert(
+            revision=revision,
+            backends=body.backends,
+            by=request.user,
+            comment=body.comment,
+        )
+    except ValidationError as exc:
+        return Status(400, {"detail": " ".join(exc.messages)})
+    revision.refresh_from_db()
     return Status(200, _out(revision))

@@ -435,6 +435,7 @@ def _catalogue_stamp() -> tuple[list[str], list]:
     the rollouts (which make a toolchain older). A catalogue edit that
     changes none of these (a rename) shows once the cached read expires."""
     from matrix.models import (
+        CurrentRevision,
         DeviceType,
         KernelRevision,
         Shape,
@@ -457,7 +458,8 @@ def _catalogue_stamp() -> tuple[list[str], list]:
         f"SELECT MAX(id) FROM {_table(DeviceType)}",
         f"SELECT COUNT(*) FROM {_table(Toolchain)}",
         f"SELECT MAX(id) FROM {revision}",
-        f"SELECT SUM(id) FROM {revision} WHERE is_current",
+        # Which revision is current where (matrix.revisions).
+        f"SELECT SUM(id * revision_id) FROM {_table(CurrentRevision)}",
         f"SELECT COUNT(*) FROM {_table(UpgradeProposal)} WHERE state = %s",
     ]
     return parts, [UpgradeProposal.State.ROLLED_OUT]

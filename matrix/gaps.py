@@ -39,10 +39,10 @@ from matrix.models import (
     FAILURES,
     ID_MAX,
     Cell,
+    CurrentRevision,
     DeviceType,
     JobStage,
     JobState,
-    KernelRevision,
     Operator,
     Result,
     ServedCall,
@@ -162,7 +162,7 @@ def _candidates_sql(scope: GapScope) -> tuple[str, list]:
         "shape": Shape._meta.db_table,
         "operator": Operator._meta.db_table,
         "device_type": DeviceType._meta.db_table,
-        "revision": KernelRevision._meta.db_table,
+        "current": CurrentRevision._meta.db_table,
         "cell": Cell._meta.db_table,
         "job": ValidationJob._meta.db_table,
         "served_call": ServedCall._meta.db_table,
@@ -178,7 +178,7 @@ def _candidates_sql(scope: GapScope) -> tuple[str, list]:
     evidence = ", ".join(["%s"] * len(EVIDENCE))
     params += [MISSING, filters.toolchain_stale, STALE]
     params += [*sorted(FAILURES), FAILING, *sorted(EVIDENCE), NOT_VALIDATED]
-    params += [True, scope.toolchain_id, JobState.QUEUED, JobState.RUNNING]
+    params += [scope.toolchain_id, JobState.QUEUED, JobState.RUNNING]
     params += [scope.toolchain_id, True, True]
     where = ""
     if filters.dtype:
@@ -219,7 +219,7 @@ def _candidates_sql(scope: GapScope) -> tuple[str, list]:
                 {priority} AS priority, c.status AS status,
                 CASE
                     WHEN c.id IS NULL THEN %s
-                    WHEN %s OR r.id IS NULL OR c.revision_id <> r.id THEN %s
+                    WHEN %s OR r.id IS NULL OR c.revision_id <> r.revision_id THEN %s
                     WHEN c.status IN ({failures}) THEN %s
                     WHEN c.status IN ({evidence}) THEN %s
                 END AS kind,
@@ -227,8 +227,8 @@ def _candidates_sql(scope: GapScope) -> tuple[str, list]:
             FROM {table["shape"]} s
             JOIN {table["operator"]} o ON o.id = s.operator_id
             CROSS JOIN {table["device_type"]} d
-            LEFT JOIN {table["revision"]} r
-                ON r.operator_id = s.operator_id AND r.is_current = %s
+            LEFT JOIN {table["current"]} r
+                ON r.operator_id = s.operator_id AND r.backend = d.backend
             LEFT JOIN {table["cell"]} c
                 ON c.shape_id = s.id AND c.device_type_id = d.id
                 AND c.toolchain_id = %s
@@ -265,7 +265,7 @@ def gaps_version() -> tuple:
     current revision or a device type. One query: index lookups and a pass
     over the shapes. What the runners can take is not part of it: a page
     applies that to what it reads from the cache."""
-    shape, revision = Shape._meta.db_table, KernelRevision._meta.db_table
+    shape, current = Shape._meta.db_table, CurrentRevision._meta.db_table
     # The served shapes and their neighbours in one pass over the table.
     served = (
         "SELECT CAST(COUNT(*) AS TEXT) || ',' || CAST(SUM(id) AS TEXT) || ','"
@@ -275,12 +275,12 @@ def gaps_version() -> tuple:
         SELECT (SELECT MAX(id) FROM {Result._meta.db_table}),
             (SELECT MAX(id) FROM {ValidationJob._meta.db_table}),
             ({served}),
-            (SELECT SUM(id) FROM {revision} WHERE is_current = %s),
+            (SELECT SUM(id * revision_id) FROM {current}),
             (SELECT COUNT(*) FROM {DeviceType._meta.db_table}),
             (SELECT SUM(id) FROM {DeviceType._meta.db_table}),
             (SELECT MAX(id) FROM {Toolchain._meta.db_table} WHERE is_current)
     """
-    return tuple(_fetch(sql, [True, True, True])[0])
+    return tuple(_fetch(sql, [True, True])[0])
 
 
 def current_toolchain_in(version: tuple) -> int | None:
@@ -616,10 +616,19 @@ class Durations:
         }
 
 
+# A runner's pace is measured on runs of at least this many jobs of one
+# stage and device type in one sweep: fewer say little about a batch.
+PACE_RUN_MIN = 5
+
+
 def job_durations() -> Durations:
-    """Medians of the wall time of the newest results' jobs. Results stored
-    before wall time was kept fall back on their compile time where the job
-    only compiled. Cached a minute: an estimate, not a measurement."""
+    """Seconds of runner time a job takes: where recent sweeps ran enough
+    jobs of a stage and device type on one runner, the median of those runs'
+    pace (span ÷ jobs: a runner runs jobs side by side, so one job's wall
+    time overstates it several times over); elsewhere the median wall time
+    of the newest results' jobs (their compile time where a job only
+    compiled, for results stored before wall time was kept). Cached a
+    minute: an estimate, not a measurement."""
     found = cache.get("gaps:job-durations")
     if found is not None:
         return found
@@ -635,6 +644,8 @@ def job_durations() -> Durations:
             continue
         for key in ((stage, dt_id), (stage, backend), stage):
             samples.setdefault(key, []).append(seconds)
+    # The pace of runs replaces the wall times wherever it was measured.
+    samples.update(_paces())
 
     def medians(keys):
         return {k: (statistics.median(samples[k]), len(samples[k])) for k in keys}
@@ -646,6 +657,47 @@ def job_durations() -> Durations:
     )
     cache.set("gaps:job-durations", found, DURATIONS_CACHE_S)
     return found
+
+
+def _paces() -> dict[tuple | str, list[float]]:
+    """Seconds a job of each (stage, device type), (stage, backend) and
+    stage, one sample per run: a sweep's jobs of that stage and device type
+    on one runner, from the first start to the last finish, over the
+    jobs."""
+    jobs = (
+        ValidationJob.objects.filter(
+            state__in=[JobState.DONE, JobState.FAILED],
+            sweep__isnull=False,
+            runner__isnull=False,
+            started_at__isnull=False,
+            finished_at__isnull=False,
+        )
+        .order_by("-id")
+        .values_list(
+            "sweep_id",
+            "runner_id",
+            "stage",
+            "device_type_id",
+            "device_type__backend",
+            "started_at",
+            "finished_at",
+        )[:DURATION_SAMPLE]
+    )
+    runs: dict[tuple, list] = {}
+    for sweep, runner, stage, dt_id, backend, started, finished in jobs:
+        run = runs.setdefault(
+            (sweep, runner, stage, dt_id, backend), [0, started, finished]
+        )
+        run[0] += 1
+        run[1], run[2] = min(run[1], started), max(run[2], finished)
+    paces: dict[tuple | str, list[float]] = {}
+    for (_, _, stage, dt_id, backend), (n, first, last) in runs.items():
+        span = (last - first).total_seconds()
+        if n < PACE_RUN_MIN or span <= 0:
+            continue
+        for key in ((stage, dt_id), (stage, backend), stage):
+            paces.setdefault(key, []).append(span / n)
+    return paces
 
 
 @dataclass

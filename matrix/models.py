@@ -147,9 +147,10 @@ class Operator(models.Model):
                 raise ValidationError({"dims": f"{name} must be a positive integer"})
         return {d: dims[d] for d in self.dims}
 
-    @property
-    def current_revision(self) -> KernelRevision | None:
-        return self.revisions.filter(is_current=True).first()
+    def current_revision(self, backend: str) -> KernelRevision | None:
+        """The revision new jobs of this operator run on ``backend``."""
+        found = self.current.filter(backend=backend).select_related("revision").first()
+        return found.revision if found else None
 
 
 class RevisionOrigin(models.TextChoices):
@@ -174,7 +175,12 @@ class KernelRevision(models.Model):
     source = models.TextField(blank=True)
     origin = models.CharField(max_length=10, choices=Origin.choices)
     review_state = models.CharField(max_length=10, choices=Review.choices)
+    # Current on at least one backend (``CurrentRevision`` says which); kept
+    # by ``matrix.revisions.make_current`` alone.
     is_current = models.BooleanField(default=False)
+    # The backends a submission covers: approving it changes these only.
+    # Empty for the library's revisions, which cover every backend.
+    backends = models.JSONField(default=list, blank=True)
     author = models.ForeignKey(
         settings.AUTH_USER_MODEL,
         null=True,
@@ -190,11 +196,6 @@ class KernelRevision(models.Model):
             models.UniqueConstraint(
                 fields=["operator", "source_sha256"], name="revision_unique_source"
             ),
-            models.UniqueConstraint(
-                fields=["operator"],
-                condition=Q(is_current=True),
-                name="revision_one_current_per_operator",
-            ),
             models.CheckConstraint(
                 condition=Q(source_sha256__regex=r"^[0-9a-f]{64}$"),
                 name="revision_sha256_hex",
@@ -205,6 +206,32 @@ class KernelRevision(models.Model):
 
     def __str__(self) -> str:
         return f"{self.operator.name}@{self.source_sha256[:12]}"
+
+
+class CurrentRevision(models.Model):
+    """The revision an operator's new jobs run on one backend: one row per
+    operator and backend, so a submission approved for CUDA leaves the
+    library's revision current on the CPU."""
+
+    operator = models.ForeignKey(
+        Operator, on_delete=models.CASCADE, related_name="current"
+    )
+    backend = models.CharField(max_length=8, choices=Backend.choices)
+    revision = models.ForeignKey(
+        KernelRevision, on_delete=models.PROTECT, related_name="current_on"
+    )
+
+    class Meta:
+        ordering = ["operator", "backend"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["operator", "backend"], name="current_revision_unique"
+            ),
+            choices_check("backend", Backend, "current_revision_backend_valid"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.operator_id}/{self.backend} -> {self.revision_id}"
 
 
 def dims_key(dims: dict) -> str:

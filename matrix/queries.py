@@ -15,8 +15,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from django.db import connection
-from django.db.models import Count, Exists, OuterRef, Q, Subquery
+from django.db.models import Count, Exists, OuterRef, Q
 
+from matrix import revisions
 from matrix.models import (
     BACKEND_PRIORITY,
     EVIDENCE,
@@ -415,9 +416,9 @@ def passing_elsewhere(failing: set[tuple[int, int]], toolchain) -> dict:
         Cell.objects.filter(
             shape_id__in={s for s, _ in failing},
             device_type_id__in={d for _, d in failing},
-            revision__is_current=True,
             status=Status.PASS,
         )
+        .filter(revisions.is_current_cell())
         .exclude(toolchain=toolchain)
         .order_by("toolchain_id")
         .values_list("shape_id", "device_type_id", "toolchain_id", "toolchain__name")
@@ -437,13 +438,6 @@ def passing_elsewhere(failing: set[tuple[int, int]], toolchain) -> dict:
         for s, d, toolchain_id, name in rows
         if (s, d) in failing
     }
-
-
-def current_revisions() -> dict[int, int]:
-    """operator id -> id of its current kernel revision."""
-    return dict(
-        KernelRevision.objects.filter(is_current=True).values_list("operator_id", "id")
-    )
 
 
 def matches(status_filter: str, status: str, stale: bool) -> bool:
@@ -551,6 +545,21 @@ def revision_operators() -> dict[int, int]:
     return dict(KernelRevision.objects.values_list("id", "operator_id"))
 
 
+def revisions_read() -> tuple[dict[int, int], revisions.CurrentMap]:
+    """(revision id -> its operator's id, (operator id, backend) -> the
+    revision current there), in one query: a revision comes once per
+    backend it is current on."""
+    operators_of: dict[int, int] = {}
+    current: revisions.CurrentMap = {}
+    for pk, op, backend in KernelRevision.objects.values_list(
+        "id", "operator_id", "current_on__backend"
+    ):
+        operators_of[pk] = op
+        if backend:
+            current[op, backend] = pk
+    return operators_of, current
+
+
 def cell_groups(
     filters: MatrixFilters,
     device_types: list[DeviceType],
@@ -619,19 +628,14 @@ def column_versions(toolchain_id: int) -> dict[int, int | None]:
 
 
 def operator_list(filters: MatrixFilters) -> list[Operator]:
-    """Operators, each with ``shape_count`` (its shapes under the filters)
-    and ``current_revision_id``."""
+    """Operators, each with ``shape_count`` (its shapes under the filters)."""
     shape_q = filters.shape_q("shapes__")
-    current = KernelRevision.objects.filter(
-        operator=OuterRef("pk"), is_current=True
-    ).values("id")[:1]
     # By name, said here: a grouped query does not take Meta.ordering, and
     # PostgreSQL then returns its groups in any order.
     return list(
         Operator.objects.only("id", "name", "dims")
         .annotate(
             shape_count=Count("shapes", filter=shape_q or None),
-            current_revision_id=Subquery(current),
         )
         .order_by("name")
     )
@@ -676,7 +680,7 @@ def cells_version() -> int | None:
 def matrix_summary(
     filters: MatrixFilters,
     device_types: list[DeviceType],
-    revisions: dict[int, int],
+    current: revisions.CurrentMap,
     operators: list[Operator],
     groups=None,
 ) -> MatrixSummary:
@@ -684,6 +688,7 @@ def matrix_summary(
     query over Cell, whatever the size of the matrix. ``groups`` replaces
     that query, so a benchmark can compare sources."""
     dt_index = {d.id: i for i, d in enumerate(device_types)}
+    dt_backend = {d.id: d.backend for d in device_types}
     grid: dict[int, list[Tally]] = {
         op.id: [Tally() for _ in device_types] for op in operators
     }
@@ -699,7 +704,9 @@ def matrix_summary(
             continue
         i = dt_index[dt_id]
         ran[op_id][i] += n
-        stale = filters.toolchain_stale or rev_id != revisions.get(op_id)
+        stale = filters.toolchain_stale or rev_id != current.get(
+            (op_id, dt_backend[dt_id])
+        )
         if matches(filters.status, status, stale):
             # Under the stale filter a tally counts stale cells whatever
             # their status.
@@ -764,7 +771,7 @@ def operator_rows(
     operator: Operator,
     filters: MatrixFilters,
     device_types: list[DeviceType],
-    revisions: dict[int, int],
+    current: revisions.CurrentMap,
     limit: int,
 ) -> tuple[list[ShapeRow], int]:
     """Shape × dtype rows of one operator, served first by weight, with one
@@ -774,7 +781,9 @@ def operator_rows(
     dt_ids = [d.id for d in device_types]
     matching = Shape.objects.filter(filters.shape_q(), operator=operator)
     if filters.status and tc is not None:
-        matching = matching.filter(_row_status_q(filters, operator, dt_ids, revisions))
+        matching = matching.filter(
+            _row_status_q(filters, operator, device_types, current)
+        )
     elif filters.status and filters.status != EMPTY:
         matching = matching.none()
     shapes = list(matching.by_weight()[: limit + 1])
@@ -793,7 +802,7 @@ def operator_rows(
             "reference_ms",
         ):
             found[row[0], row[1]] = row[2:]
-    current = revisions.get(operator.id)
+    current_on = {d.id: current.get((operator.id, d.backend)) for d in device_types}
     # A cell never run reads the same in every row: one shared object per
     # column rather than thousands in a sparse matrix.
     empty_dimmed = not matches(filters.status, EMPTY, False)
@@ -811,7 +820,7 @@ def operator_rows(
                 cells.append(never_run[dt_id])
                 continue
             status, rev_id, kms, rms = hit
-            stale = filters.toolchain_stale or rev_id != current
+            stale = filters.toolchain_stale or rev_id != current_on[dt_id]
             passing += status == Status.PASS and not stale
             cells.append(
                 MatrixCell(
@@ -828,9 +837,13 @@ def operator_rows(
 
 
 def _row_status_q(
-    filters: MatrixFilters, operator: Operator, dt_ids: list[int], revisions
+    filters: MatrixFilters,
+    operator: Operator,
+    device_types: list[DeviceType],
+    current: revisions.CurrentMap,
 ) -> Q:
     """Rows with at least one cell in the filtered state, as SQL."""
+    dt_ids = [d.id for d in device_types]
     cells = Cell.objects.filter(
         shape=OuterRef("pk"), toolchain=filters.toolchain, device_type_id__in=dt_ids
     )
@@ -839,7 +852,9 @@ def _row_status_q(
     if filters.status == STALE:
         if filters.toolchain_stale:
             return Q(Exists(cells))
-        return Q(Exists(cells.exclude(revision_id=revisions.get(operator.id))))
+        return Q(
+            Exists(cells.filter(revisions.stale_q(current, operator.id, device_types)))
+        )
     return Q(Exists(cells.filter(status=filters.status)))
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from matrix import queries
+from matrix import queries, revisions
 from matrix.models import FAILURES, Cell, DeviceType, ServedCall, Shape, Status
 from matrix.serving import (
     OUTCOMES,
@@ -143,12 +143,15 @@ def model_coverage(
                 "reference_ms",
             )
         }
-    current = queries.current_revisions() if found else {}
+    current = revisions.current_map() if found else {}
+    backend = {d.id: d.backend for d in device_types}
+    operator = {c.shape_id: c.shape.operator_id for c in calls}
     elsewhere = queries.passing_elsewhere(
         {
-            key
-            for key, (status, revision_id, *_) in found.items()
-            if status in FAILURES and revision_id in current.values()
+            (s, d)
+            for (s, d), (status, revision_id, *_) in found.items()
+            if status in FAILURES
+            and revision_id == current.get((operator[s], backend[d]))
         },
         filters.toolchain,
     )
@@ -172,7 +175,10 @@ def model_coverage(
                 key = (c.shape_id, dt.id)
                 if key not in verdicts:
                     verdicts[key] = _verdict(
-                        found.get(key), c.shape, current, filters, floor
+                        found.get(key),
+                        current.get((c.shape.operator_id, dt.backend)),
+                        filters,
+                        floor,
                     )
                 status, verdict, value = verdicts[key]
                 shares.add(verdict.outcome, c.calls)
@@ -212,10 +218,11 @@ def model_coverage(
     return models
 
 
-def _verdict(hit, shape: Shape, current: dict[int, int], filters, floor: float):
+def _verdict(hit, current: int | None, filters, floor: float):
+    """``current``: the id of the revision current on the cell's backend."""
     if hit is None:
         return queries.EMPTY, serving_verdict(queries.EMPTY, False, None, floor), None
     status, revision_id, kernel_ms, reference_ms = hit
-    stale = filters.toolchain_stale or revision_id != current.get(shape.operator_id)
+    stale = filters.toolchain_stale or revision_id != current
     value = speedup(kernel_ms, reference_ms) if status == Status.PASS else None
     return status, serving_verdict(status, stale, value, floor), value

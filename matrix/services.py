@@ -7,10 +7,11 @@ import math
 
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
-from django.db.models import Sum
+from django.db.models import Max, Sum
 
-from matrix import profiles
+from matrix import profiles, revisions
 from matrix.models import (
+    Backend,
     DeviceType,
     Dtype,
     KernelRevision,
@@ -68,12 +69,13 @@ WEIGHT_MAX = 1e12
 def operator_sync_library() -> list[Operator]:
     """Mirror the kernel library into the catalogue: one Operator per module
     and its current library revision, pinned by the module source's sha256;
-    where a reviewer approved a submitted revision, it stays current (the
-    library's is kept, not current)."""
+    on a backend where a reviewer approved a submitted revision, that one
+    stays current (the library's is kept beside it for a revert)."""
     from runners import kernels
     from runners.kernels.revision import library_source, revision_sha256
 
     synced = []
+    current = revisions.current_map()
     for name, spec in kernels.OPERATORS.items():
         op, _ = Operator.objects.update_or_create(
             name=name,
@@ -83,33 +85,29 @@ def operator_sync_library() -> list[Operator]:
         # hashes its copy before it runs a library job.
         source = library_source(name)
         digest = revision_sha256(source)
-        revision = op.revisions.filter(source_sha256=digest).first()
-        current = op.revisions.filter(is_current=True).first()
-        if current is not None and current.origin == KernelRevision.Origin.SUBMITTED:
-            # A reviewer made a submission current: a start-up's sync keeps
-            # their decision, and keeps the library's revision beside it for
-            # a revert.
-            if revision is None:
-                KernelRevision.objects.create(
-                    operator=op,
-                    source_sha256=digest,
-                    source=source,
-                    origin=KernelRevision.Origin.LIBRARY,
-                    review_state=KernelRevision.Review.APPROVED,
-                    is_current=False,
-                )
-        elif revision is None or not revision.is_current:
-            op.revisions.filter(is_current=True).update(is_current=False)
-            KernelRevision.objects.update_or_create(
-                operator=op,
-                source_sha256=digest,
-                defaults={
-                    "source": source,
-                    "origin": KernelRevision.Origin.LIBRARY,
-                    "review_state": KernelRevision.Review.APPROVED,
-                    "is_current": True,
-                },
-            )
+        revision, _ = KernelRevision.objects.get_or_create(
+            operator=op,
+            source_sha256=digest,
+            defaults={
+                "source": source,
+                "origin": KernelRevision.Origin.LIBRARY,
+                "review_state": KernelRevision.Review.APPROVED,
+            },
+        )
+        # A backend follows the library unless a reviewer made a submission
+        # current there: a start-up's sync never overrides that decision.
+        decided = set(
+            op.current.filter(
+                revision__origin=KernelRevision.Origin.SUBMITTED
+            ).values_list("backend", flat=True)
+        )
+        following = [
+            b
+            for b in Backend.values
+            if b not in decided and current.get((op.pk, b)) != revision.pk
+        ]
+        if following:
+            revisions.make_current(revision, following)
         synced.append(op)
     return synced
 
@@ -138,7 +136,30 @@ def shape_clean(*, operator: Operator, dims, dtype: str) -> dict:
                     f"elements in all; at most {ELEMENTS_MAX:.3g}"
                 }
             )
+        _fits_a_device(dims, spec.inputs(dims, dtype), spec.outputs(dims, dtype))
     return dims
+
+
+ITEM_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
+
+
+def _fits_a_device(dims: dict, inputs, outputs) -> None:
+    """Refuse a shape no device of the catalogue could hold: a validation
+    job holds the inputs, the kernel's outputs and the reference's. Device
+    types that state no memory (a CPU) bound nothing."""
+    largest = DeviceType.objects.aggregate(m=Max("memory_gb"))["m"]
+    if not largest:
+        return
+    need = sum(math.prod(t.shape) * ITEM_BYTES.get(t.dtype, 4) for t in inputs)
+    need += 2 * sum(math.prod(t.shape) * ITEM_BYTES.get(t.dtype, 4) for t in outputs)
+    if need > largest * 1e9:
+        raise ValidationError(
+            {
+                "dims": f"{dims_key(dims)} needs {need / 1e9:,.0f} GB for its "
+                f"inputs and two copies of its outputs; the largest device in "
+                f"the catalogue has {largest} GB"
+            }
+        )
 
 
 def weight_clean(weight) -> float:

@@ -24,7 +24,9 @@ class Registration(Schema):
 
 
 class HostedToolchain(Schema):
-    id: int
+    # None for a toolchain this server records only once the runner is
+    # approved; the fingerprint, which jobs name, is known from the start.
+    id: int | None
     name: str
     fingerprint: str
     interpreter: str
@@ -110,7 +112,6 @@ def register(request, body: Registration):
         )
     except (PermissionDenied, ValidationError) as exc:
         return _problem(exc)
-    hosted = runner.runnertoolchain_set.select_related("toolchain")
     return Status(
         201,
         {
@@ -122,15 +123,7 @@ def register(request, body: Registration):
             "queues": [],
             "server_public_key": signing.server_public_key(),
             "heartbeat_s": services.heartbeat_interval_s(),
-            "toolchains": [
-                {
-                    "id": h.toolchain.pk,
-                    "name": h.toolchain.name,
-                    "fingerprint": h.toolchain.fingerprint,
-                    "interpreter": h.interpreter,
-                }
-                for h in hosted
-            ],
+            "toolchains": services.hosted_toolchains(runner),
         },
     )
 

@@ -276,11 +276,13 @@ def _runner(spec: dict) -> Runner:
                 "another key: this evidence is not its"
             )
         return existing
-    return services.runner_register(
-        token=services.token_create(expires=timedelta(minutes=5)),
-        name=spec.get("name"),
-        public_key=spec.get("public_key"),
-        inventory=spec.get("inventory"),
+    return services.runner_evidence_adopt(
+        services.runner_register(
+            token=services.token_create(expires=timedelta(minutes=5)),
+            name=spec.get("name"),
+            public_key=spec.get("public_key"),
+            inventory=spec.get("inventory"),
+        )
     )
 
 

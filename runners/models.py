@@ -14,7 +14,13 @@ from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
-from matrix.models import AuditEvent, DeviceType, Toolchain, choices_check
+from matrix.models import (
+    AuditEvent,
+    DeviceType,
+    Toolchain,
+    choices_check,
+    fingerprint_of,
+)
 from runners import signing
 
 
@@ -32,6 +38,10 @@ class RunnerQuerySet(models.QuerySet):
         return {queue for runner in runners for queue in runner.queues()}
 
 
+# What an inventory says of a device, as a DeviceType holds it.
+DEVICE_FIELDS = ("vendor", "model", "arch", "backend", "memory_gb")
+
+
 class RunnerState(models.TextChoices):
     ONLINE = "online"
     OFFLINE = "offline"
@@ -43,6 +53,9 @@ class RunnerHealth(models.TextChoices):
     ACTIVE = "active"
     MAINTENANCE = "maintenance"
     RETIRED = "retired"
+    # A lab runner whose results reached this server only in evidence files
+    # (``evidence import``): its columns are shown, it is given no queue.
+    EVIDENCE = "evidence", "offline lab (evidence only)"
 
 
 class Runner(models.Model):
@@ -167,8 +180,45 @@ class Runner(models.Model):
         return self.health == RunnerHealth.PENDING and self.revoked_at is None
 
     @property
+    def has_no_queue(self) -> bool:
+        """Pending approval, or an offline lab known by its evidence."""
+        return self.health in (RunnerHealth.PENDING, RunnerHealth.EVIDENCE)
+
+    @property
     def is_refused(self) -> bool:
         return self.health == RunnerHealth.PENDING and self.revoked_at is not None
+
+    def claimed_device_types(self) -> list[DeviceType]:
+        """The device types its inventory names, unsaved: until a runner
+        admin approves it, a runner adds no column to the matrix."""
+        return [
+            DeviceType(**{k: d.get(k) for k in DEVICE_FIELDS})
+            for d in (self.inventory or {}).get("devices", [])
+        ]
+
+    def claimed_toolchains(self) -> list[Toolchain]:
+        """The toolchains its inventory names, unsaved (see above)."""
+        return [
+            Toolchain(
+                name=t["name"],
+                tilelang_version=str(t["components"].get("tilelang") or ""),
+                components=t["components"],
+                fingerprint=fingerprint_of(t["components"]),
+            )
+            for t in (self.inventory or {}).get("toolchains", [])
+        ]
+
+    @property
+    def shown_device_types(self):
+        if self.health == RunnerHealth.PENDING:
+            return self.claimed_device_types()
+        return self.device_types.all()
+
+    @property
+    def shown_toolchains(self):
+        if self.health == RunnerHealth.PENDING:
+            return self.claimed_toolchains()
+        return self.toolchains.all()
 
     def claims(self) -> dict:
         """What the runner says it has, as a runner admin reviews it: the
@@ -178,10 +228,10 @@ class Runner(models.Model):
         return {
             "host": host.get("hostname", ""),
             "key_fingerprint": self.key_fingerprint,
-            "devices": [str(d) for d in self.device_types.all()],
+            "devices": [str(d) for d in self.claimed_device_types()],
             "toolchains": [
                 {"name": t.name, "fingerprint": t.fingerprint}
-                for t in self.toolchains.all()
+                for t in self.claimed_toolchains()
             ],
             "nvcc": self.has_nvcc,
         }

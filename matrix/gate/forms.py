@@ -144,6 +144,7 @@ class PolicyForm(forms.ModelForm):
             "speed_budget",
             "required_approvals",
             "reviewer_group",
+            "rollout_group",
             "backend_owners",
             "note",
         ]

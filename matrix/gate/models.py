@@ -42,6 +42,13 @@ class Policy(models.Model):
         default=DEFAULT_REQUIRED_APPROVALS
     )
     reviewer_group = models.CharField(max_length=150, default=DEFAULT_REVIEWER_GROUP)
+    # Rolling out changes production's toolchain: the policy names who may.
+    rollout_group = models.CharField(
+        max_length=150,
+        default=DEFAULT_REVIEWER_GROUP,
+        help_text="the group whose members roll out an approved upgrade "
+        "(superusers too)",
+    )
     backend_owners = models.JSONField(
         default=dict,
         blank=True,
@@ -107,6 +114,7 @@ class Policy(models.Model):
             "require_candidate_results": self.require_candidate_results,
             "required_approvals": self.required_approvals,
             "reviewer_group": self.reviewer_group,
+            "rollout_group": self.rollout_group,
             "backend_owners": self.backend_owners,
         }
 

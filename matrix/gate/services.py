@@ -14,6 +14,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from matrix import revisions
 from matrix.gate.diff import CellDiff, Change, Diff, matrix_diff
 from matrix.gate.evaluation import (
     Evaluation,
@@ -36,7 +37,6 @@ from matrix.models import (
     AuditEvent,
     Backend,
     Cell,
-    KernelRevision,
     Operator,
     Shape,
     Sweep,
@@ -52,6 +52,7 @@ POLICY_FIELDS = (
     "require_candidate_results",
     "required_approvals",
     "reviewer_group",
+    "rollout_group",
     "backend_owners",
     "note",
 )
@@ -62,6 +63,17 @@ def is_reviewer(user, policy: Policy | None = None) -> bool:
     return bool(
         user.is_authenticated
         and user.groups.filter(name=policy.reviewer_group).exists()
+    )
+
+
+def can_rollout(user, policy: Policy | None = None) -> bool:
+    """Members of the policy's roll-out group, and superusers."""
+    policy = policy or Policy.current()
+    return bool(
+        user.is_authenticated
+        and (
+            user.is_superuser or user.groups.filter(name=policy.rollout_group).exists()
+        )
     )
 
 
@@ -114,6 +126,7 @@ def _policy_check(changes: dict) -> None:
         "required_approvals": _required_approvals_errors,
         "backend_owners": _backend_owners_errors,
         "reviewer_group": _reviewer_group_errors,
+        "rollout_group": _reviewer_group_errors,
     }
     errors = {}
     for name, check in checks.items():
@@ -558,9 +571,7 @@ def stale_served_cells(*, toolchains, device_types) -> list[tuple]:
     """(shape, device type, toolchain) for served cells whose latest result
     is absent or was produced by a kernel revision that is no longer current,
     and that have no job in flight for the current revision."""
-    current = dict(
-        KernelRevision.objects.filter(is_current=True).values_list("operator_id", "pk")
-    )
+    current = revisions.current_map()
     fresh = set(
         Cell.objects.filter(
             toolchain__in=toolchains, device_type__in=device_types, shape__served=True
@@ -575,11 +586,13 @@ def stale_served_cells(*, toolchains, device_types) -> list[tuple]:
         .values_list("shape_id", "device_type_id", "toolchain_id", "revision_id")
     )
     cells = []
-    for shape in Shape.objects.served().filter(operator_id__in=current):
+    for shape in Shape.objects.served():
         for dt in device_types:
+            revision = current.get((shape.operator_id, dt.backend))
+            if revision is None:
+                continue
             for toolchain in toolchains:
-                key = (shape.pk, dt.pk, toolchain.pk, current[shape.operator_id])
-                if key not in fresh:
+                if (shape.pk, dt.pk, toolchain.pk, revision) not in fresh:
                     cells.append((shape, dt, toolchain))
     return cells
 
@@ -759,8 +772,11 @@ def exception_sign_off(*, exception: BackendException, by) -> BackendException:
 def proposal_rollout(*, proposal: UpgradeProposal, by) -> UpgradeProposal:
     """Make the approved candidate the current toolchain. Final: the diff,
     the approvals and the manifest rows are frozen as they were approved."""
-    if not (can_edit_policy(by) or is_reviewer(by)):
-        raise PermissionDenied("only reviewers or admins roll out an upgrade")
+    if not can_rollout(by):
+        raise PermissionDenied(
+            f"only members of the {Policy.current().rollout_group} group roll out "
+            "an upgrade"
+        )
     proposal = proposal_evaluate(proposal=proposal, actor=by)
     if proposal.state != ProposalState.APPROVED:
         raise ValidationError(

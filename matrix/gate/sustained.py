@@ -19,7 +19,13 @@ from django.db import transaction
 from django.db.models import Count, Max
 
 from matrix.gate.models import SustainedSpeed
-from matrix.models import DeviceType, KernelRevision, Shape, Toolchain, dims_key
+from matrix.models import (
+    CurrentRevision,
+    DeviceType,
+    Shape,
+    Toolchain,
+    dims_key,
+)
 
 
 @dataclass
@@ -122,11 +128,12 @@ def sustained_import(
         raise ValidationError("environment.revisions must map operators to revisions")
     device_type = _device_type(environment)
     toolchain = _toolchain(environment, toolchain_name)
+    # The revisions current on the measured device type's backend.
     revisions = {
-        revision.operator.name: revision
-        for revision in KernelRevision.objects.filter(is_current=True).select_related(
-            "operator"
-        )
+        c.operator.name: c.revision
+        for c in CurrentRevision.objects.filter(
+            backend=device_type.backend
+        ).select_related("operator", "revision")
     }
     operators = {name: revision.operator for name, revision in revisions.items()}
     outcome, rows = SustainedImport(), []

@@ -10,7 +10,7 @@ from django.template.defaultfilters import pluralize
 from django.template.loader import render_to_string
 from django.views.decorators.http import require_GET
 
-from matrix import queries
+from matrix import queries, revisions
 from matrix.cache import cache_seconds, cached_read, cell_version, read_key
 from matrix.gate import significance
 from matrix.models import Cell, DeviceType, Result, Shape, Status
@@ -132,9 +132,10 @@ def cell_context(shape, device_type, filters, toolchains) -> dict:
         result.produced_at = listed.produced_at if listed else result.created_at
         result.signed_by = receipt.runner.name if receipt else ""
     details = result.details if result else {}
-    revisions = queries.current_revisions()
     stale = bool(cell) and (
-        filters.toolchain_stale or cell.revision_id != revisions.get(shape.operator_id)
+        filters.toolchain_stale
+        or cell.revision_id
+        != revisions.current_id(shape.operator_id, device_type.backend)
     )
     shared = (
         queries.signature_count(cell.error_signature, cell.toolchain) - 1

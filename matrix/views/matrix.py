@@ -28,7 +28,7 @@ from django.utils.http import urlencode
 from django.views.decorators.http import require_GET
 from django.views.decorators.vary import vary_on_headers
 
-from matrix import queries
+from matrix import queries, revisions
 from matrix.cache import cache_seconds, cached_read, read_key
 from matrix.exports import spreadsheet_safe, unknown_toolchain
 from matrix.models import Backend, DeviceType, Dtype, Operator, Toolchain
@@ -55,7 +55,7 @@ class Catalogue:
 
     toolchains: list[Toolchain]
     device_types: list[DeviceType]
-    revisions: dict[int, int]
+    current: revisions.CurrentMap
     operators: list[Operator]
     operators_of: dict[int, int] = field(default_factory=dict)
     digest: str = ""
@@ -68,7 +68,7 @@ class Catalogue:
                 for t in self.toolchains
             ],
             [(d.pk, str(d)) for d in self.device_types],
-            sorted(self.revisions.items()),
+            sorted(self.current.items()),
             [(o.pk, o.name, o.shape_count) for o in self.operators],
             sorted(self.operators_of.items()),
         )
@@ -96,12 +96,9 @@ def catalogue_read(params) -> Catalogue:
         toolchains = queries.toolchain_list()
         filters = queries.MatrixFilters.from_params(params, toolchains)
         operators = queries.operator_list(filters)
+        operators_of, current = queries.revisions_read()
         found = Catalogue(
-            toolchains,
-            list(DeviceType.objects.all()),
-            {o.pk: o.current_revision_id for o in operators if o.current_revision_id},
-            operators,
-            queries.revision_operators(),
+            toolchains, list(DeviceType.objects.all()), current, operators, operators_of
         )
         if seconds:
             if len(_catalogues) >= CATALOGUES_KEPT:
@@ -249,7 +246,7 @@ def matrix_context(
     ``groups`` replaces the cell groups read from Cell (for the benchmark's
     baseline)."""
     device_types = queries.device_type_list(filters, catalogue.device_types)
-    revisions = catalogue.revisions
+    current = catalogue.current
     if groups is None:
         groups = (
             kept_cell_groups(filters, device_types, catalogue)
@@ -257,7 +254,7 @@ def matrix_context(
             else queries.cell_groups(filters, device_types, catalogue.operators_of)
         )
     summary = queries.matrix_summary(
-        filters, device_types, revisions, catalogue.operators, groups
+        filters, device_types, current, catalogue.operators, groups
     )
     params = list(filters.as_params().items())
     query = urlencode(params)
@@ -278,7 +275,7 @@ def matrix_context(
         row.toggle_query = urlencode([*params, *(("open", n) for n in toggled)])
         if opened:
             rows, left = queries.operator_rows(
-                row.operator, filters, device_types, revisions, limit
+                row.operator, filters, device_types, current, limit
             )
             row.expanded = {
                 "rows": rows,

@@ -48,6 +48,7 @@ def runner_rows(runners: list[Runner]) -> list[dict]:
         elif runner_id is not None:
             running[runner_id] += n
     cutoff = services.silent_cutoff()
+    cpu_hosts = _cpu_hosts()
     return [
         {
             "runner": r,
@@ -57,9 +58,32 @@ def runner_rows(runners: list[Runner]) -> list[dict]:
             # (on the control worker) has not run since, or that is down too.
             "silent": r.state != Runner.State.OFFLINE
             and (r.last_heartbeat is None or r.last_heartbeat < cutoff),
+            # Two runners timing kernels on one host's CPU slow each other
+            # down (docs/deploy.md): said where it happens.
+            "shares_cpu_with": [
+                name for name in cpu_hosts.get(_host(r), []) if name != r.name
+            ]
+            if r.revoked_at is None and _host(r) in cpu_hosts
+            else [],
         }
         for r in runners
     ]
+
+
+def _host(runner: Runner) -> str:
+    return ((runner.inventory or {}).get("host") or {}).get("hostname", "")
+
+
+def _cpu_hosts() -> dict[str, list[str]]:
+    """host name -> the unrevoked runners on it that time CPU kernels."""
+    hosts: dict[str, list[str]] = defaultdict(list)
+    for runner in Runner.objects.filter(revoked_at__isnull=True).only(
+        "name", "inventory"
+    ):
+        devices = (runner.inventory or {}).get("devices", [])
+        if _host(runner) and any(d.get("backend") == "c" for d in devices):
+            hosts[_host(runner)].append(runner.name)
+    return {h: sorted(names) for h, names in hosts.items() if len(names) > 1}
 
 
 def _runners():

@@ -6,19 +6,28 @@ from django import forms
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied, ValidationError
-from django.http import Http404, HttpResponseBadRequest
+from django.http import Http404
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from matrix import submissions
+from matrix import revisions, submissions
 from matrix.gate.forms import FocusesItsError
-from matrix.models import KernelRevision, Operator
+from matrix.models import Backend, KernelRevision, Operator
 from matrix.refusals import Refused
+from runners.harness.precheck import precheck
 
 
 class SubmissionForm(FocusesItsError, forms.Form):
     operator = forms.ModelChoiceField(
         queryset=Operator.objects.order_by("name"), to_field_name="name"
+    )
+    # No default: approving changes what these backends run, and only these.
+    backends = forms.MultipleChoiceField(
+        choices=Backend.choices,
+        widget=forms.CheckboxSelectMultiple,
+        error_messages={"required": "choose the backends the kernel covers"},
+        help_text="Approved, it runs on these backends' device types; the "
+        "library's revision stays current on the others.",
     )
     source = forms.CharField(
         widget=forms.Textarea(attrs={"rows": 24, "spellcheck": "false"}),
@@ -28,9 +37,31 @@ class SubmissionForm(FocusesItsError, forms.Form):
         "returns a TileLang prim_func; it may import tilelang only.",
     )
 
+    def clean_source(self):
+        # Said whatever else the form lacks; kernel_submit checks it again.
+        source = self.cleaned_data["source"]
+        refusals = precheck(source.replace("\r\n", "\n"))
+        if refusals:
+            raise forms.ValidationError([str(r) for r in refusals])
+        return source
 
-class ReviewForm(forms.Form):
+
+class ReviewForm(FocusesItsError, forms.Form):
     decision = forms.ChoiceField(choices=[("approve", "Approve"), ("reject", "Reject")])
+    comment = forms.CharField(
+        widget=forms.Textarea(attrs={"rows": 2}),
+        error_messages={"required": "write a comment: it explains the decision"},
+    )
+    # An approval changes what production's jobs run: asked for below.
+    confirm = forms.BooleanField(
+        required=False, label="I have read what approving changes"
+    )
+
+    def clean(self):
+        data = super().clean()
+        if data.get("decision") == "approve" and not data.get("confirm"):
+            self.add_error("confirm", "tick the box: approving changes what runs")
+        return data
 
 
 def _get_submission_for_user(request, pk: int) -> KernelRevision:
@@ -64,6 +95,7 @@ def submission_new(request):
                 operator=form.cleaned_data["operator"],
                 source=form.cleaned_data["source"],
                 author=request.user,
+                backends=form.cleaned_data["backends"],
             )
         except ValidationError as exc:
             for message in exc.messages:
@@ -81,17 +113,38 @@ def submission_new(request):
 @require_GET
 def submission_page(request, pk: int):
     revision = _get_submission_for_user(request, pk)
+    return _detail(request, revision, ReviewForm())
+
+
+def _detail(request, revision: KernelRevision, form, status: int = 200):
     base = submissions.diff_base(revision)
     pending = revision.review_state == KernelRevision.Review.PENDING
+    can_review = pending and submissions.can_review(request.user, revision)
     context = {
         "revision": revision,
+        "covers": revision_labels(revision),
+        "current_on": [
+            label
+            for value, label in Backend.choices
+            if revision.current_on.filter(backend=value).exists()
+        ],
         "base": base,
+        "base_current": base is not None
+        and submissions.is_current_beside(base, revision),
         "diff": submissions.revision_diff(revision, base),
-        "can_review": pending and submissions.can_review(request.user, revision),
+        "can_review": can_review,
+        "change": revisions.change_preview(revision, revisions.backends_of(revision))
+        if can_review
+        else None,
         "own_pending": pending and revision.author_id == request.user.pk,
-        "form": ReviewForm(),
+        "form": form,
     }
-    return render(request, "submissions/detail.html", context)
+    return render(request, "submissions/detail.html", context, status=status)
+
+
+def revision_labels(revision: KernelRevision) -> list[str]:
+    labels = dict(Backend.choices)
+    return [labels[b] for b in revisions.backends_of(revision)]
 
 
 @login_required
@@ -106,20 +159,25 @@ def submission_review(request, pk: int):
         raise PermissionDenied("only reviewers review submissions")
     form = ReviewForm(request.POST)
     if not form.is_valid():
-        return HttpResponseBadRequest("decision must be approve or reject")
+        return _detail(request, revision, form, status=400)
+    approve = form.cleaned_data["decision"] == "approve"
+    change = revisions.change_preview(revision, revisions.backends_of(revision))
     try:
         submissions.kernel_review(
             revision=revision,
             by=request.user,
-            approve=form.cleaned_data["decision"] == "approve",
+            approve=approve,
+            comment=form.cleaned_data["comment"],
         )
     except ValidationError as exc:
         messages.error(request, " ".join(exc.messages))
     else:
         messages.success(
             request,
-            "Approved: it is the operator's current revision, and new jobs run it."
-            if form.cleaned_data["decision"] == "approve"
+            f"Approved: new jobs on {', '.join(revision_labels(revision))} run it; "
+            f"{change.stale_words}. "
+            "The library's revision stays current on the other backends."
+            if approve
             else "Rejected: it never runs.",
         )
     return redirect("submission", pk=revision.pk)

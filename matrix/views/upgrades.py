@@ -425,7 +425,7 @@ def _detail_context(
         "can_grant_exception": reviewer and not is_proposer,
         "is_proposer": is_proposer,
         "can_rollout": proposal.state == UpgradeProposal.State.APPROVED
-        and (reviewer or services.can_edit_policy(request.user)),
+        and services.can_rollout(request.user),
         "decision_form": decision_form or DecisionForm(),
         "exception_form": exception_form
         or _exception_form(proposal, device_types=device_types, exceptions=exceptions),
@@ -590,10 +590,11 @@ def upgrade_rollout(request, pk: int):
     """Final, so asked for twice: the button's form carries a confirmation
     box that says what changes."""
     proposal = _get_proposal_for_user(request.user, pk)
-    if not (
-        services.can_edit_policy(request.user) or services.is_reviewer(request.user)
-    ):
-        raise PermissionDenied("only reviewers or admins roll out an upgrade")
+    if not services.can_rollout(request.user):
+        raise PermissionDenied(
+            f"only members of the {Policy.current().rollout_group} group roll out "
+            "an upgrade"
+        )
     if request.POST.get("confirm") != "on":
         messages.error(
             request,

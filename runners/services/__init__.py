@@ -43,7 +43,9 @@ from runners.services.planning import (
     sweep_plan,
 )
 from runners.services.registration import (
+    hosted_toolchains,
     runner_approve,
+    runner_evidence_adopt,
     runner_refuse,
     runner_register,
     runner_revoke,
@@ -79,7 +81,9 @@ __all__ = [
     "result_envelope",
     "result_ingest",
     "results_ingest",
+    "hosted_toolchains",
     "runner_approve",
+    "runner_evidence_adopt",
     "runner_health_set",
     "runner_heartbeat",
     "runner_queues",

@@ -16,6 +16,7 @@ from django.utils import timezone
 from matrix.models import (
     Backend,
     Cell,
+    CurrentRevision,
     DeviceType,
     JobStage,
     JobState,
@@ -302,11 +303,11 @@ def _messages_publish(messages: list[tuple[str, list[dict]]]) -> None:
 @dataclass
 class Plannable:
     """The cells that can get a job now, and what their jobs share: the
-    current revision of each operator, and the payload parts of revisions,
+    revision current on each cell's backend, and the payload parts of revisions,
     shapes, device types and toolchains (read once, not per job)."""
 
     cells: list[tuple[int, int, int]]
-    revision_of: dict[int, int]  # shape id -> revision id
+    revision_of: dict[tuple[int, int], int]  # (shape, device type) -> revision
     revisions: dict[int, dict]
     shapes: dict[int, dict]
     targets: dict[int, dict]
@@ -347,18 +348,23 @@ def _plannable(wanted: list[tuple[int, int, int]]) -> Plannable:
             pk__any=shape_ids
         ).values_list("id", "operator_id", "dims", "dtype")
     }
+    # The revision current on each backend (matrix.revisions).
     current = {
-        r.operator_id: r
-        for r in KernelRevision.objects.filter(
-            is_current=True,
-            review_state=KernelRevision.Review.APPROVED,
+        (c.operator_id, c.backend): c.revision
+        for c in CurrentRevision.objects.filter(
+            revision__review_state=KernelRevision.Review.APPROVED,
             operator_id__in={op for op, _ in shapes.values()},
-        ).select_related("operator")
+        ).select_related("revision__operator")
     }
-    targets = {
-        d.pk: d.target
-        for d in DeviceType.objects.filter(pk__in={d for _, d, _ in wanted})
-    }
+    device_types = DeviceType.objects.filter(pk__in={d for _, d, _ in wanted})
+    targets = {d.pk: d.target for d in device_types}
+    backends = {d.pk: d.backend for d in device_types}
+    revision_of = {}
+    for s, d, _ in wanted:
+        if s in shapes and d in backends:
+            revision = current.get((shapes[s][0], backends[d]))
+            if revision is not None:
+                revision_of[s, d] = revision.pk
     toolchains = dict(
         Toolchain.objects.filter(pk__in={t for _, _, t in wanted}).values_list(
             "id", "fingerprint"
@@ -371,13 +377,11 @@ def _plannable(wanted: list[tuple[int, int, int]]) -> Plannable:
         and s in shapes
         and d in targets
         and t in toolchains
-        and shapes[s][0] in current
+        and (s, d) in revision_of
     ]
     return Plannable(
         cells=cells,
-        revision_of={
-            s: current[op].pk for s, (op, _) in shapes.items() if op in current
-        },
+        revision_of=revision_of,
         revisions={r.pk: _revision_part(r) for r in current.values()},
         shapes={s: part for s, (_, part) in shapes.items()},
         targets=targets,
@@ -432,7 +436,7 @@ def jobs_insert(plan: Plannable, **fields) -> list[dict]:
         rows.append(
             {
                 **shared,
-                "revision_id": plan.revision_of[s],
+                "revision_id": plan.revision_of[s, d],
                 "shape_id": s,
                 "device_type_id": d,
                 "toolchain_id": t,

@@ -203,8 +203,10 @@ def _refuse_taken(name: str, public_key: str) -> None:
 
 @transaction.atomic
 def runner_register(*, token: str, name: str, public_key: str, inventory) -> Runner:
-    """Exchange a registration token for a Runner holding the runner's public
-    key, its device types and its toolchains."""
+    """Exchange a registration token for a pending Runner holding the
+    runner's public key and its inventory. Its device types and toolchains
+    become rows (matrix columns, form choices) when it is approved, never
+    before: a refused claim leaves nothing behind."""
     if not isinstance(token, str) or not token:
         raise PermissionDenied("a registration token is required")
     record = (
@@ -230,25 +232,7 @@ def runner_register(*, token: str, name: str, public_key: str, inventory) -> Run
     clean = inventory_clean(inventory)
     _refuse_taken(name, public_key)
 
-    device_types = []
-    for spec in clean["devices"]:
-        device_type, _ = DeviceType.objects.get_or_create(
-            vendor=spec["vendor"],
-            model=spec["model"],
-            arch=spec["arch"],
-            backend=spec["backend"],
-            defaults={"memory_gb": spec["memory_gb"]},
-        )
-        device_types.append(device_type)
-    hosted = []
-    for spec in clean["toolchains"]:
-        toolchain = Toolchain.objects.filter(
-            fingerprint=fingerprint_of(spec["components"])
-        ).first() or toolchain_register(
-            name=spec["name"], components=spec["components"]
-        )
-        hosted.append((toolchain, spec))
-
+    _toolchains_check(clean["toolchains"])
     try:
         with transaction.atomic():
             runner = Runner.objects.create(
@@ -263,16 +247,6 @@ def runner_register(*, token: str, name: str, public_key: str, inventory) -> Run
         # above; the unique columns refused this one. Say which.
         _refuse_taken(name, public_key)
         raise
-    runner.device_types.set(device_types)
-    RunnerToolchain.objects.bulk_create(
-        RunnerToolchain(
-            runner=runner,
-            toolchain=toolchain,
-            interpreter=spec["interpreter"],
-            harness_fingerprint=spec["harness_fingerprint"],
-        )
-        for toolchain, spec in {t.pk: (t, s) for t, s in hosted}.values()
-    )
     record.used_at = timezone.now()
     record.used_by = runner
     record.save(update_fields=["used_at", "used_by"])
@@ -281,11 +255,100 @@ def runner_register(*, token: str, name: str, public_key: str, inventory) -> Run
         verb="runner.register",
         obj=runner,
         after={
-            "device_types": [str(d) for d in device_types],
-            "toolchains": sorted({t.name for t, _ in hosted}),
+            "device_types": [str(d) for d in runner.claimed_device_types()],
+            "toolchains": sorted({t["name"] for t in clean["toolchains"]}),
             "key_fingerprint": runner.key_fingerprint,
             "health": runner.health,
         },
+    )
+    return runner
+
+
+def _toolchains_check(toolchains: list[dict]) -> None:
+    """Refuse, at registration, a toolchain the approval could not record:
+    a new fingerprint under a name another toolchain holds."""
+    for spec in toolchains:
+        fingerprint = fingerprint_of(spec["components"])
+        if Toolchain.objects.filter(fingerprint=fingerprint).exists():
+            continue
+        if Toolchain.objects.filter(name=spec["name"]).exists():
+            raise ValidationError(
+                f"a toolchain named {spec['name']!r} already exists with other "
+                "components; name this one differently"
+            )
+
+
+def _inventory_adopt(runner: Runner) -> None:
+    """Make the approved inventory's device types and toolchains rows, and
+    link them to the runner."""
+    device_types = [
+        DeviceType.objects.get_or_create(
+            vendor=d.vendor,
+            model=d.model,
+            arch=d.arch,
+            backend=d.backend,
+            defaults={"memory_gb": d.memory_gb},
+        )[0]
+        for d in runner.claimed_device_types()
+    ]
+    runner.device_types.set(device_types)
+    hosted = {}
+    for spec in runner.inventory.get("toolchains", []):
+        toolchain = Toolchain.objects.filter(
+            fingerprint=fingerprint_of(spec["components"])
+        ).first() or toolchain_register(
+            name=spec["name"], components=spec["components"]
+        )
+        hosted.setdefault(toolchain.pk, (toolchain, spec))
+    for toolchain, spec in hosted.values():
+        RunnerToolchain.objects.update_or_create(
+            runner=runner,
+            toolchain=toolchain,
+            defaults={
+                "interpreter": spec["interpreter"],
+                "harness_fingerprint": spec["harness_fingerprint"],
+            },
+        )
+
+
+def hosted_toolchains(runner: Runner) -> list[dict]:
+    """What a registering host keeps of its toolchains: the server's
+    fingerprint of each (the one its jobs name) and its interpreter. The id
+    is None until approval records a toolchain this server had not seen."""
+    claimed = runner.claimed_toolchains()
+    known = {
+        fingerprint: (pk, name)
+        for fingerprint, pk, name in Toolchain.objects.filter(
+            fingerprint__in=[t.fingerprint for t in claimed]
+        ).values_list("fingerprint", "pk", "name")
+    }
+    return [
+        {
+            # A toolchain the server knows keeps its name, as approval will.
+            "id": known.get(t.fingerprint, (None, t.name))[0],
+            "name": known.get(t.fingerprint, (None, t.name))[1],
+            "fingerprint": t.fingerprint,
+            "interpreter": spec["interpreter"],
+        }
+        for t, spec in zip(claimed, runner.inventory["toolchains"], strict=True)
+    ]
+
+
+def runner_evidence_adopt(runner: Runner) -> Runner:
+    """The lab runner of an imported evidence file: its device types and
+    toolchains become rows (its results are their cells) and it reads as an
+    offline lab, with no queue and no approval waiting. The import is the
+    server admin's deliberate act."""
+    if runner.health != Runner.Health.PENDING or runner.revoked_at is not None:
+        return runner
+    _inventory_adopt(runner)
+    runner.health = Runner.Health.EVIDENCE
+    runner.save(update_fields=["health"])
+    AuditEvent.record(
+        verb="runner.evidence",
+        obj=runner,
+        before={"health": Runner.Health.PENDING},
+        after={"health": runner.health, "claims": runner.claims()},
     )
     return runner
 
@@ -312,6 +375,7 @@ def runner_approve(*, name: str, by=None) -> Runner:
     claims jobs and may be planned bundles. The audit event keeps what was
     approved (devices, toolchains, host, key fingerprint)."""
     runner = _pending(name)
+    _inventory_adopt(runner)
     runner.approve(by=by)
     return runner
 

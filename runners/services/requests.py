@@ -92,7 +92,7 @@ def runner_reconnect(*, envelope) -> dict:
     not)."""
     runner, payload = request_verify(envelope, kind="recover")
     counts = {"requeued": 0, "lost": 0, "republished": 0}
-    if runner.health == Runner.Health.PENDING:
+    if runner.has_no_queue:
         # It runs nothing and has no queue: the queues it claims to have
         # are another runner's, whose jobs it must not have sent again.
         return counts
@@ -124,5 +124,5 @@ def runner_queues(*, envelope) -> dict:
     runner admin approves it, with no queue)."""
     runner, _ = request_verify(envelope, kind="queues")
     # A pending runner is given no queue: what it claims is unapproved.
-    queues = [] if runner.health == Runner.Health.PENDING else runner.queues()
+    queues = [] if runner.has_no_queue else runner.queues()
     return {"name": runner.name, "queues": queues, "health": runner.health}

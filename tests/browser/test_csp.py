@@ -21,6 +21,7 @@ def test_no_page_breaks_the_content_security_policy(
         operator=operator,
         source=attack_source("good_add").replace("good_add", "csp_add"),
         author=admin_user,
+        backends=["c"],
     )
     tab.login("root", "root-pass-123")
     paths = [
@@ -34,6 +35,7 @@ def test_no_page_breaks_the_content_security_policy(
         reverse("submissions"),
         reverse("submission-new"),
         reverse("submission", args=[submission.pk]),
+        reverse("operator-revisions", args=[operator.name]),
         reverse("admin:index"),
     ]
     for path in paths:

@@ -114,6 +114,7 @@ def test_every_page_logs_no_console_error_or_csp_violation(fresh, demo):
         "/models/",
         "/models/?model=llama-3-8b",
         "/operators/gemm/",
+        "/operators/gemm/revisions/",
         cell,
         "/gaps/",
         "/errors/",

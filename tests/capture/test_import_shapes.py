@@ -231,6 +231,31 @@ GOOD_CALL = {
 }
 
 
+def test_a_shape_no_device_could_hold_is_refused_naming_the_limit(operators, tmp_path):
+    from matrix.models import DeviceType
+    from matrix.services import DEMO_DEVICE_TYPES
+
+    for spec in DEMO_DEVICE_TYPES:
+        DeviceType.objects.create(**spec)
+    big = {"M": 200_000, "N": 200_000, "K": 200_000}  # 1.2e11 elements
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps({"model": "m", "calls": [{**GOOD_CALL, "dims": big}]}))
+    with pytest.raises(
+        CommandError,
+        match=re.escape(
+            "row 1 (gemm): M=200000,N=200000,K=200000 needs 320 GB for its inputs and "
+            "two copies of its outputs; the largest device in the catalogue has 192 GB"
+        ),
+    ):
+        import_shapes("--trace", str(path))
+    assert Shape.objects.count() == 0
+    # One an H200 holds (a 3e10-element gemm: 80 GB) is taken.
+    held = {"M": 100_000, "N": 100_000, "K": 100_000}
+    path.write_text(json.dumps({"model": "m", "calls": [{**GOOD_CALL, "dims": held}]}))
+    import_shapes("--trace", str(path))
+    assert Shape.objects.count() == 1
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [

@@ -11,6 +11,7 @@ from django.utils import timezone
 from matrix.models import (
     AuditEvent,
     Cell,
+    CurrentRevision,
     DeviceType,
     KernelRevision,
     Operator,
@@ -85,22 +86,22 @@ def test_the_same_shape_and_dtype_is_stored_once(gemm):
         )
 
 
-def test_an_operator_has_at_most_one_current_revision(gemm):
-    KernelRevision.objects.create(
-        operator=gemm,
-        source_sha256="1" * 64,
-        origin="library",
-        review_state="approved",
-        is_current=True,
-    )
-    with refused(), transaction.atomic():
+def test_an_operator_has_one_current_revision_per_backend(gemm):
+    first, second = (
         KernelRevision.objects.create(
             operator=gemm,
-            source_sha256="2" * 64,
+            source_sha256=n * 64,
             origin="library",
             review_state="approved",
-            is_current=True,
         )
+        for n in "12"
+    )
+    CurrentRevision.objects.create(operator=gemm, backend="c", revision=first)
+    CurrentRevision.objects.create(operator=gemm, backend="cuda", revision=second)
+    with refused(), transaction.atomic():
+        CurrentRevision.objects.create(operator=gemm, backend="c", revision=second)
+    with refused(), transaction.atomic():
+        CurrentRevision.objects.create(operator=gemm, backend="tpu", revision=second)
 
 
 def test_a_revision_hash_must_be_a_sha256(gemm):

@@ -14,6 +14,7 @@ from django.contrib.auth.models import Group, Permission
 from django.utils import timezone
 
 from matrix.models import (
+    Backend,
     Cell,
     DeviceType,
     KernelRevision,
@@ -23,6 +24,7 @@ from matrix.models import (
     Status,
     ValidationJob,
 )
+from matrix.revisions import make_current
 from matrix.services import toolchain_register
 from runners.models import Runner, RunnerToolchain
 
@@ -70,13 +72,13 @@ def world(people):
     operators = {}
     for name, dims in (("softmax", ["M", "N"]), ("gemm", ["M", "N", "K"])):
         op = Operator.objects.create(name=name, dims=dims)
-        KernelRevision.objects.create(
+        revision = KernelRevision.objects.create(
             operator=op,
             source_sha256=hashlib.sha256(name.encode()).hexdigest(),
             origin="library",
             review_state="approved",
-            is_current=True,
         )
+        make_current(revision, Backend.values)
         operators[name] = op
     shapes = {
         "softmax": Shape.objects.create(
@@ -165,7 +167,7 @@ def record_result(
 ):
     """``samples``: the kernel's timing samples; ``code``: the SHA-256 of
     its generated source, as ingest keeps them."""
-    revision = shape.operator.current_revision
+    revision = shape.operator.current_revision(device_type.backend)
     job = ValidationJob.objects.create(
         revision=revision,
         shape=shape,

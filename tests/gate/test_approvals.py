@@ -221,6 +221,27 @@ def test_rollout_makes_the_candidate_current_and_every_step_is_audited(world, pr
         events.first().delete()
 
 
+def test_only_the_policys_rollout_group_rolls_out(world, proposal, admin_user):
+    from django.contrib.auth.models import Group
+
+    from matrix.gate.services import policy_save
+
+    release = Group.objects.create(name="release")
+    policy_save(by=admin_user, rollout_group="release")
+    proposal_approve(proposal=proposal, by=world.reviewers[0], comment="clean diff")
+    proposal_approve(proposal=proposal, by=world.reviewers[1], comment="agreed")
+    with pytest.raises(PermissionDenied, match="only members of the release group"):
+        proposal_rollout(proposal=proposal, by=world.reviewers[2])
+    proposal.refresh_from_db()
+    assert proposal.state == UpgradeProposal.State.APPROVED
+    world.reviewers[2].groups.add(release)
+    proposal_rollout(proposal=proposal, by=world.reviewers[2])
+    proposal.refresh_from_db()
+    assert proposal.state == UpgradeProposal.State.ROLLED_OUT
+    with pytest.raises(ValidationError, match="no group named nobody"):
+        policy_save(by=admin_user, rollout_group="nobody")
+
+
 def test_a_cell_already_in_flight_keeps_the_proposal_collecting(world):
     from runners.services import sweep_plan
 

@@ -105,7 +105,7 @@ def test_approving_while_collecting_says_what_to_wait_for(world, unhosted_baseli
 
 def queued(world, shape, device_type, toolchain, *, stage, queue):
     return ValidationJob.objects.create(
-        revision=world.shapes[shape].operator.current_revision,
+        revision=world.shapes[shape].operator.current_revision(device_type.backend),
         shape=world.shapes[shape],
         device_type=device_type,
         toolchain=toolchain,

@@ -59,11 +59,11 @@ def test_the_api_serves_the_approved_table(client, world, approved):
         )
         for e in body["entries"]
     }
-    softmax_sha = world.shapes["softmax"].operator.current_revision.source_sha256
+    softmax_sha = world.shapes["softmax"].operator.current_revision("c").source_sha256
     assert table == {
         ("gemm", "float32", CPU, '{"dims": {"M": 64, "N": 64, "K": 64}}'): (
             "tilelang",
-            world.shapes["gemm"].operator.current_revision.source_sha256,
+            world.shapes["gemm"].operator.current_revision("c").source_sha256,
         ),
         ("softmax", "float32", CPU, '{"dims": {"M": 64, "N": 256}}'): (
             "tilelang",
@@ -240,7 +240,7 @@ def test_library_revisions_are_named_as_the_catalogue_names_them(db):
 
     for op in operator_sync_library():
         assert library_revisions(op.name) == {
-            op.name: op.current_revision.source_sha256
+            op.name: op.current_revision("c").source_sha256
         }
     with pytest.raises(ValueError, match="no library operator named 'conv'"):
         library_revisions("conv")

@@ -259,6 +259,7 @@ def test_an_admin_saves_a_new_policy_version(client, admin_user, world):
             "speed_budget": "0.1",
             "required_approvals": "3",
             "reviewer_group": "reviewer",
+            "rollout_group": "reviewer",
             "backend_owners": '{"c": ["reviewer3"]}',
             "note": "gemm is hot",
         },
@@ -536,6 +537,7 @@ POLICY_POST = {
     "speed_budget": "0",
     "required_approvals": "2",
     "reviewer_group": "reviewer",
+    "rollout_group": "reviewer",
     "backend_owners": "{}",
 }
 

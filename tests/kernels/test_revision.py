@@ -38,8 +38,8 @@ def test_the_runner_and_the_catalogue_name_the_same_revision(catalog):
     from matrix.models import Operator
 
     for op in Operator.objects.all():
-        assert library_sha256(op.name) == op.current_revision.source_sha256
-        assert op.current_revision.source == library_source(op.name)
+        assert library_sha256(op.name) == op.current_revision("c").source_sha256
+        assert op.current_revision("c").source == library_source(op.name)
 
 
 def test_no_path_outside_the_library_names_a_revision():

@@ -8,7 +8,7 @@ from datetime import timedelta
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from matrix.models import DeviceType, Shape, Toolchain
+from matrix.models import DeviceType, Shape
 from runners import services, signing
 from runners.harness.result import SUCCESS_FOR_STAGE
 from runners.services.coherence import PASS_METRICS
@@ -51,6 +51,16 @@ def cpu_inventory(**toolchain) -> dict:
         "nvcc": False,
         "host": {"hostname": "cpu-box"},
     }
+
+
+def cpu_toolchain():
+    """The CPU runners' toolchain: recorded by the first approved one, or
+    here where none is."""
+    from matrix.services import toolchain_register
+    from runners.services.registration import TOOLCHAIN_KEYS
+
+    components = {k: CPU_COMPONENTS.get(k) for k in TOOLCHAIN_KEYS}
+    return toolchain_register(name="tilelang-0.1.15-cpu", components=components)
 
 
 def resigned(envelope: dict, key, **changes) -> dict:
@@ -140,8 +150,9 @@ def cpu_cells(catalog):
     toolchain: the cells a CPU runner validates for real."""
 
     def cells():
+
         cpu = DeviceType.objects.get(backend="c")
-        toolchain = Toolchain.objects.get(name="tilelang-0.1.15-cpu")
+        toolchain = cpu_toolchain()
         shapes = Shape.objects.filter(source_profile="cpu-smoke").order_by("pk")
         return [(s, cpu, toolchain) for s in shapes]
 
@@ -172,7 +183,8 @@ def host_dir_of(tmp_path, monkeypatch, server_http):
     def host_dir_of(hand: RunnerHand):
         directory = tmp_path / "runner"
         signing.key_write(directory / "runner.key", hand.key)
-        toolchain = hand.runner.toolchains.get()
+        # As registration answers it: claimed, recorded once approved.
+        (toolchain,) = hand.runner.claimed_toolchains()
         config = host.HostConfig(
             directory=directory,
             name=hand.name,

@@ -322,6 +322,11 @@ def test_an_air_gapped_host_registers_from_its_probed_inventory(live_server, tmp
         "--inventory", str(inventory),
     )  # fmt: skip
     runner = Runner.objects.get(name="closed-lab")
+    assert {str(d) for d in runner.claimed_device_types()} == {
+        "NVIDIA H200 · sm_90a · cuda",
+        "x86-64 CPU · c",
+    }
+    run("approve", "closed-lab")
     assert {str(d) for d in runner.device_types.all()} == {
         "NVIDIA H200 · sm_90a · cuda",
         "x86-64 CPU · c",

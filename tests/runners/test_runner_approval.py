@@ -19,7 +19,7 @@ from runners import services
 from runners.models import Runner
 from runners.roles import RUNNER_ADMIN
 
-from .conftest import cpu_inventory
+from .conftest import cpu_inventory, cpu_toolchain
 
 H200 = {"vendor": "NVIDIA", "model": "H200", "arch": "sm_90a", "backend": "cuda"}
 
@@ -79,7 +79,11 @@ def test_a_host_claiming_the_labs_gpu_and_toolchain_gets_nothing_unapproved(
     evil = register(name="evil", inventory=lab_inventory, approved=False)
     h200 = DeviceType.objects.get(model="H200")
     toolchain = Toolchain.objects.get(name="tilelang-0.1.15-cpu")
-    assert set(evil.runner.toolchains.all()) == {toolchain}
+    # It claims the lab's toolchain; nothing links it before an approval.
+    assert [t.fingerprint for t in evil.runner.claimed_toolchains()] == [
+        toolchain.fingerprint
+    ]
+    assert not evil.runner.toolchains.exists()
 
     sweep = services.sweep_plan(cells=[(s, h200, toolchain) for s in _shapes(1)])
     job = sweep.jobs.get()
@@ -114,7 +118,7 @@ def test_a_pending_runner_does_not_route_validation_to_its_device(register, cata
     inventory["devices"] = [H200]
     register(name="evil", inventory=inventory, approved=False)
     h200 = DeviceType.objects.get(model="H200")
-    toolchain = Toolchain.objects.get(name="tilelang-0.1.15-cpu")
+    toolchain = cpu_toolchain()
 
     sweep = services.sweep_plan(cells=[(s, h200, toolchain) for s in _shapes(1)])
 
@@ -146,6 +150,48 @@ def test_approval_gives_the_queues_and_audits_what_was_approved(pending, runner_
         ],
         "nvcc": False,
     }
+
+
+def test_a_pending_runner_adds_no_column_or_toolchain_until_approved(
+    register, catalog, client, runner_admin
+):
+    ascend = {"vendor": "Huawei", "model": "Ascend 910B", "arch": "", "backend": "npu"}
+    inventory = cpu_inventory(name="tilelang-9.9-rocm")
+    inventory["toolchains"][0]["components"] = {"tilelang": "9.9", "torch": "2.13.0"}
+    inventory["devices"] = [ascend]
+    columns = set(DeviceType.objects.values_list("pk", flat=True))
+    toolchains = set(Toolchain.objects.values_list("pk", flat=True))
+    register(name="claims-a-lot", inventory=inventory, approved=False, online=False)
+    register(name="claims-it-too", inventory=inventory, approved=False, online=False)
+
+    assert set(DeviceType.objects.values_list("pk", flat=True)) == columns
+    assert set(Toolchain.objects.values_list("pk", flat=True)) == toolchains
+    client.force_login(runner_admin)
+    page = client.get(reverse("runners")).content.decode()
+    assert "Huawei Ascend 910B · npu" in page  # the claim, for the admin
+    assert "TileLang 9.9" in page
+    matrix = client.get(reverse("matrix")).content.decode()
+    assert "Ascend" not in matrix
+
+    services.runner_refuse(name="claims-a-lot", by=runner_admin)
+    assert not DeviceType.objects.filter(model="Ascend 910B").exists()
+    services.runner_approve(name="claims-it-too", by=runner_admin)
+    approved = Runner.objects.get(name="claims-it-too")
+    assert [str(d) for d in approved.device_types.all()] == ["Huawei Ascend 910B · npu"]
+    assert [t.name for t in approved.toolchains.all()] == ["tilelang-9.9-rocm"]
+
+
+def test_the_page_warns_when_two_runners_time_one_hosts_cpu(
+    register, client, runner_admin
+):
+    register(name="cpu-a", online=False)
+    register(name="cpu-b", online=False, approved=False)
+    client.force_login(runner_admin)
+    page = client.get(reverse("runners")).content.decode()
+    assert "shares the CPU of cpu-box with cpu-b" in page
+    assert "shares the CPU of cpu-box with cpu-a" in page
+    services.runner_refuse(name="cpu-b", by=runner_admin)
+    assert "shares the CPU" not in client.get(reverse("runners")).content.decode()
 
 
 def test_refusal_revokes_and_audits(pending, runner_admin):
@@ -194,8 +240,9 @@ def test_the_page_shows_a_pending_runners_claims_with_approve_and_refuse(
     page = client.get(reverse("runners")).content.decode()
     assert "pending approval" in page and "no queue until approved" in page
     assert "host cpu-box" in page and pending.runner.key_fingerprint in page
-    toolchain = Toolchain.objects.get()
-    assert toolchain.fingerprint[:12] in page
+    (claimed,) = pending.runner.claimed_toolchains()
+    assert claimed.fingerprint[:12] in page
+    assert not Toolchain.objects.exists()  # recorded once approved
     assert reverse("runner-approve", args=[pending.runner.pk]) in page
     assert reverse("runner-refuse", args=[pending.runner.pk]) in page
 

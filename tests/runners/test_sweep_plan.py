@@ -140,19 +140,20 @@ def test_each_message_carries_its_jobs_as_their_rows_read(
     import hashlib
 
     from matrix.models import KernelRevision
+    from matrix.revisions import make_current
     from runners.services import planning
 
     source = "def program(shape, dtype, target):\n    return None\n"
     softmax = KernelRevision.objects.get(operator__name="softmax", is_current=True)
-    KernelRevision.objects.filter(pk=softmax.pk).update(is_current=False)
-    KernelRevision.objects.create(
+    submitted = KernelRevision.objects.create(
         operator=softmax.operator,
         source=source,
         source_sha256=hashlib.sha256(source.encode()).hexdigest(),
         origin=KernelRevision.Origin.SUBMITTED,
         review_state=KernelRevision.Review.APPROVED,
-        is_current=True,
+        backends=["c"],
     )
+    make_current(submitted, ["c"])
     sent = []
     monkeypatch.setattr(planning, "_messages_publish", sent.extend)
     sweep = services.sweep_plan(cells=cpu_cells())

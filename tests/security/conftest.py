@@ -7,7 +7,7 @@ import pytest
 from django.contrib.auth.models import Group
 
 from matrix.gate import services as gate
-from matrix.models import DeviceType, Shape, Sweep
+from matrix.models import DeviceType, Operator, Shape, Sweep
 from matrix.services import toolchain_register
 from matrix.submissions import kernel_submit
 from runners.models import Runner
@@ -59,6 +59,7 @@ def objects(catalog, people):
         operator=shape.operator,
         source=attack_source("good_add").replace("good_add", "matrix_add"),
         author=people[KERNEL_AUTHOR],
+        backends=["c"],
     )
     runner = Runner.objects.create(
         name="perm-host", public_key="cd" * 32, health=Runner.Health.ACTIVE
@@ -76,8 +77,55 @@ def objects(catalog, people):
         "submission-review": submission.pk,
         "api:kernel_read": submission.pk,
         "api:kernel_review": submission.pk,
+        "api:kernel_revert": submission.pk,
         "shape_id": shape.pk,
         "device_type_id": device_type.pk,
         "upgrade": proposal.pk,
         "name": shape.operator.name,
     }
+
+
+# Kernel submissions: an author, a second reviewer and a pending submission
+# of elementwise_add for the CPU backend.
+GOOD = attack_source("good_add")
+APPROVE = {"decision": "approve", "comment": "reviewed", "confirm": "on"}
+
+
+def _with_role(user, *roles):
+    for role in roles:
+        user.groups.add(Group.objects.get(name=role))
+    return user
+
+
+@pytest.fixture
+def author(owner):
+    return _with_role(owner, KERNEL_AUTHOR, VIEWER)
+
+
+@pytest.fixture
+def second_reviewer(reviewer):
+    return _with_role(reviewer, REVIEWER)
+
+
+@pytest.fixture
+def add_operator(catalog):
+    return Operator.objects.get(name="elementwise_add")
+
+
+@pytest.fixture
+def cpu_cell(add_operator):
+    """A (shape, device type, toolchain) cell of elementwise_add."""
+    from matrix.services import toolchain_register
+
+    toolchain = toolchain_register(
+        name="tilelang-0.1.15", components={"tilelang": "0.1.15"}, current=True
+    )
+    shape = Shape.objects.filter(operator=add_operator).first()
+    return shape, DeviceType.objects.get(backend="c"), toolchain
+
+
+@pytest.fixture
+def pending(author, add_operator):
+    return kernel_submit(
+        operator=add_operator, source=GOOD, author=author, backends=["c"]
+    )

@@ -68,6 +68,7 @@ def own_submission(catalog, site_admin):
         operator=operator,
         source=attack_source("good_add").replace("good_add", "matrix_add"),
         author=site_admin,
+        backends=["c"],
     )
 
 

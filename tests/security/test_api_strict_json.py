@@ -73,6 +73,7 @@ def world(catalog, admin_user, django_user_model):
         operator=shapes[0].operator,
         source=attack_source("good_add").replace("good_add", "matrix_add"),
         author=author,
+        backends=["c"],
     )
     return {
         "hand": hand,
@@ -136,13 +137,18 @@ def _requests(world) -> dict:
         "matrix_api_submissions_kernel_create": (
             "POST",
             "/kernels",
-            {"operator": "elementwise_add", "source": "import os"},
+            {"operator": "elementwise_add", "source": "import os", "backends": ["c"]},
         ),
         "matrix_api_submissions_kernel_read": ("GET", f"/kernels/{pk}", None),
         "matrix_api_submissions_kernel_review": (
             "POST",
             f"/kernels/{pk}/review",
             {"decision": "approve"},
+        ),
+        "matrix_api_submissions_kernel_revert": (
+            "POST",
+            f"/kernels/{pk}/revert",
+            {"backends": ["c"], "comment": "back to the library"},
         ),
         "matrix_api_coverage_coverage_matrix": ("GET", "/matrix?backend=c", None),
         "matrix_api_coverage_coverage_gaps": ("GET", "/gaps", None),

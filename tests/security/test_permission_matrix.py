@@ -42,6 +42,8 @@ EXPECTED = {
     "models": READ,
     "models-csv": READ,
     "operator": READ,
+    "operator-revisions": READ,
+    "operator-revert": page(post=SUBMISSION_REVIEWERS),
     "gaps": READ,
     "gaps-run": page(post=SWEEPERS),
     "gaps-neighbours": page(post=SWEEPERS),
@@ -102,6 +104,7 @@ EXPECTED = {
         post=SUBMISSION_REVIEWERS,
         hidden_from=WITH_ROLE - SUBMISSION_READERS | {NO_ROLE},
     ),
+    "api:kernel_revert": page(post=SUBMISSION_REVIEWERS),
 }
 # The admin site: anyone without the admin role is sent to its login page;
 # the admin role gets the admin's own answers (read-only models refuse
@@ -111,8 +114,13 @@ ADMIN_HOLDERS = frozenset({ADMIN, SUPERUSER})
 ADMIN_PUBLIC = {"admin:login", "admin:logout"}
 # JSON bodies for API routes: valid enough to reach the permission check.
 API_BODIES = {
-    "api:kernel_create": {"operator": "softmax", "source": "import os"},
+    "api:kernel_create": {
+        "operator": "softmax",
+        "source": "import os",
+        "backends": ["c"],
+    },
     "api:kernel_review": {"decision": "maybe"},
+    "api:kernel_revert": {"backends": ["c"], "comment": "back"},
 }
 
 

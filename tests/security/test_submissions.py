@@ -8,63 +8,20 @@ import hashlib
 import html
 
 import pytest
-from django.contrib.auth.models import Group
 from django.core.exceptions import PermissionDenied
 from django.test import Client
 from django.urls import reverse
 
 from matrix.models import (
-    DeviceType,
+    CurrentRevision,
     KernelRevision,
-    Operator,
-    Shape,
     ValidationJob,
 )
-from matrix.submissions import kernel_review, kernel_submit
+from matrix.submissions import kernel_review
 from runners import services
 from runners.host import jobs_run
-from runners.roles import KERNEL_AUTHOR, REVIEWER, VIEWER
-from tests.security.helpers import attack_source
-
-GOOD = attack_source("good_add")
-
-
-def _with_role(user, *roles):
-    for role in roles:
-        user.groups.add(Group.objects.get(name=role))
-    return user
-
-
-@pytest.fixture
-def author(owner):
-    return _with_role(owner, KERNEL_AUTHOR, VIEWER)
-
-
-@pytest.fixture
-def second_reviewer(reviewer):
-    return _with_role(reviewer, REVIEWER)
-
-
-@pytest.fixture
-def add_operator(catalog):
-    return Operator.objects.get(name="elementwise_add")
-
-
-@pytest.fixture
-def cpu_cell(add_operator):
-    """A (shape, device type, toolchain) cell of elementwise_add."""
-    from matrix.services import toolchain_register
-
-    toolchain = toolchain_register(
-        name="tilelang-0.1.15", components={"tilelang": "0.1.15"}, current=True
-    )
-    shape = Shape.objects.filter(operator=add_operator).first()
-    return shape, DeviceType.objects.get(backend="c"), toolchain
-
-
-@pytest.fixture
-def pending(author, add_operator):
-    return kernel_submit(operator=add_operator, source=GOOD, author=author)
+from runners.roles import REVIEWER, VIEWER
+from tests.security.conftest import APPROVE, GOOD, _with_role
 
 
 def test_an_author_submits_through_the_page_and_sees_the_diff(
@@ -72,9 +29,11 @@ def test_an_author_submits_through_the_page_and_sees_the_diff(
 ):
     client.force_login(author)
     response = client.post(
-        reverse("submission-new"), {"operator": "elementwise_add", "source": GOOD}
+        reverse("submission-new"),
+        {"operator": "elementwise_add", "source": GOOD, "backends": ["c"]},
     )
     revision = KernelRevision.objects.get(origin="submitted")
+    assert revision.backends == ["c"]
     assert response.status_code == 302
     assert response["Location"] == reverse("submission", args=[revision.pk])
     assert revision.review_state == "pending" and not revision.is_current
@@ -115,9 +74,7 @@ def test_a_viewer_cannot_submit(client, outsider, add_operator):
 def test_it_refuses_self_approval_in_the_view_and_the_service(client, author, pending):
     _with_role(author, REVIEWER)  # even an author who also reviews
     client.force_login(author)
-    response = client.post(
-        reverse("submission-review", args=[pending.pk]), {"decision": "approve"}
-    )
+    response = client.post(reverse("submission-review", args=[pending.pk]), APPROVE)
     assert response.status_code == 403
     with pytest.raises(PermissionDenied):
         kernel_review(revision=pending, by=author, approve=True)
@@ -127,8 +84,7 @@ def test_it_refuses_self_approval_in_the_view_and_the_service(client, author, pe
 
 def test_a_pending_submission_runs_nowhere(author, pending, add_operator, cpu_cell):
     # Even marked current by hand, the planner plans no job for it.
-    KernelRevision.objects.filter(operator=add_operator).update(is_current=False)
-    KernelRevision.objects.filter(pk=pending.pk).update(is_current=True)
+    CurrentRevision.objects.filter(operator=add_operator).update(revision=pending)
     services.sweep_plan(cells=[cpu_cell], created_by=author)
     assert not ValidationJob.objects.filter(revision=pending).exists()
 
@@ -137,9 +93,7 @@ def test_another_reviewer_approves_and_its_jobs_carry_text_and_hash(
     client, second_reviewer, pending, cpu_cell
 ):
     client.force_login(second_reviewer)
-    response = client.post(
-        reverse("submission-review", args=[pending.pk]), {"decision": "approve"}
-    )
+    response = client.post(reverse("submission-review", args=[pending.pk]), APPROVE)
     assert response.status_code == 302
     pending.refresh_from_db()
     assert pending.review_state == "approved" and pending.is_current
@@ -154,7 +108,7 @@ def test_another_reviewer_approves_and_its_jobs_carry_text_and_hash(
 def test_an_approved_submission_is_shown_against_the_revision_it_replaced(
     client, author, second_reviewer, pending
 ):
-    replaced = KernelRevision.objects.get(operator=pending.operator, is_current=True)
+    replaced = pending.operator.current_revision("c")
     client.force_login(author)
     page = client.get(reverse("submission", args=[pending.pk])).content.decode()
     assert "You submitted this revision: another reviewer" in page
@@ -162,12 +116,10 @@ def test_an_approved_submission_is_shown_against_the_revision_it_replaced(
 
     client.force_login(second_reviewer)
     response = client.post(
-        reverse("submission-review", args=[pending.pk]),
-        {"decision": "approve"},
-        follow=True,
+        reverse("submission-review", args=[pending.pk]), APPROVE, follow=True
     )
     page = response.content.decode()
-    assert "Approved: it is the operator&#x27;s current revision" in page
+    assert "Approved: new jobs on CPU (C) run it" in page
     assert "Diff against the revision it replaced" in page
     assert f"replaced {replaced.source_sha256[:12]}" in page
     assert "current " + replaced.source_sha256[:12] not in page
@@ -176,9 +128,7 @@ def test_an_approved_submission_is_shown_against_the_revision_it_replaced(
 def test_a_second_review_is_refused(client, second_reviewer, pending):
     kernel_review(revision=pending, by=second_reviewer, approve=False)
     client.force_login(second_reviewer)
-    client.post(
-        reverse("submission-review", args=[pending.pk]), {"decision": "approve"}
-    )
+    client.post(reverse("submission-review", args=[pending.pk]), APPROVE)
     pending.refresh_from_db()
     assert pending.review_state == "rejected" and not pending.is_current
 
@@ -210,7 +160,7 @@ def test_the_runner_refuses_a_source_whose_hash_differs(tmp_path, pending):
 def test_the_api_stores_a_submission_and_enforces_csrf(author, add_operator):
     browser = Client(enforce_csrf_checks=True)
     browser.force_login(author)
-    body = {"operator": "elementwise_add", "source": GOOD}
+    body = {"operator": "elementwise_add", "source": GOOD, "backends": ["c"]}
     refused = browser.post("/api/v1/kernels", body, content_type="application/json")
     assert refused.status_code == 403  # no CSRF token
     browser.get(reverse("submissions"))
@@ -230,7 +180,11 @@ def test_the_api_explains_a_refused_source(client, author, add_operator):
     client.force_login(author)
     response = client.post(
         "/api/v1/kernels",
-        {"operator": "elementwise_add", "source": "import subprocess\n"},
+        {
+            "operator": "elementwise_add",
+            "source": "import subprocess\n",
+            "backends": ["c"],
+        },
         content_type="application/json",
     )
     assert response.status_code == 400
@@ -257,18 +211,16 @@ def test_a_review_is_audited_and_a_restart_keeps_the_reviewers_decision(
     from matrix.models import AuditEvent
     from matrix.services import operator_sync_library
 
-    library = KernelRevision.objects.get(operator=pending.operator, is_current=True)
+    library = pending.operator.current_revision("c")
     client.force_login(second_reviewer)
-    client.post(
-        reverse("submission-review", args=[pending.pk]), {"decision": "approve"}
-    )
+    client.post(reverse("submission-review", args=[pending.pk]), APPROVE)
     event = AuditEvent.objects.get(verb="submission.approve")
     assert event.actor == second_reviewer
-    assert event.before["current"] == library.source_sha256
-    assert event.after["current"] == pending.source_sha256
+    assert event.before["current"] == {"c": library.source_sha256}
+    assert event.after["current"] == {"c": pending.source_sha256}
+    assert event.after["comment"] == "reviewed"
     # What every `make run` does on start-up: the library is mirrored again,
-    # and the reviewed submission stays current.
+    # and the reviewed submission stays current where it was approved.
     operator_sync_library()
-    pending.refresh_from_db()
-    library.refresh_from_db()
-    assert pending.is_current and not library.is_current
+    assert pending.operator.current_revision("c") == pending
+    assert pending.operator.current_revision("cuda") == library

@@ -10,6 +10,7 @@ import pytest
 from django.utils import timezone
 
 from matrix.models import (
+    Backend,
     Cell,
     DeviceType,
     KernelRevision,
@@ -19,6 +20,7 @@ from matrix.models import (
     Status,
     ValidationJob,
 )
+from matrix.revisions import make_current
 from matrix.services import DEMO_DEVICE_TYPES, toolchain_register
 
 SIGNATURE = "sig-shared-compile"
@@ -28,7 +30,7 @@ def record(
     shape, device_type, toolchain, status, *, revision=None, when=None, **fields
 ):
     """A job, its result and the cell pointing at it, as ingest leaves them."""
-    revision = revision or shape.operator.revisions.get(is_current=True)
+    revision = revision or shape.operator.current_revision(device_type.backend)
     job = ValidationJob.objects.create(
         revision=revision,
         shape=shape,
@@ -86,13 +88,13 @@ def ui_catalog(db):
     weight = 100.0
     for name, (dims, shapes) in OPERATORS.items():
         op = Operator.objects.create(name=name, dims=dims)
-        KernelRevision.objects.create(
+        revision = KernelRevision.objects.create(
             operator=op,
             source_sha256=hashlib.sha256(name.encode()).hexdigest(),
             origin=KernelRevision.Origin.LIBRARY,
             review_state=KernelRevision.Review.APPROVED,
-            is_current=True,
         )
+        make_current(revision, Backend.values)
         for dims_ in shapes:
             for dtype in ("float16", "bfloat16"):
                 weight -= 3

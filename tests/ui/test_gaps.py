@@ -296,6 +296,37 @@ def test_the_preview_says_how_many_jobs_of_each_stage_and_how_long(
     assert button in response.content.decode()
 
 
+def test_the_estimate_follows_a_runners_measured_pace_not_one_jobs_time(
+    client, results, cpu_runner, sweeper, toolchains, device_types
+):
+    """A runner runs validations side by side: 12 jobs of 30 s each that
+    one runner finished within 60 s take 5 s of its time each, and the
+    preview says so (it said 30 s a job, six times the outcome)."""
+    shape = Shape.objects.filter(served=False).first()
+    earlier = Sweep.objects.create(total=12)
+    now = timezone.now()
+    for i in range(12):
+        result = record(
+            shape, device_types["c"], toolchains[0], Status.PASS, wall_s=30.0
+        )
+        ValidationJob.objects.filter(pk=result.job_id).update(
+            sweep=earlier,
+            runner=cpu_runner,
+            started_at=now - timedelta(seconds=90 - i * 30 / 11),
+            finished_at=now - timedelta(seconds=60 - i * 30 / 11),
+        )
+    client.force_login(sweeper)
+    response = client.get(reverse("gaps"))
+    validating = response.context["summary"].validating
+    assert preview_rows(response)["validate"] == (
+        str(validating),
+        f"{5 * validating} s"
+        if 5 * validating < 90
+        else f"{round(5 * validating / 60)} min",
+        "median of 1 recent run",
+    )
+
+
 def test_no_nvcc_build_is_planned_unless_chosen(
     client, results, cpu_runner, sweeper, toolchains
 ):

@@ -31,7 +31,7 @@ def test_a_refused_source_is_an_alert_and_the_source_takes_focus(client, author)
     client.force_login(author)
     response = client.post(
         reverse("submission-new"),
-        {"operator": "softmax", "source": "import os\n"},
+        {"operator": "softmax", "source": "import os\n", "backends": ["cuda"]},
     )
     assert response.status_code == 400
     assert not KernelRevision.objects.exists()
