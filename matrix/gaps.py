@@ -633,10 +633,20 @@ def job_durations() -> Durations:
     if found is not None:
         return found
     rows = Result.objects.order_by("-id").values_list(
-        "job__stage", "device_type_id", "device_type__backend", "wall_s", "compile_s"
+        "job__stage",
+        "device_type_id",
+        "device_type__backend",
+        "wall_s",
+        "compile_s",
+        "job_id",
+        "job__sweep_id",
+        "job__runner_id",
+        "job__queue",
+        "job__started_at",
+        "job__finished_at",
     )[:DURATION_SAMPLE]
     samples: dict[tuple, list[float]] = {}
-    for stage, dt_id, backend, wall_s, compile_s in rows:
+    for stage, dt_id, backend, wall_s, compile_s, *_ in rows:
         seconds = wall_s
         if seconds is None and stage != JobStage.VALIDATE:
             seconds = compile_s
@@ -645,7 +655,7 @@ def job_durations() -> Durations:
         for key in ((stage, dt_id), (stage, backend), stage):
             samples.setdefault(key, []).append(seconds)
     # The pace of runs replaces the wall times wherever it was measured.
-    samples.update(_paces())
+    samples.update(_paces(rows))
 
     def medians(keys):
         return {k: (statistics.median(samples[k]), len(samples[k])) for k in keys}
@@ -659,35 +669,37 @@ def job_durations() -> Durations:
     return found
 
 
-def _paces() -> dict[tuple | str, list[float]]:
+def _paces(rows) -> dict[tuple | str, list[float]]:
     """Seconds a job of each (stage, device type), (stage, backend) and
     stage, one sample per run: a sweep's jobs of that stage and device type
-    on one runner, from the first start to the last finish, over the
-    jobs."""
-    jobs = (
-        ValidationJob.objects.filter(
-            state__in=[JobState.DONE, JobState.FAILED],
-            sweep__isnull=False,
-            runner__isnull=False,
-            started_at__isnull=False,
-            finished_at__isnull=False,
-        )
-        .order_by("-id")
-        .values_list(
-            "sweep_id",
-            "runner_id",
-            "stage",
-            "device_type_id",
-            "device_type__backend",
-            "started_at",
-            "finished_at",
-        )[:DURATION_SAMPLE]
-    )
+    on one runner's queues, from the first start to the last finish, over
+    the jobs. ``rows``: job_durations' results."""
     runs: dict[tuple, list] = {}
-    for sweep, runner, stage, dt_id, backend, started, finished in jobs:
-        run = runs.setdefault(
-            (sweep, runner, stage, dt_id, backend), [0, started, finished]
-        )
+    seen = set()
+    for (
+        stage,
+        dt_id,
+        backend,
+        _,
+        _,
+        job,
+        sweep,
+        runner,
+        queue,
+        started,
+        finished,
+    ) in rows:
+        # An offline bundle's jobs start when planned and finish when their
+        # results come home (an evidence import: both at once): no pace.
+        if (
+            job in seen
+            or None in (sweep, runner, started, finished)
+            or queue.startswith("bundle.")
+        ):
+            continue
+        seen.add(job)
+        key = (sweep, runner, stage, dt_id, backend)
+        run = runs.setdefault(key, [0, started, finished])
         run[0] += 1
         run[1], run[2] = min(run[1], started), max(run[2], finished)
     paces: dict[tuple | str, list[float]] = {}

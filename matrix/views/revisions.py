@@ -13,12 +13,14 @@ from django.views.decorators.http import require_GET, require_POST
 
 from matrix import revisions, submissions
 from matrix.gate.forms import FocusesItsError
-from matrix.models import Backend, KernelRevision, Operator
+from matrix.models import ID_MAX, Backend, KernelRevision, Operator
 from runners.roles import is_reviewer
 
 
 class RevertForm(FocusesItsError, forms.Form):
-    revision = forms.IntegerField(min_value=1, widget=forms.HiddenInput)
+    revision = forms.IntegerField(
+        min_value=1, max_value=ID_MAX, widget=forms.HiddenInput
+    )
     backends = forms.MultipleChoiceField(
         choices=Backend.choices,
         widget=forms.CheckboxSelectMultiple,

@@ -266,6 +266,11 @@ def test_toolchains_are_named_for_what_they_are(fresh):
     assert any(
         o.startswith("TileLang 0.1.15 on cpu-local · torch 2.13.0") for o in options
     )
+    # The lab is known by its evidence: no approval waits behind a button.
+    fresh.open("/runners/")
+    lab = fresh.page.locator("tr", has_text="h200-lab").first.inner_text()
+    assert "offline lab (evidence only)" in lab
+    assert "pending approval" not in lab
 
 
 def test_a_cell_shows_when_its_result_was_produced_and_charts_it(fresh):

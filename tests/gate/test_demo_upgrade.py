@@ -221,3 +221,67 @@ def job(n, device_type, toolchain, stage) -> dict:
             "backend": device_type.backend,
         },
     }
+
+
+def make_seed() -> str:
+    """Every command of `make seed`, in its order, with what each prints."""
+    out = io.StringIO()
+    for args in (
+        ("seed_demo",),
+        ("import_shapes", "--profile", "mixtral-8x7b"),
+        ("import_shapes", "--profile", "qwen2.5-7b"),
+        ("evidence", "import", "--current-if-none", *DEMO),
+        ("evidence", "import-sustained", str(SUSTAINED)),
+        ("ensure_admin",),
+        ("demo_upgrade", *DEMO),
+    ):
+        call_command(*args, stdout=out, stderr=out)
+    return out.getvalue()
+
+
+def test_make_run_again_after_decisions_changes_nothing_decided(client, seeded):
+    """Two reviewers approve the upgrade and a kernel submitted for the CPU;
+    a restart (`make run` again) keeps both decisions, the manifest and the
+    audit log as they were, and prints no error."""
+    from matrix.models import AuditEvent, KernelRevision, Operator
+    from matrix.submissions import kernel_review, kernel_submit
+    from runners.roles import KERNEL_AUTHOR
+    from tests.security.helpers import attack_source
+
+    passwords = dict(SHOWN_ONCE.findall(seeded))
+    proposal = UpgradeProposal.objects.get()
+    for username, password in sorted(passwords.items()):
+        sign_in(client, username, password)
+        client.post(
+            f"/upgrades/{proposal.pk}/decide/",
+            {"decision": "approve", "comment": "right and fast"},
+        )
+    from django.contrib.auth.models import Group, User
+
+    author = User.objects.get(username="admin")
+    author.groups.add(Group.objects.get(name=KERNEL_AUTHOR))
+    add = Operator.objects.get(name="elementwise_add")
+    submission = kernel_submit(
+        operator=add, source=attack_source("good_add"), author=author, backends=["c"]
+    )
+    kernel_review(
+        revision=submission,
+        by=User.objects.get(username="reviewer1"),
+        approve=True,
+        comment="fine on the CPU",
+    )
+    proposal.refresh_from_db()
+    manifest = manifest_for(toolchain=proposal.candidate)["entries"]
+    events = list(AuditEvent.objects.values_list("pk", flat=True))
+
+    printed = make_seed()
+
+    proposal.refresh_from_db()
+    assert proposal.state == UpgradeProposal.State.APPROVED
+    assert proposal.approvals.filter(decision="approve").count() == 2
+    assert manifest_for(toolchain=proposal.candidate)["entries"] == manifest
+    assert add.current_revision("c") == submission
+    assert add.current_revision("cuda").origin == KernelRevision.Origin.LIBRARY
+    # Nobody decided anything: no audit event was written either.
+    assert list(AuditEvent.objects.values_list("pk", flat=True)) == events
+    assert "error" not in printed.lower(), printed

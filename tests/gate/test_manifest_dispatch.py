@@ -332,6 +332,7 @@ def test_a_host_fingerprints_its_toolchain_as_registering_it_would(catalog, tmp_
         public_key=signing.public_key_hex(Ed25519PrivateKey.generate()),
         inventory=inventory_probe([sys.executable]),
     )
+    services.runner_approve(name=runner.name)
     registered = runner.toolchains.get()
     assert host_toolchain_fingerprint(str(tmp_path)) == registered.fingerprint
     assert registered.tilelang_version == "0.1.15"

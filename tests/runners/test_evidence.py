@@ -41,6 +41,10 @@ def test_the_lab_sweep_lands_under_the_h200_with_every_served_cell(fresh):
     assert counts == {"stored": 188, "duplicate": 0, "refused": []}
     lab = Runner.objects.get(name="h200-lab")
     assert lab.public_key == fresh["runner"]["public_key"]
+    # An offline lab known by its evidence: no approval waits, no queue.
+    assert lab.get_health_display() == "offline lab (evidence only)"
+    assert lab.has_no_queue and not lab.is_pending
+    assert {str(d) for d in lab.device_types.all()} >= {"NVIDIA H200 · sm_90a · cuda"}
     cells = Cell.objects.filter(device_type__model="H200")
     assert cells.count() == 188
     assert set(cells.values_list("status", flat=True)) == {"pass"}

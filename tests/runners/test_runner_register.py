@@ -45,6 +45,9 @@ def test_registration_matches_the_seeded_cpu_device_type_and_records_the_toolcha
 ):
     runner = register(token)
     cpu = DeviceType.objects.get(backend="c")
+    # Recorded when a runner admin approves what it claims, not before.
+    assert not runner.device_types.exists() and not runner.toolchains.exists()
+    runner = services.runner_approve(name=runner.name)
     assert list(runner.device_types.all()) == [cpu]
     toolchain = runner.toolchains.get()
     assert toolchain.name == "tilelang-0.1.15-cpu"
@@ -60,9 +63,10 @@ def test_registration_matches_the_seeded_cpu_device_type_and_records_the_toolcha
 
 
 def test_a_second_host_with_the_same_toolchain_shares_its_row(token):
-    register(token)
+    services.runner_approve(name=register(token).name)
     again = services.token_create(expires=timedelta(hours=1))
     other = register(again, name="cpu-2", inventory=cpu_inventory(name="whatever-name"))
+    services.runner_approve(name=other.name)
     assert Toolchain.objects.count() == 1
     assert other.toolchains.get().name == "tilelang-0.1.15-cpu"
 
@@ -79,6 +83,8 @@ def test_a_new_gpu_device_type_is_created_from_the_inventory(token):
         }
     )
     runner = register(token, inventory=inventory)
+    assert not DeviceType.objects.filter(model="L4").exists()  # until approved
+    services.runner_approve(name=runner.name)
     assert runner.device_types.filter(model="L4", arch="sm_89").exists()
 
 

@@ -34,6 +34,7 @@ PAGES = [
     ("submission", "submission", []),
     ("sweep", "sweep", []),
     ("operator", "operator", ["toolchain", "dtype"]),
+    ("operator-revisions", "operator", []),
 ]
 PATHS_WITH_IDS = [
     f"/sweeps/{HUGE}/",
@@ -136,6 +137,17 @@ def test_an_api_offset_or_id_past_any_row_is_refused_or_not_found(admin, objects
     assert response.status_code == 422
     assert "offset" in response.json()["detail"]
     assert admin.get(f"/api/v1/kernels/{HUGE}").status_code == 404
+    revert = {"backends": ["c"], "comment": "back"}
+    response = admin.post(
+        f"/api/v1/kernels/{HUGE}/revert", revert, content_type="application/json"
+    )
+    assert response.status_code == 404
+    # A revision id past any row in the page's revert form is refused in words.
+    response = admin.post(
+        reverse("operator-revert", args=["softmax"]),
+        {"revision": HUGE, "backends": ["c"], "comment": "back"},
+    )
+    assert response.status_code == 400
 
 
 def test_the_kernel_api_follows_the_pages_role_rule(objects, people, settings):
