@@ -142,6 +142,7 @@ def wait(predicate, timeout: float, what: str, deployment: Deployment) -> None:
 def sweep(deployment: Deployment, device_type: str, timeout: float) -> dict:
     """Plan the served cells on the device type with the runner's toolchain
     and wait for the last result; what happened, timed from the plan."""
+    from matrix import gaps
     from matrix.models import JobState, Result, Sweep
     from runners.models import Runner
 
@@ -158,9 +159,18 @@ def sweep(deployment: Deployment, device_type: str, timeout: float) -> dict:
     print(said.strip())
     states: Counter = Counter()
     first_result_s = None
+    # The ETAs the sweep's page shows (its durations read as the page reads
+    # them): the first of each basis, to hold against the outcome.
+    etas: dict[str, tuple[float, float]] = {}
     while True:
         deployment.alive()
-        progress = sweep.progress()
+        gaps.cache.delete("gaps:job-durations")
+        progress = sweep.progress(stage_seconds=gaps.job_durations().per_stage())
+        if progress["eta_s"] is not None and progress["eta_basis"] not in etas:
+            etas[progress["eta_basis"]] = (
+                time.monotonic() - started,
+                progress["eta_s"],
+            )
         states[Runner.objects.get(pk=runner.pk).state] += 1
         if first_result_s is None and progress["done"] + progress["failed"]:
             first_result_s = time.monotonic() - started
@@ -187,6 +197,16 @@ def sweep(deployment: Deployment, device_type: str, timeout: float) -> dict:
         "failed": progress["failed"],
         "wall_s": round(wall, 1),
         "first_result_s": round(first_result_s or wall, 1),
+        # Each first ETA as (seen at s, ETA s, when it put the end ÷ the
+        # end): "estimate" before any job finished, "pace" after.
+        "first_etas": {
+            basis: {
+                "seen_at_s": round(at, 1),
+                "eta_s": round(eta, 1),
+                "predicted_over_outcome": round((at + eta) / wall, 2),
+            }
+            for basis, (at, eta) in etas.items()
+        },
         "statuses": dict(Counter(results.values_list("status", flat=True))),
         "stages": dict(Counter(jobs.values_list("stage", flat=True))),
         "given_another_attempt": jobs.filter(attempt__gt=1).count(),
@@ -293,6 +313,15 @@ def main() -> int:
             f"{run['first_result_s']:6.1f} {run['given_another_attempt']:8d}  "
             f"{run['statuses']}" + ("" if run["finished"] else "  (unfinished)")
         )
+    print(
+        f"\n{'run':6} {'first ETA':>10} {'seen at s':>10} {'ETA s':>8} {'end ÷ outcome':>14}"
+    )
+    for run in runs:
+        for basis, eta in run["first_etas"].items():
+            print(
+                f"{run['run']:6} {basis:>10} {eta['seen_at_s']:10.1f} "
+                f"{eta['eta_s']:8.1f} {eta['predicted_over_outcome']:14.2f}"
+            )
     return 0
 
 

@@ -67,11 +67,10 @@ def manifest_choice(
     return Choice.TILELANG, f"validated: pass on {toolchain}, {speed} of the reference"
 
 
-def manifest_entries_write(*, proposal: UpgradeProposal, policy: Policy) -> int:
-    """Replace the proposal's rows with one per cell of its stored diff:
-    TileLang only where the candidate passed and is fast enough against the
+def manifest_entries(*, proposal: UpgradeProposal, policy: Policy) -> list:
+    """One unsaved entry per cell of the proposal's stored diff: TileLang
+    only where the candidate passed and is fast enough against the
     reference under ``policy``, the reference elsewhere, with why."""
-    proposal.manifest_entries.all().delete()
     candidate = proposal.candidate
     sustained = sustained_speeds(toolchain=candidate)
     entries = []
@@ -98,6 +97,13 @@ def manifest_entries_write(*, proposal: UpgradeProposal, policy: Policy) -> int:
                 result_id=row.candidate_result_id,
             )
         )
+    return entries
+
+
+def manifest_entries_write(*, proposal: UpgradeProposal, policy: Policy) -> int:
+    """Replace the proposal's rows with ``manifest_entries``."""
+    proposal.manifest_entries.all().delete()
+    entries = manifest_entries(proposal=proposal, policy=policy)
     ManifestEntry.objects.bulk_create(entries, batch_size=ENTRIES_PER_STATEMENT)
     return len(entries)
 

@@ -24,7 +24,7 @@ from matrix.cache import cache_seconds, cached_read, read_key
 from matrix.gate import evaluation, services
 from matrix.gate.diff import CellDiff, Change, serve_floor
 from matrix.gate.forms import DecisionForm, ExceptionForm, PolicyForm, ProposalForm
-from matrix.gate.manifest import manifest_choice, times
+from matrix.gate.manifest import manifest_choice, manifest_entries, times
 from matrix.gate.models import Approval, BackendException, Policy, UpgradeProposal
 from matrix.gate.sustained import sustained_key, sustained_speeds, sustained_version
 from matrix.models import AuditEvent, Backend
@@ -419,6 +419,9 @@ def _detail_context(
         # it (CellDiff.slower_than_reference): the measured speed decides.
         "serve_floor": serve_floor(policy.speed_budget),
         "reject_withdraws": _manifest_withdrawn(proposal, approving=False),
+        "approve_publishes": _manifest_published(proposal, request.user)
+        if reviewer and not is_proposer
+        else "",
         "jobs": jobs,
         "hosted": jobs.hosted if jobs.stalled else [],
         "can_decide": reviewer and not is_proposer,
@@ -516,8 +519,11 @@ def upgrade_decide(request, pk: int):
     if form.is_valid():
         approving = form.cleaned_data["decision"] == "approve"
         withdrawn = _manifest_withdrawn(proposal, approving)
-        if withdrawn and not form.cleaned_data["confirm"]:
-            form.add_error("confirm", f"{withdrawn} Tick the box to confirm.")
+        published = _manifest_published(proposal, request.user) if approving else ""
+        if (withdrawn or published) and not form.cleaned_data["confirm"]:
+            form.add_error(
+                "confirm", f"{withdrawn or published} Tick the box to confirm."
+            )
             return _form_again(request, proposal, "decision-form", decision_form=form)
         decide = services.proposal_approve if approving else services.proposal_reject
         try:
@@ -542,6 +548,36 @@ def _manifest_withdrawn(proposal: UpgradeProposal, approving: bool) -> str:
         f"Rejecting it withdraws its manifest: {proposal.candidate.name} goes from "
         f"{entries} entries to 0, and production reading it serves the reference "
         "everywhere."
+    )
+
+
+def _manifest_published(proposal: UpgradeProposal, user) -> str:
+    """What approving does to production where this approval is the last
+    the policy asks for, in words; "" where it publishes nothing."""
+    if proposal.state != UpgradeProposal.State.READY:
+        return ""
+    policy = Policy.current()
+    # Counted as the gate counts them (matrix.gate.evaluation).
+    others = (
+        proposal.approvals.filter(
+            voided=False,
+            decision=Approval.Decision.APPROVE,
+            diff_digest=proposal.diff_digest,
+            reviewer__groups__name=policy.reviewer_group,
+        )
+        .exclude(reviewer=user)
+        .exclude(reviewer_id=proposal.proposer_id)
+        .count()
+    )
+    if others + 1 < policy.required_approvals:
+        return ""
+    entries = manifest_entries(proposal=proposal, policy=policy)
+    tilelang = sum(e.choice == "tilelang" for e in entries)
+    return (
+        f"Approving publishes the manifest for {proposal.candidate.name}: "
+        f"{len(entries)} entries, {tilelang} serving TileLang and "
+        f"{len(entries) - tilelang} the reference; production hosts reading it "
+        "switch at their next read."
     )
 
 

@@ -155,6 +155,12 @@ def test_a_newcomer_runs_the_whole_loop(chromium, cluster):
             reviewer.open(f"/upgrades/{proposal}/")
             reviewer.page.check("input[name=decision][value=approve]")
             reviewer.page.fill("textarea[name=comment]", f"softmax compiles ({n})")
+            if n == 2:
+                # The last approval publishes the manifest: said, then ticked.
+                said = reviewer.page.inner_text("#approve-preview")
+                assert "Approving publishes the manifest for" in said
+                assert "10 entries" in said
+                reviewer.page.check("#approve-preview input[name=confirm]")
             reviewer.page.click("text=Submit decision")
             reviewer.page.wait_for_selector(f"text=softmax compiles ({n})")
             assert reviewer.errors == []

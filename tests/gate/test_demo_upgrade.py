@@ -128,7 +128,11 @@ def test_two_demo_reviewers_approve_with_the_passwords_printed_once(client, seed
         sign_in(client, username, password)
         response = client.post(
             f"/upgrades/{proposal.pk}/decide/",
-            {"decision": "approve", "comment": f"the vocabulary softmax ({n})"},
+            {
+                "decision": "approve",
+                "comment": f"the vocabulary softmax ({n})",
+                "confirm": "on",
+            },
         )
         assert response.status_code == 302
     proposal.refresh_from_db()
@@ -254,7 +258,7 @@ def test_make_run_again_after_decisions_changes_nothing_decided(client, seeded):
         sign_in(client, username, password)
         client.post(
             f"/upgrades/{proposal.pk}/decide/",
-            {"decision": "approve", "comment": "right and fast"},
+            {"decision": "approve", "comment": "right and fast", "confirm": "on"},
         )
     from django.contrib.auth.models import Group, User
 

@@ -153,16 +153,44 @@ def test_it_refuses_self_approval_in_the_view(client, world, green):
     assert 'id="decision-form"' not in page
     assert "another reviewer must decide" in page
     response = client.post(
-        url("upgrade-decide", green), {"decision": "approve", "comment": "mine"}
+        url("upgrade-decide", green),
+        {"decision": "approve", "comment": "mine", "confirm": "on"},
     )
     assert response.status_code == 403
     assert not Approval.objects.exists()
 
 
+def test_the_last_approval_says_it_publishes_the_manifest_and_needs_a_tick(
+    client, world, green
+):
+    from matrix.gate.services import proposal_approve
+
+    proposal_approve(proposal=green, by=world.reviewers[0], comment="clean diff")
+    client.force_login(world.reviewers[1])
+    page = client.get(url("upgrade", green)).content.decode()
+    preview = page.split('id="approve-preview"')[1].split("</p>")[0]
+    assert f"Approving publishes the manifest for {green.candidate.name}" in preview
+    unticked = client.post(
+        url("upgrade-decide", green), {"decision": "approve", "comment": "ok"}
+    )
+    assert "Tick the box to confirm" in unticked.content.decode()
+    green.refresh_from_db()
+    assert green.state == UpgradeProposal.State.READY
+    assert not green.manifest_entries.exists()
+    client.post(
+        url("upgrade-decide", green),
+        {"decision": "approve", "comment": "ok", "confirm": "on"},
+    )
+    green.refresh_from_db()
+    assert green.state == UpgradeProposal.State.APPROVED
+    assert green.manifest_entries.exists()
+
+
 def test_a_reviewer_approves_with_a_comment(client, world, green):
     client.force_login(world.reviewers[0])
     response = client.post(
-        url("upgrade-decide", green), {"decision": "approve", "comment": "clean diff"}
+        url("upgrade-decide", green),
+        {"decision": "approve", "comment": "clean diff", "confirm": "on"},
     )
     assert response.status_code == 302
     approval = Approval.objects.get()
@@ -173,7 +201,7 @@ def test_approving_a_blocked_proposal_says_why(client, world, proposal):
     client.force_login(world.reviewers[0])
     response = client.post(
         url("upgrade-decide", proposal),
-        {"decision": "approve", "comment": "ship it"},
+        {"decision": "approve", "comment": "ship it", "confirm": "on"},
         follow=True,
     )
     assert "cannot approve while blocked" in response.content.decode()
@@ -306,7 +334,10 @@ def test_the_audit_trail_lists_exceptions_and_voided_decisions(
     client.force_login(world.reviewers[0])
     client.post(url("upgrade-exception", green), {"backend": "c", "reason": "noisy"})
     client.post(url("upgrade-decide", green), {"decision": "reject", "comment": "no"})
-    client.post(url("upgrade-decide", green), {"decision": "approve", "comment": "ok"})
+    client.post(
+        url("upgrade-decide", green),
+        {"decision": "approve", "comment": "ok", "confirm": "on"},
+    )
     client.force_login(world.reviewers[2])
     exception = BackendException.objects.get()
     client.post(url("upgrade-exception-sign-off", None, exception))
@@ -402,7 +433,9 @@ def test_a_reviewer_who_rejected_approves_later_from_the_page(client, world, gre
     decide = url("upgrade-decide", green)
     client.post(decide, {"decision": "reject", "comment": "changed my mind"})
     response = client.post(
-        decide, {"decision": "approve", "comment": "fine after all"}, follow=True
+        decide,
+        {"decision": "approve", "comment": "fine after all", "confirm": "on"},
+        follow=True,
     )
     body = response.content.decode()
     assert 'data-state="ready"' in body
@@ -448,7 +481,8 @@ def test_a_decision_without_a_choice_keeps_the_comment(client, world, green, htm
 def test_a_refused_approval_keeps_the_comment(client, world, proposal):
     client.force_login(world.reviewers[0])
     response = client.post(
-        url("upgrade-decide", proposal), {"decision": "approve", "comment": "ship it"}
+        url("upgrade-decide", proposal),
+        {"decision": "approve", "comment": "ship it", "confirm": "on"},
     )
     body = response.content.decode()
     assert "cannot approve while blocked: served cell softmax" in body
@@ -462,7 +496,7 @@ def test_a_decision_over_htmx_reloads_the_page(client, world, green):
     client.force_login(world.reviewers[0])
     response = client.post(
         url("upgrade-decide", green),
-        {"decision": "approve", "comment": "clean diff"},
+        {"decision": "approve", "comment": "clean diff", "confirm": "on"},
         headers={"HX-Request": "true"},
     )
     assert response["HX-Redirect"] == url("upgrade", green)
@@ -790,7 +824,7 @@ def test_an_approval_says_what_it_did(client, world, green):
     client.force_login(world.reviewers[1])
     response = client.post(
         url("upgrade-decide", green),
-        {"decision": "approve", "comment": "ok"},
+        {"decision": "approve", "comment": "ok", "confirm": "on"},
         follow=True,
     )
     green.refresh_from_db()

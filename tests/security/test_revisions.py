@@ -57,15 +57,23 @@ def test_an_approval_shows_what_it_changes_and_needs_a_comment_and_a_tick(
     assert "1 cell went stale (1 served)" in page
 
 
-def test_an_approval_for_the_cpu_leaves_every_other_backend_on_the_library(
-    client, second_reviewer, pending, cpu_cell, library
-):
+@pytest.fixture
+def approved_for_the_cpu(client, second_reviewer, pending, cpu_cell, library):
+    """Library cells on the CPU and on an H200, then the submission
+    approved for the CPU; (shape, cpu, gpu, toolchain)."""
     shape, cpu, toolchain = cpu_cell
     gpu = DeviceType.objects.filter(backend="cuda").first()
     _cell(shape, gpu, toolchain, library)
     _cell(shape, cpu, toolchain, library)
     client.force_login(second_reviewer)
     client.post(reverse("submission-review", args=[pending.pk]), APPROVE)
+    return shape, cpu, gpu, toolchain
+
+
+def test_an_approval_for_the_cpu_leaves_every_other_backend_on_the_library(
+    approved_for_the_cpu, pending, library
+):
+    shape, cpu, gpu, toolchain = approved_for_the_cpu
 
     op = pending.operator
     assert op.current_revision("c") == pending
@@ -84,14 +92,9 @@ def test_an_approval_for_the_cpu_leaves_every_other_backend_on_the_library(
 
 
 def test_only_the_cpu_cell_reads_stale_after_a_cpu_approval(
-    client, second_reviewer, pending, cpu_cell, library
+    client, approved_for_the_cpu
 ):
-    shape, cpu, toolchain = cpu_cell
-    gpu = DeviceType.objects.filter(backend="cuda").first()
-    _cell(shape, gpu, toolchain, library)
-    _cell(shape, cpu, toolchain, library)
-    client.force_login(second_reviewer)
-    client.post(reverse("submission-review", args=[pending.pk]), APPROVE)
+    shape, cpu, gpu, toolchain = approved_for_the_cpu
 
     stale = client.get(
         "/api/v1/matrix",
