@@ -132,11 +132,11 @@ def cell_context(shape, device_type, filters, toolchains) -> dict:
         result.produced_at = listed.produced_at if listed else result.created_at
         result.signed_by = receipt.runner.name if receipt else ""
     details = result.details if result else {}
-    stale = bool(cell) and (
-        filters.toolchain_stale
-        or cell.revision_id
-        != revisions.current_id(shape.operator_id, device_type.backend)
+    # The revision current on this cell's backend, not anywhere.
+    revision_current = bool(cell) and cell.revision_id == revisions.current_id(
+        shape.operator_id, device_type.backend
     )
+    stale = bool(cell) and (filters.toolchain_stale or not revision_current)
     shared = (
         queries.signature_count(cell.error_signature, cell.toolchain) - 1
         if cell and cell.error_signature
@@ -153,6 +153,7 @@ def cell_context(shape, device_type, filters, toolchains) -> dict:
         "cell": cell,
         "result": result,
         "stale": stale,
+        "revision_current": revision_current,
         "label": queries.state_label(status),
         "kind": queries.status_kind(status),
         "speedup": value if status == Status.PASS else None,

@@ -106,6 +106,9 @@ def test_only_the_cpu_cell_reads_stale_after_a_cpu_approval(
     gpu_page = client.get(reverse("cell", args=[shape.pk, gpu.pk])).content.decode()
     assert "stale" in cpu_page.lower()
     assert "older kernel revision" not in gpu_page
+    # The library's revision is current on CUDA, not on the CPU.
+    assert "library, current on CUDA)" in gpu_page
+    assert "(library)" in cpu_page
 
 
 def test_a_restart_keeps_the_decision_and_follows_the_library_elsewhere(
