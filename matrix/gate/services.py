@@ -769,7 +769,9 @@ def exception_sign_off(*, exception: BackendException, by) -> BackendException:
 
 
 @transaction.atomic
-def proposal_rollout(*, proposal: UpgradeProposal, by) -> UpgradeProposal:
+def proposal_rollout(
+    *, proposal: UpgradeProposal, by, comment: str = ""
+) -> UpgradeProposal:
     """Make the approved candidate the current toolchain. Final: the diff,
     the approvals and the manifest rows are frozen as they were approved."""
     if not can_rollout(by):
@@ -799,6 +801,10 @@ def proposal_rollout(*, proposal: UpgradeProposal, by) -> UpgradeProposal:
         verb="proposal.rollout",
         obj=proposal,
         before={**before, "current_toolchains": previous},
-        after={**proposal.snapshot(), "current_toolchains": [proposal.candidate.name]},
+        after={
+            **proposal.snapshot(),
+            "current_toolchains": [proposal.candidate.name],
+            "comment": comment,
+        },
     )
     return proposal

@@ -631,14 +631,16 @@ def upgrade_rollout(request, pk: int):
             f"only members of the {Policy.current().rollout_group} group roll out "
             "an upgrade"
         )
-    if request.POST.get("confirm") != "on":
+    comment = request.POST.get("comment", "").strip()
+    if request.POST.get("confirm") != "on" or not comment:
         messages.error(
             request,
-            "Not rolled out: tick the box that says what rolling out changes.",
+            "Not rolled out: write why, and tick the box that says what rolling "
+            "out changes.",
         )
         return redirect("upgrade", pk=pk)
     try:
-        services.proposal_rollout(proposal=proposal, by=request.user)
+        services.proposal_rollout(proposal=proposal, by=request.user, comment=comment)
     except ValidationError as exc:
         _refusal(request, exc)
     else:

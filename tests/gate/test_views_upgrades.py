@@ -871,16 +871,23 @@ def test_a_roll_out_needs_its_confirmation(client, world, green):
     page = client.get(url("upgrade", green)).content.decode()
     form = page.split('id="rollout-form"')[1].split("</form>")[0]
     assert 'name="confirm" required' in form and "This is final" in form
-    response = client.post(url("upgrade-rollout", green), follow=True)
-    assert "Not rolled out" in response.content.decode()
+    assert 'name="comment" required' in form
+    for refused in ({}, {"confirm": "on"}, {"comment": "release day"}):
+        response = client.post(url("upgrade-rollout", green), refused, follow=True)
+        assert "Not rolled out: write why, and tick the box" in (
+            response.content.decode()
+        )
     green.refresh_from_db()
     assert green.state == UpgradeProposal.State.APPROVED
     response = client.post(
-        url("upgrade-rollout", green), {"confirm": "on"}, follow=True
+        url("upgrade-rollout", green),
+        {"confirm": "on", "comment": "release day"},
+        follow=True,
     )
     green.refresh_from_db()
     assert green.state == UpgradeProposal.State.ROLLED_OUT
     assert f"Rolled out: {world.new.name} is the current toolchain" in (
         response.content.decode()
     )
-    assert AuditEvent.objects.filter(verb="proposal.rollout").count() == 1
+    event = AuditEvent.objects.get(verb="proposal.rollout")
+    assert event.after["comment"] == "release day"
