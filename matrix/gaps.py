@@ -578,10 +578,13 @@ def runnable_cells(scope: GapScope) -> list[tuple[int, int]]:
 
 # --- how long it takes -------------------------------------------------------
 
-# What a job of each stage is taken to cost before any was measured: a
-# lowering on a laptop's CPU, an nvcc build (15 to 34 s in the demo), a
-# validation of a served shape.
-DEFAULT_STAGE_S = {JobStage.LOWER: 3.0, JobStage.BUILD: 25.0, JobStage.VALIDATE: 10.0}
+# What a job of each stage is taken to cost a runner before any was
+# measured. A runner runs jobs side by side, so this is its time per job,
+# not one job's wall time: 0.87 s a validation on an H100 (188 served cells
+# in 164 s, 2026-12-06), 0.53 s a job in the demo's Run missing on a 2-core
+# CPU (752 jobs, mostly lowerings, in 402 s); an nvcc build takes 15 to
+# 34 s of wall time, a few side by side.
+DEFAULT_STAGE_S = {JobStage.LOWER: 0.5, JobStage.BUILD: 10.0, JobStage.VALIDATE: 1.0}
 # The newest results the medians are taken over: a bounded read however
 # many are stored, recent enough to follow a new runner or toolchain.
 DURATION_SAMPLE = 3000
@@ -609,10 +612,10 @@ class Durations:
         return DEFAULT_STAGE_S[stage], 0, (stage,)
 
     def per_stage(self) -> dict[str, float]:
-        """Seconds a job of each stage takes, whatever its device type."""
+        """Seconds a job of each stage takes, whatever its device type,
+        for the stages measured: a sweep's ETA is not made of guesses."""
         return {
-            stage: self.by_stage.get(stage, (DEFAULT_STAGE_S[stage], 0))[0]
-            for stage in STAGES
+            stage: self.by_stage[stage][0] for stage in STAGES if stage in self.by_stage
         }
 
 
@@ -729,7 +732,7 @@ class StagePlan:
     def basis(self) -> str:
         if self.measured_jobs == self.jobs:
             return f"median of {self.runs} recent run{'s' if self.runs != 1 else ''}"
-        default = duration_text(DEFAULT_STAGE_S[self.stage])
+        default = f"{DEFAULT_STAGE_S[self.stage]:g} s"
         if not self.measured_jobs:
             return f"nothing measured yet: {default} a job assumed"
         return (

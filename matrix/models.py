@@ -10,6 +10,8 @@ latest result per cell so that no page ever scans all results.
 
 from __future__ import annotations
 
+import math
+
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import models
@@ -397,13 +399,20 @@ class Sweep(models.Model):
     # sweep's whole life: a sweep may wait for a runner before its first job
     # starts, and a switch from lowering to validation changes the pace.
     PACE_WINDOW_S = 300
+    # A runner starts many jobs at once and the first finish only after a
+    # compile: a pace read off the first few results overstates the rest
+    # eightfold (H100, 188 jobs, 2026-12-06). It is read once this many
+    # have finished, or this share of the sweep.
+    PACE_MIN_JOBS = 10
+    PACE_MIN_SHARE = 0.05
 
     def progress(self, *, stage_seconds: dict[str, float] | None = None) -> dict:
-        """Counts by job state, share finished, and an ETA: once jobs finish,
-        at the pace of the last ``PACE_WINDOW_S`` (counted from the first
-        job's start, not the sweep's creation); before that, from
-        ``stage_seconds`` (what one job of each stage takes), when given.
-        Two queries at most."""
+        """Counts by job state, share finished, and an ETA: once enough jobs
+        finished (``PACE_MIN_JOBS`` or ``PACE_MIN_SHARE``), at the pace of
+        the last ``PACE_WINDOW_S`` (counted from the first job's start, not
+        the sweep's creation); before that, from ``stage_seconds`` (what one
+        job of each stage takes, as measured), where it names every stage
+        left; else none. Two queries at most."""
         from django.utils import timezone
 
         now = timezone.now()
@@ -419,12 +428,11 @@ class Sweep(models.Model):
         finished = done + failed
         total = self.total or sum(counts.values())
         eta, basis = None, ""
-        if 0 < finished < total:
+        paced = max(self.PACE_MIN_JOBS, math.ceil(total * self.PACE_MIN_SHARE))
+        if min(paced, total) <= finished < total:
             eta, basis = self._eta_from_pace(now, finished, total), "pace"
-        elif finished == 0 and total and stage_seconds:
-            eta = sum(
-                n * stage_seconds.get(stage, 0.0) for stage, n in unfinished.items()
-            )
+        elif total and stage_seconds and set(unfinished) <= set(stage_seconds):
+            eta = sum(n * stage_seconds[stage] for stage, n in unfinished.items())
             basis = "estimate"
         return {
             "total": total,
