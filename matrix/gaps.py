@@ -625,13 +625,12 @@ PACE_RUN_MIN = 5
 
 
 def job_durations() -> Durations:
-    """Seconds of runner time a job takes: where recent sweeps ran enough
-    jobs of a stage and device type on one runner, the median of those runs'
-    pace (span ÷ jobs: a runner runs jobs side by side, so one job's wall
-    time overstates it several times over); elsewhere the median wall time
-    of the newest results' jobs (their compile time where a job only
-    compiled, for results stored before wall time was kept). Cached a
-    minute: an estimate, not a measurement."""
+    """Seconds of a runner's time a job takes: the medians of recent runs'
+    paces (a sweep's jobs of one stage and device type on one runner, from
+    its first start to its last finish, over the jobs). Not one job's wall
+    time: a runner runs jobs side by side, and a fresh H100 sweep's first
+    estimate made of wall times put its end 12x too late (2026-12-06).
+    Cached a minute: an estimate, not a measurement."""
     found = cache.get("gaps:job-durations")
     if found is not None:
         return found
@@ -639,8 +638,6 @@ def job_durations() -> Durations:
         "job__stage",
         "device_type_id",
         "device_type__backend",
-        "wall_s",
-        "compile_s",
         "job_id",
         "job__sweep_id",
         "job__runner_id",
@@ -648,17 +645,7 @@ def job_durations() -> Durations:
         "job__started_at",
         "job__finished_at",
     )[:DURATION_SAMPLE]
-    samples: dict[tuple, list[float]] = {}
-    for stage, dt_id, backend, wall_s, compile_s, *_ in rows:
-        seconds = wall_s
-        if seconds is None and stage != JobStage.VALIDATE:
-            seconds = compile_s
-        if seconds is None:
-            continue
-        for key in ((stage, dt_id), (stage, backend), stage):
-            samples.setdefault(key, []).append(seconds)
-    # The pace of runs replaces the wall times wherever it was measured.
-    samples.update(_paces(rows))
+    samples = _paces(rows)
 
     def medians(keys):
         return {k: (statistics.median(samples[k]), len(samples[k])) for k in keys}
@@ -679,19 +666,7 @@ def _paces(rows) -> dict[tuple | str, list[float]]:
     the jobs. ``rows``: job_durations' results."""
     runs: dict[tuple, list] = {}
     seen = set()
-    for (
-        stage,
-        dt_id,
-        backend,
-        _,
-        _,
-        job,
-        sweep,
-        runner,
-        queue,
-        started,
-        finished,
-    ) in rows:
+    for stage, dt_id, backend, job, sweep, runner, queue, started, finished in rows:
         # An offline bundle's jobs start when planned and finish when their
         # results come home (an evidence import: both at once): no pace.
         if (

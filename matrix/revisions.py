@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from django.db import transaction
 from django.db.models import Exists, OuterRef, Q
 
 from matrix.models import Backend, Cell, CurrentRevision, DeviceType, KernelRevision
@@ -36,10 +37,6 @@ def current_id(operator_id: int, backend: str) -> int | None:
         .values_list("revision_id", flat=True)
         .first()
     )
-
-
-def current_ids() -> set[int]:
-    return set(CurrentRevision.objects.values_list("revision_id", flat=True))
 
 
 def is_current_cell() -> Exists:
@@ -68,9 +65,11 @@ def stale_q(current: CurrentMap, operator_id: int, device_types) -> Q:
     return stale
 
 
+@transaction.atomic
 def make_current(revision: KernelRevision, backends) -> dict[str, int | None]:
-    """Make ``revision`` current on ``backends``; the id each replaced. Call
-    inside the decision's transaction."""
+    """Make ``revision`` current on ``backends``; the id each replaced (in
+    the caller's transaction where there is one: a decision's, with its
+    audit event)."""
     replaced = dict.fromkeys(backends)
     replaced.update(
         CurrentRevision.objects.select_for_update()

@@ -254,6 +254,25 @@ def test_run_missing_plans_exactly_the_runnable_gaps(
     assert "<progress" in body and 'hx-trigger="every 2s"' in body
 
 
+def paced_run(shape, device_type, toolchain, runner, *, jobs: int, each_s: float):
+    """A finished sweep's run on ``runner``: ``jobs`` validations, side by
+    side, the last finishing ``jobs * each_s`` seconds after the first
+    started (its pace: ``each_s`` a job)."""
+    sweep = Sweep.objects.create(total=jobs)
+    start = timezone.now() - timedelta(hours=1)
+    for i in range(jobs):
+        result = record(
+            shape, device_type, toolchain, Status.PASS, wall_s=each_s * jobs
+        )
+        ValidationJob.objects.filter(pk=result.job_id).update(
+            sweep=sweep,
+            runner=runner,
+            state=JobState.DONE,
+            started_at=start,
+            finished_at=start + timedelta(seconds=each_s * (i + 1)),
+        )
+
+
 def preview_rows(response) -> dict[str, tuple[str, str, str]]:
     body = response.content.decode()
     table = body.split('id="run-missing"')[1].split("</tbody>")[0]
@@ -269,11 +288,13 @@ def test_the_preview_says_how_many_jobs_of_each_stage_and_how_long(
     client, results, cpu_runner, sweeper, toolchains, device_types
 ):
     served = Shape.objects.served().count()
-    # Measured: CPU validations of 4 s (two earlier runs, median 4) on this
-    # toolchain; no lowering measured yet.
+    # Measured: CPU validations at 3, 4 and 5 s a job (three earlier runs,
+    # median 4) on this toolchain; no lowering measured yet.
     shape = Shape.objects.filter(served=False).first()
-    for wall_s in (3.0, 4.0, 5.0):
-        record(shape, device_types["c"], toolchains[0], Status.PASS, wall_s=wall_s)
+    for each_s in (3.0, 4.0, 5.0):
+        paced_run(
+            shape, device_types["c"], toolchains[0], cpu_runner, jobs=6, each_s=each_s
+        )
     client.force_login(sweeper)
     response = client.get(reverse("gaps"))
     rows = preview_rows(response)
@@ -300,22 +321,11 @@ def test_the_preview_says_how_many_jobs_of_each_stage_and_how_long(
 def test_the_estimate_follows_a_runners_measured_pace_not_one_jobs_time(
     client, results, cpu_runner, sweeper, toolchains, device_types
 ):
-    """A runner runs validations side by side: 12 jobs of 30 s each that
+    """A runner runs validations side by side: 12 jobs of 60 s each that
     one runner finished within 60 s take 5 s of its time each, and the
-    preview says so (it said 30 s a job, six times the outcome)."""
+    preview says so (one job's wall time put it twelve times too long)."""
     shape = Shape.objects.filter(served=False).first()
-    earlier = Sweep.objects.create(total=12)
-    now = timezone.now()
-    for i in range(12):
-        result = record(
-            shape, device_types["c"], toolchains[0], Status.PASS, wall_s=30.0
-        )
-        ValidationJob.objects.filter(pk=result.job_id).update(
-            sweep=earlier,
-            runner=cpu_runner,
-            started_at=now - timedelta(seconds=90 - i * 30 / 11),
-            finished_at=now - timedelta(seconds=60 - i * 30 / 11),
-        )
+    paced_run(shape, device_types["c"], toolchains[0], cpu_runner, jobs=12, each_s=5)
     client.force_login(sweeper)
     response = client.get(reverse("gaps"))
     validating = response.context["summary"].validating
@@ -596,24 +606,28 @@ def test_the_eta_follows_the_recent_pace_not_the_sweeps_age(client, results):
     assert Sweep.objects.get(pk=sweep.pk).progress()["eta_s"] is None
     body = client.get(reverse("sweep", args=[sweep.pk])).content.decode()
     assert "ETA once a few jobs have finished (nothing measured yet)" in body
-    # Ten done in those 2 minutes: 12 s a job, 6 to go.
-    ValidationJob.objects.filter(pk__in=[j.pk for j in jobs[4:10]]).update(
-        state=JobState.DONE, finished_at=now - timedelta(seconds=10)
-    )
+    # The first result a minute after the start (a compile), then one every
+    # 6 s: 6 s a job, 6 to go. The first minute is not paid again per job.
+    for i, job in enumerate(jobs[:10]):
+        ValidationJob.objects.filter(pk=job.pk).update(
+            state=JobState.DONE, finished_at=now - timedelta(seconds=60 - 6 * i)
+        )
     progress = Sweep.objects.get(pk=sweep.pk).progress()
     assert progress["eta_basis"] == "pace"
-    assert 65 <= progress["eta_s"] <= 80
+    assert 33 <= progress["eta_s"] <= 40
     cache.clear()  # the page keeps its progress until a result comes through ingest
     body = client.get(reverse("sweep", args=[sweep.pk])).content.decode()
-    assert "ETA about 72 s, at the pace of the last few minutes" in body
+    assert "ETA about 36 s, at the pace of the last few minutes" in body
 
 
 def test_before_any_result_the_eta_comes_from_measured_job_times(
-    client, results, toolchains, device_types
+    client, results, toolchains, device_types, cpu_runner
 ):
     shape = Shape.objects.filter(served=False).first()
-    for wall_s in (20.0, 30.0, 40.0):
-        record(shape, device_types["c"], toolchains[0], Status.PASS, wall_s=wall_s)
+    for each_s in (20.0, 30.0, 40.0):
+        paced_run(
+            shape, device_types["c"], toolchains[0], cpu_runner, jobs=6, each_s=each_s
+        )
     sweep = sweep_of(6, results)
     body = client.get(reverse("sweep", args=[sweep.pk])).content.decode()
     # Six validations at the 30 s median.
