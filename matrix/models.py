@@ -431,7 +431,9 @@ class Sweep(models.Model):
         paced = max(self.PACE_MIN_JOBS, math.ceil(total * self.PACE_MIN_SHARE))
         if min(paced, total) <= finished < total:
             eta, basis = self._eta_from_pace(now, finished, total), "pace"
-        elif total and stage_seconds and set(unfinished) <= set(stage_seconds):
+        elif (
+            finished < total and stage_seconds and set(unfinished) <= set(stage_seconds)
+        ):
             eta = sum(n * stage_seconds[stage] for stage, n in unfinished.items())
             basis = "estimate"
         return {
