@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 
 from django.core.cache import cache
 from django.db import connection
+from django.db.models import Exists, OuterRef
 
 from matrix.cache import cached_read
 from matrix.models import (
@@ -634,17 +635,25 @@ def job_durations() -> Durations:
     found = cache.get("gaps:job-durations")
     if found is not None:
         return found
-    rows = Result.objects.order_by("-id").values_list(
-        "job__stage",
-        "device_type_id",
-        "device_type__backend",
-        "job_id",
-        "job__sweep_id",
-        "job__runner_id",
-        "job__queue",
-        "job__started_at",
-        "job__finished_at",
-    )[:DURATION_SAMPLE]
+    # A sweep still running is no run yet: its first results, read as a
+    # pace, put an H100's cold sweep's end 2.61x too late (2026-12-06).
+    running = ValidationJob.objects.open().filter(sweep_id=OuterRef("job__sweep_id"))
+    rows = (
+        Result.objects.order_by("-id")
+        .annotate(running=Exists(running))
+        .values_list(
+            "job__stage",
+            "device_type_id",
+            "device_type__backend",
+            "job_id",
+            "job__sweep_id",
+            "job__runner_id",
+            "job__queue",
+            "job__started_at",
+            "job__finished_at",
+            "running",
+        )[:DURATION_SAMPLE]
+    )
     samples = _paces(rows)
 
     def medians(keys):
@@ -666,11 +675,16 @@ def _paces(rows) -> dict[tuple | str, list[float]]:
     the jobs. ``rows``: job_durations' results."""
     runs: dict[tuple, list] = {}
     seen = set()
-    for stage, dt_id, backend, job, sweep, runner, queue, started, finished in rows:
-        # An offline bundle's jobs start when planned and finish when their
-        # results come home (an evidence import: both at once): no pace.
+    for row in rows:
+        stage, dt_id, backend, job, sweep, runner, queue, started, finished, running = (
+            row
+        )
+        # A sweep still running has no pace yet; an offline bundle's jobs
+        # start when planned and finish when their results come home (an
+        # evidence import: both at once): none either.
         if (
             job in seen
+            or running
             or None in (sweep, runner, started, finished)
             or queue.startswith("bundle.")
         ):

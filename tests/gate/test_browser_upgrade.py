@@ -65,6 +65,12 @@ def test_propose_review_approve_and_read_the_manifest(
             # Focus is on what to fix, not back at the top of the page.
             assert page.evaluate("document.activeElement.name") == "comment"
         page.fill("textarea[name=comment]", f"diff is clean ({n})")
+        if n == 2:
+            # The last approval publishes the manifest: said, and ticked.
+            assert "Approving publishes the manifest" in page.inner_text(
+                "#approve-preview"
+            )
+            page.check("#approve-preview input[name=confirm]")
         page.click("text=Submit decision")
         page.wait_for_selector(f"text=diff is clean ({n})")
         if n == 1:

@@ -10,6 +10,7 @@ import pytest
 from django.urls import reverse
 from django.utils import timezone
 
+from matrix import gaps
 from matrix.gaps import duration_text
 from matrix.models import (
     DeviceType,
@@ -586,26 +587,45 @@ def test_each_poll_shows_the_claims_and_results_since_the_last(client, results):
     assert counts() == "1 running · 1 queued"
 
 
-def test_the_eta_follows_the_recent_pace_not_the_sweeps_age(client, results):
+def test_the_eta_follows_the_recent_pace_not_the_sweeps_age(
+    client, results, cpu_runner
+):
     from django.core.cache import cache
 
     sweep = sweep_of(16, results)
     now = timezone.now()
     # Planned an hour ago, its first job started 2 minutes ago (no runner
-    # was online before), 4 done since: too few for a pace (a runner's
-    # first results come after a compile, many jobs at once), and nothing
-    # was measured before, so no ETA is made up.
+    # was online before), 6 done since: too few for a pace (a runner's
+    # first results come after a compile, many jobs at once), nothing was
+    # measured before, and the sweep's own first results are no measured
+    # run: no ETA is made up.
     Sweep.objects.filter(pk=sweep.pk).update(created_at=now - timedelta(hours=1))
     jobs = list(sweep.jobs.order_by("pk"))
     ValidationJob.objects.filter(pk__in=[j.pk for j in jobs]).update(
         started_at=now - timedelta(minutes=2)
     )
-    ValidationJob.objects.filter(pk__in=[j.pk for j in jobs[:4]]).update(
+    ValidationJob.objects.filter(pk__in=[j.pk for j in jobs]).update(runner=cpu_runner)
+    for job in jobs[:6]:
+        Result.objects.create(
+            job=job,
+            attempt=1,
+            revision=job.revision,
+            shape=job.shape,
+            device_type=job.device_type,
+            toolchain=job.toolchain,
+            status=Status.PASS,
+        )
+    ValidationJob.objects.filter(pk__in=[j.pk for j in jobs[:6]]).update(
         state=JobState.DONE, finished_at=now - timedelta(seconds=10)
     )
-    assert Sweep.objects.get(pk=sweep.pk).progress()["eta_s"] is None
+    durations = gaps.job_durations().per_stage()
+    assert durations == {}
+    assert (
+        Sweep.objects.get(pk=sweep.pk).progress(stage_seconds=durations)["eta_s"]
+        is None
+    )
     body = client.get(reverse("sweep", args=[sweep.pk])).content.decode()
-    assert "ETA once a few jobs have finished (nothing measured yet)" in body
+    assert "ETA once a few jobs are done (nothing measured yet)" in body
     # The first result a minute after the start (a compile), then one every
     # 6 s: 6 s a job, 6 to go. The first minute is not paid again per job.
     for i, job in enumerate(jobs[:10]):
