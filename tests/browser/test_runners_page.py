@@ -4,6 +4,8 @@ its inventory and key fingerprint, and approved it is online."""
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
@@ -132,3 +134,34 @@ def test_the_keyboard_lands_on_the_revoked_state_after_revoking(
         f"() => document.activeElement.closest('{row}') !== null", timeout=3_000
     )
     assert page.evaluate("document.activeElement.textContent").startswith("revoked ")
+
+
+def test_a_refused_claim_leaves_no_column_behind(tab, admin_user):
+    """A host claiming a device no one has yet is refused from the page:
+    the claim was shown, never recorded, and the refusal is audited."""
+    from matrix.models import AuditEvent, DeviceType
+
+    inventory = {
+        **INVENTORY,
+        "devices": [{"backend": "npu", "vendor": "Huawei", "model": "Ascend 910B"}],
+    }
+    services.runner_register(
+        token=services.token_create(expires=timedelta(hours=1)),
+        name="npu-claim",
+        public_key=signing.public_key_hex(Ed25519PrivateKey.generate()),
+        inventory=inventory,
+    )
+    tab.login("root", "root-pass-123")
+    tab.open("/runners/")
+    row = tab.page.locator("#runner-list tr", has_text="npu-claim")
+    assert "Huawei Ascend 910B · npu" in row.inner_text()
+    assert not DeviceType.objects.filter(model="Ascend 910B").exists()
+    tab.page.once("dialog", lambda dialog: dialog.accept())
+    row.locator("button", has_text="Refuse").click()
+    tab.page.wait_for_selector("#runner-list tr:has-text('npu-claim') .badge.revoked")
+    assert "refused" in row.inner_text()
+    assert AuditEvent.objects.filter(verb="runner.refuse").count() == 1
+    assert not DeviceType.objects.filter(model="Ascend 910B").exists()
+    tab.open("/")
+    assert "Ascend" not in tab.page.inner_text("main")
+    assert tab.errors == []

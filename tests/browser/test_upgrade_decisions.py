@@ -86,3 +86,44 @@ def test_approve_refused_approve_and_roll_out_in_the_browser(
     assert verbs[-1] == ("proposal.rollout", "reviewer3")
     event = AuditEvent.objects.get(verb="proposal.rollout")
     assert event.after["comment"] == "release day"
+
+
+def test_rejecting_an_approved_upgrade_says_it_empties_the_manifest(
+    chromium,
+    live_server,
+    world,  # noqa: F811
+):
+    from matrix.gate.services import proposal_approve
+
+    world.green(world.old)
+    world.green(world.new)
+    proposal = proposal_open(
+        baseline=world.old,
+        candidate=world.new,
+        device_types=[world.cpu],
+        by=world.owner,
+    )
+    for reviewer in world.reviewers[:2]:
+        proposal_approve(proposal=proposal, by=reviewer, comment="ok")
+    entries = len(manifest_for(toolchain=world.new)["entries"])
+    assert entries
+
+    tab = _tab(chromium, live_server, "reviewer3", "pw-123456")
+    tab.open(f"/upgrades/{proposal.pk}/")
+    said = tab.page.inner_text("#reject-preview")
+    assert f"{world.new.name} goes from {entries} entries to 0" in said
+    tab.page.check("input[name=decision][value=reject]")
+    tab.page.fill("textarea[name=comment]", "a regression on the CPU")
+    tab.page.click("text=Submit decision")
+    tab.page.wait_for_selector("#decision-form >> text=Tick the box to confirm")
+    assert len(manifest_for(toolchain=world.new)["entries"]) == entries
+    tab.errors.clear()  # the refusal's 400, reported by the console
+    tab.page.check("#reject-preview input[name=confirm]")
+    tab.page.click("text=Submit decision")
+    tab.page.wait_for_selector(
+        f"text=Rejected. The manifest for {world.new.name} is withdrawn."
+    )
+    assert manifest_for(toolchain=world.new)["entries"] == []
+    assert tab.errors == []
+    event = AuditEvent.objects.filter(verb="proposal.reject").get()
+    assert event.actor_label == "reviewer3"
