@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from django.db import transaction
-from django.db.models import Exists, OuterRef, Q
+from django.db.models import Count, Exists, OuterRef, Q
 
 from matrix.models import Backend, Cell, CurrentRevision, DeviceType, KernelRevision
 
@@ -145,6 +145,8 @@ def change_preview(revision: KernelRevision, backends) -> Change:
         device_types=[
             str(d) for d in DeviceType.objects.filter(backend__in=moving).order_by()
         ],
-        cells_stale=cells.filter(is_current_cell()).count(),
-        served_stale=cells.filter(is_current_cell(), shape__served=True).count(),
+        **cells.filter(is_current_cell()).aggregate(
+            cells_stale=Count("id"),
+            served_stale=Count("id", filter=Q(shape__served=True)),
+        ),
     )

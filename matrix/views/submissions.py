@@ -123,11 +123,7 @@ def _detail(request, revision: KernelRevision, form, status: int = 200):
     context = {
         "revision": revision,
         "covers": revision_labels(revision),
-        "current_on": [
-            label
-            for value, label in Backend.choices
-            if revision.current_on.filter(backend=value).exists()
-        ],
+        "current_on": _labels_of(revision.current_on.values_list("backend", flat=True)),
         "base": base,
         "base_current": base is not None
         and submissions.is_current_beside(base, revision),
@@ -143,8 +139,13 @@ def _detail(request, revision: KernelRevision, form, status: int = 200):
 
 
 def revision_labels(revision: KernelRevision) -> list[str]:
-    labels = dict(Backend.choices)
-    return [labels[b] for b in revisions.backends_of(revision)]
+    return _labels_of(revisions.backends_of(revision))
+
+
+def _labels_of(backends) -> list[str]:
+    """Backends' names, in the choices' order."""
+    chosen = set(backends)
+    return [label for value, label in Backend.choices if value in chosen]
 
 
 @login_required

@@ -20,6 +20,18 @@ def _tab(chromium, live_server, name: str, password: str) -> Page:
     return tab
 
 
+def green_proposal(lab):
+    """Green on both toolchains, on the CPU: ready for a decision."""
+    lab.green(lab.old)
+    lab.green(lab.new)
+    return proposal_open(
+        baseline=lab.old,
+        candidate=lab.new,
+        device_types=[lab.cpu],
+        by=lab.owner,
+    )
+
+
 def _decide(tab: Page, proposal: int, comment: str, *, tick: bool) -> None:
     tab.open(f"/upgrades/{proposal}/")
     tab.page.check("input[name=decision][value=approve]")
@@ -34,14 +46,7 @@ def test_approve_refused_approve_and_roll_out_in_the_browser(
     live_server,
     world,  # noqa: F811
 ):
-    world.green(world.old)
-    world.green(world.new)
-    proposal = proposal_open(
-        baseline=world.old,
-        candidate=world.new,
-        device_types=[world.cpu],
-        by=world.owner,
-    )
+    proposal = green_proposal(world)
 
     first = _tab(chromium, live_server, "reviewer", "reviewer-pass-123")
     _decide(first, proposal.pk, "clean diff", tick=False)
@@ -95,14 +100,7 @@ def test_rejecting_an_approved_upgrade_says_it_empties_the_manifest(
 ):
     from matrix.gate.services import proposal_approve
 
-    world.green(world.old)
-    world.green(world.new)
-    proposal = proposal_open(
-        baseline=world.old,
-        candidate=world.new,
-        device_types=[world.cpu],
-        by=world.owner,
-    )
+    proposal = green_proposal(world)
     for reviewer in world.reviewers[:2]:
         proposal_approve(proposal=proposal, by=reviewer, comment="ok")
     entries = len(manifest_for(toolchain=world.new)["entries"])
