@@ -46,12 +46,15 @@ class Comparison:
 
 def reference_problem(inputs, references) -> str | None:
     """Why the reference's outputs cannot judge a kernel, or None: a NaN
-    anywhere, or an infinity that no input held (it overflowed). Infinite
-    inputs (the ``infinities`` distribution) may give infinite results: the
-    reference defines them, and the kernel must match them."""
+    that no input held, or an infinity that no input held (it overflowed).
+    Infinite or NaN inputs (the ``infinities`` and ``nan`` distributions)
+    may give infinite or NaN results: the reference defines them, and the
+    kernel must match them."""
     import torch
 
-    if any(torch.isnan(r).any() for r in references):
+    if any(torch.isnan(r).any() for r in references) and not any(
+        torch.isnan(x).any() for x in inputs
+    ):
         return "the reference produced NaN"
     if not all(torch.isfinite(r).all() for r in references) and all(
         torch.isfinite(x).all() for x in inputs
@@ -77,22 +80,28 @@ def compare_one(name: str, out, ref, tolerance) -> Comparison:
         )
     total = max(out.numel(), 1)
     # Where the reference is infinite (an add of an infinite input), the
-    # kernel must give the same infinity; elsewhere its error is measured.
+    # kernel must give the same infinity, and where it is NaN (a NaN input)
+    # NaN; elsewhere its error is measured. A NaN there may be the poison
+    # left unwritten: it is the right answer either way.
     ref_inf = torch.isinf(ref)
+    ref_nan = torch.isnan(ref)
     inf_right = ref_inf & (out == ref)
-    measured = ~ref_inf
+    nan_right = ref_nan & torch.isnan(out)
+    measured = ~ref_inf & ~ref_nan
     ref = torch.where(measured, ref, 0.0)
     finite = torch.isfinite(out)
     diff = torch.where(measured & finite, out - ref, 0.0).abs()
     bound = tolerance.atol + tolerance.rtol * ref.abs()
-    mismatched = (ref_inf & ~inf_right) | (measured & ~finite) | (diff > bound)
+    mismatched = (
+        (ref_inf & ~inf_right) | (ref_nan & ~nan_right) | (measured & ~finite)
+    ) | (diff > bound)
     mismatch_ratio = mismatched.sum().item() / total
     ref_norm = torch.linalg.vector_norm(ref).item()
     floor = 0.0
     if ref_norm > 0 and out_dtype != wide:
         rounded = ref.to(out_dtype).to(wide)
         floor = torch.linalg.vector_norm(rounded - ref).item() / ref_norm
-    if (finite | inf_right).all():
+    if (finite | inf_right | nan_right).all():
         err_norm = torch.linalg.vector_norm(diff).item()
         rel_err = err_norm / ref_norm if ref_norm > 0 else err_norm
         max_abs_err = diff.max().item() if out.numel() else 0.0
@@ -100,21 +109,27 @@ def compare_one(name: str, out, ref, tolerance) -> Comparison:
         rel_err = max_abs_err = float("inf")
 
     problem = None
-    nan_count = torch.isnan(out).sum().item()
+    nan_count = (torch.isnan(out) & ~ref_nan).sum().item()
     missed = (ref_inf & ~inf_right).sum().item()
-    if nan_count == out.numel() and out.numel():
+    missed_nan = (ref_nan & ~nan_right).sum().item()
+    if out.numel() and torch.isnan(out).all():
         # The poison is NaN: a kernel that wrote NaN everywhere reads the same.
         problem = f"{name} is NaN everywhere (never written, or written as NaN)"
     elif nan_count:
         problem = f"{name} has {nan_count} of {out.numel()} elements NaN"
+    elif missed_nan:
+        problem = (
+            f"{name} is not NaN at {missed_nan} of {ref_nan.sum().item()} places "
+            "where the reference is (a NaN input was dropped)"
+        )
     elif missed:
         problem = (
             f"{name} is not the reference's infinity at {missed} of "
             f"{ref_inf.sum().item()} places"
         )
-    elif not (finite | inf_right).all():
+    elif not (finite | inf_right | nan_right).all():
         problem = f"{name} has infinite values"
-    elif ref_norm > 0 and not out.abs().max().item() > 0:
+    elif ref_norm > 0 and not torch.where(measured, out, 0.0).abs().max().item() > 0:
         problem = f"{name} is all zeros and the reference is not"
     return Comparison(rel_err, max_abs_err, mismatch_ratio, problem, floor)
 

@@ -34,6 +34,19 @@ NEAR_LIMIT = Distribution("near_limit", 0.45)
 # +-inf in an add, where the reference's sum is infinite too: a kernel that
 # saturates, or clamps to the largest finite value, is wrong there.
 INFINITIES = Distribution("infinities")
+# A row sum, or a matmul's output, at 45% of the dtype's largest value:
+# exact with a float32 accumulator, lost with a half-precision one. (The
+# inputs' own near-limit draw would overflow any float32 accumulation, which
+# the float64 reference does not: it could not tell right from wrong.)
+ROW_LIMIT = Distribution("row_limit", 0.45)
+# An RMS norm's row whose sum of squares is 45% of float32's largest value:
+# values at the dtype's own limit in float16, whose squares a float16
+# accumulator cannot hold.
+SQUARE_LIMIT = Distribution("square_limit", 0.45)
+# One NaN in every fifth row: the reference's result there is NaN (a row's
+# sum, norm, softmax or matmul row), and a kernel whose max or clamp drops a
+# NaN silently serves a number.
+NAN = Distribution("nan")
 
 BY_OPERATOR = {
     "elementwise_add": (
@@ -43,8 +56,9 @@ BY_OPERATOR = {
         HEAVY_TAILS,
         NEAR_LIMIT,
         INFINITIES,
+        NAN,
     ),
-    "row_sum": (ZERO_ROWS, CONSTANT_ROWS, OUTLIERS, HEAVY_TAILS),
+    "row_sum": (ZERO_ROWS, CONSTANT_ROWS, OUTLIERS, HEAVY_TAILS, ROW_LIMIT, NAN),
     "softmax": (
         LARGE_LOGITS,
         ZERO_ROWS,
@@ -53,9 +67,17 @@ BY_OPERATOR = {
         HEAVY_TAILS,
         NEAR_LIMIT,
         MASKED,
+        NAN,
     ),
-    "rmsnorm": (ZERO_ROWS, CONSTANT_ROWS, OUTLIERS, HEAVY_TAILS),
-    "gemm": (ZERO_ROWS, CONSTANT_ROWS, OUTLIERS, HEAVY_TAILS),
+    "rmsnorm": (
+        ZERO_ROWS,
+        CONSTANT_ROWS,
+        OUTLIERS,
+        HEAVY_TAILS,
+        SQUARE_LIMIT,
+        NAN,
+    ),
+    "gemm": (ZERO_ROWS, CONSTANT_ROWS, OUTLIERS, HEAVY_TAILS, ROW_LIMIT, NAN),
     "attention": (ZERO_ROWS, LARGE_QUERIES),
     "attention_causal": (ZERO_ROWS, LARGE_QUERIES),
 }

@@ -91,11 +91,20 @@ class Distribution:
     maps the draw to a Pareto tail of index 2 (most values near the scale, a
     few up to ``factor`` times it); ``near_limit`` scales the draw until its
     largest value is ``factor`` of the dtype's largest finite one;
-    ``infinities`` sets every seventh value to +inf and the next-but-two to
-    -inf, where the reference's result is infinite too; and ``masked`` sets
-    the first third of every row to -inf, as a left-padded batch's
-    attention mask or a constrained decoder's token mask does (the rest of
-    the row stays finite, so the reference is defined)."""
+    ``row_limit`` scales it until the largest row's sum of magnitudes,
+    times the largest magnitude of the other inputs, is ``factor`` of the
+    dtype's largest finite value (a row sum or a matmul's output that far
+    up, which float32 accumulation reaches exactly and half-precision
+    accumulation does not); ``square_limit`` scales it until the largest
+    row's sum of squares is ``factor`` of float32's largest value (the
+    accumulator an RMS norm needs), each value kept within ``factor`` of the
+    dtype's own largest; ``infinities`` sets every seventh value to +inf and
+    the next-but-two to -inf, where the reference's result is infinite too;
+    ``nan`` sets one value of every fifth row to NaN, where the reference's
+    result is NaN too (a kernel whose max or clamp drops NaN is wrong
+    there); and ``masked`` sets the first third of every row to -inf, as a
+    left-padded batch's attention mask or a constrained decoder's token mask
+    does (the rest of the row stays finite, so the reference is defined)."""
 
     name: str
     factor: float = 1.0
@@ -105,10 +114,17 @@ class Distribution:
         words = self.name.replace("_", " ")
         if self.name == "near_limit":
             return f"near the dtype's limit ({self.factor:.0%} of it)"
+        if self.name == "row_limit":
+            return f"row sums at {self.factor:.0%} of the dtype's limit"
+        if self.name == "square_limit":
+            return f"squares at {self.factor:.0%} of float32's limit"
+        if self.name == "nan":
+            return "NaN"
         return f"{words} x{self.factor:g}" if self.factor != 1.0 else words
 
-    def shape(self, tensor) -> None:
-        """Shape ``tensor`` in place."""
+    def shape(self, tensor, others: float = 1.0) -> None:
+        """Shape ``tensor`` in place; ``others`` bounds the magnitude of the
+        operator's other inputs (their scale)."""
         if self.name == "large":
             tensor.mul_(self.factor)
         elif self.name == "zero_rows" and tensor.dim() >= 2:
@@ -131,13 +147,46 @@ class Distribution:
             if largest > 0:
                 limit = torch.finfo(tensor.dtype).max * self.factor
                 tensor.mul_(limit / largest)
+        elif self.name in ("row_limit", "square_limit"):
+            _rows_near_limit(tensor, self.name, self.factor, others)
         elif self.name == "infinities":
             flat = tensor.view(-1)
             flat[::7] = float("inf")
             flat[3::7] = float("-inf")
+        elif self.name == "nan":
+            import torch
+
+            rows = tensor.view(-1, tensor.shape[-1] if tensor.dim() >= 2 else 1)
+            picked = torch.arange(4, rows.shape[0], 5, device=rows.device)
+            rows[picked, (picked * 7) % rows.shape[1]] = float("nan")
 
 
 UNIFORM = Distribution("uniform")
+
+
+def _rows_near_limit(tensor, kind: str, factor: float, others: float) -> None:
+    """Scale ``tensor`` so its largest row's sum of magnitudes (times
+    ``others``) or of squares reaches ``factor`` of the limit, no value past
+    ``factor`` of the dtype's largest. Sums are taken in float64 a row block
+    at a time, so a large activation needs no float64 copy of itself."""
+    import torch
+
+    rows = tensor.view(-1, tensor.shape[-1] if tensor.dim() >= 2 else 1)
+    per_block = max(1, DEVICE_CHUNK_ELEMENTS // rows.shape[1])
+    largest_sum = largest_value = 0.0
+    for start in range(0, rows.shape[0], per_block):
+        block = rows[start : start + per_block].abs().double()
+        largest_value = max(largest_value, block.max().item())
+        sums = block.square().sum(-1) if kind == "square_limit" else block.sum(-1)
+        largest_sum = max(largest_sum, sums.max().item())
+    if largest_sum <= 0:
+        return
+    own_limit = torch.finfo(tensor.dtype).max * factor
+    if kind == "square_limit":
+        wanted = (torch.finfo(torch.float32).max * factor / largest_sum) ** 0.5
+    else:
+        wanted = own_limit / (largest_sum * others)
+    tensor.mul_(min(wanted, own_limit / largest_value))
 
 
 def _heavy_tails(tensor, cap: float) -> None:
@@ -226,7 +275,8 @@ def seeded_inputs(
             flat[start:stop] = values
         tensors.append(out)
     if tensors:
-        distribution.shape(tensors[0])
+        others = max((s["scale"] for s in specs[1:]), default=1.0)
+        distribution.shape(tensors[0], others)
     return tensors
 
 

@@ -86,6 +86,20 @@ def test_infinities_where_the_reference_has_them_pass_and_nowhere_else():
     assert "infinite" in verdict(extra, LOOSE, ref)
 
 
+def test_nan_where_the_reference_has_it_passes_and_nowhere_else():
+    ref = REF.clone()
+    ref[1] = float("nan")  # a row whose input held a NaN
+    assert verdict(ref.clone(), TIGHT, ref) is None
+    dropped = ref.nan_to_num(0.0)
+    assert "not NaN at 4 of 4 places where the reference is" in verdict(
+        dropped, LOOSE, ref
+    )
+    extra = ref.clone()
+    extra[0, 0] = float("nan")
+    assert "has 1 of 12 elements NaN" in verdict(extra, LOOSE, ref)
+    assert "never written" in verdict(torch.full_like(REF, float("nan")), LOOSE, ref)
+
+
 def test_a_reference_that_overflowed_or_made_nan_cannot_judge():
     from runners.harness.compare import reference_problem
 
@@ -96,3 +110,6 @@ def test_a_reference_that_overflowed_or_made_nan_cannot_judge():
     overflowed[0, 0] = float("inf")
     assert "from finite inputs" in reference_problem(finite, [overflowed])
     assert reference_problem([overflowed], [overflowed]) is None
+    with_nan = REF.clone()
+    with_nan[0, 0] = float("nan")
+    assert reference_problem([with_nan], [with_nan]) is None

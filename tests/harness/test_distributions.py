@@ -1,7 +1,8 @@
 """A pass means right on the inputs real models send: each operator's
 declared distributions (large logits, zero and constant rows, outlier
-channels, heavy tails, values near the dtype's limit, infinities, masked
-rows) besides the uniform draw. Textbook-wrong kernels that the uniform draw let through
+channels, heavy tails, values near the dtype's limit, sums and squares
+near the accumulator's limit, infinities, NaN, masked rows) besides the
+uniform draw. Textbook-wrong kernels that the uniform draw let through
 fail, naming the distribution; the library's CPU kernels pass them all."""
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import pytest
 import torch
 
 from runners import kernels
-from runners.harness import distributions
+from runners.harness import compare, distributions
 from runners.harness.distributions import OUTLIERS, ZERO_ROWS
 from runners.harness.sandbox import run_batch
 from runners.harness.tensors import Distribution
@@ -36,6 +37,7 @@ def judged(cache_dir):
         "rmsnorm_no_eps": _submitted("rmsnorm_no_eps", "rmsnorm"),
         "online_softmax": _submitted("online_softmax_unguarded", "softmax"),
         "saturating_add": _submitted("saturating_add", "elementwise_add"),
+        "nansum": _submitted("nansum_row_sum", "row_sum"),
         "library_softmax": library_job("softmax", SHAPE),
         "library_rmsnorm": library_job("rmsnorm", SHAPE),
         "library_add": library_job("elementwise_add", SHAPE),
@@ -74,6 +76,43 @@ def test_an_add_that_saturates_fails_where_the_reference_is_infinite(judged):
     assert message.endswith("(on infinities inputs)")
 
 
+def test_a_row_sum_that_skips_nan_fails_where_the_reference_is_nan(judged):
+    result = judged["nansum"]
+    assert result["status"] == "mismatch"
+    message = result["error"]["message"]
+    assert "not NaN at 1 of 1 places where the reference is" in message
+    assert message.endswith("(on NaN inputs)")
+
+
+def _half_accumulated_rmsnorm(x, weight):
+    """An RMS norm whose sum of squares is kept in float16, a step at a time,
+    as a kernel with a half-precision accumulator keeps it."""
+    total = torch.zeros(x.shape[0], dtype=torch.float16)
+    for column in x.float().square().T:
+        total = (total.float() + column).half()
+    rms = torch.rsqrt(total.float() / x.shape[1] + 1e-6)
+    return [(x.float() * rms[:, None] * weight.float()).half()]
+
+
+def test_a_half_precision_accumulator_passes_the_draw_and_fails_at_the_square_limit():
+    """The float16 rows GPUs serve: a sum of squares kept in float16 is close
+    enough on the uniform draw, and infinite (a row of zeros) once values
+    reach the dtype's limit, where float32's sum is exact."""
+    op = kernels.get("rmsnorm")
+    shape, dtype = {"M": 10, "N": 256}, "float16"
+    tolerance = op.tolerances[dtype]
+
+    def verdict(distribution):
+        inputs = distributions.draw(op, shape, dtype, 5, "cpu", distribution)
+        references = op.reference(*[x.double() for x in inputs])
+        outputs = _half_accumulated_rmsnorm(*inputs)
+        return compare.compare_outputs(["Y"], outputs, references, tolerance)
+
+    assert verdict(distributions.UNIFORM).verdict(tolerance) is None
+    at_limit = verdict(distributions.SQUARE_LIMIT).verdict(tolerance)
+    assert at_limit == "Y is all zeros and the reference is not"
+
+
 def test_the_library_kernels_pass_and_say_what_they_were_checked_on(judged):
     softmax, rmsnorm = judged["library_softmax"], judged["library_rmsnorm"]
     assert softmax["status"] == rmsnorm["status"] == "pass"
@@ -86,6 +125,7 @@ def test_the_library_kernels_pass_and_say_what_they_were_checked_on(judged):
         "heavy tails x100",
         "near the dtype's limit (45% of it)",
         "masked",
+        "NaN",
     ]
     assert rmsnorm["distributions"] == [
         "uniform",
@@ -93,12 +133,15 @@ def test_the_library_kernels_pass_and_say_what_they_were_checked_on(judged):
         "constant rows",
         "outliers x1000",
         "heavy tails x100",
+        "squares at 45% of float32's limit",
+        "NaN",
     ]
     add = judged["library_add"]
     assert add["status"] == "pass", add["error"]
-    assert add["distributions"][-2:] == [
+    assert add["distributions"][-3:] == [
         "near the dtype's limit (45% of it)",
         "infinities",
+        "NaN",
     ]
 
 
@@ -137,6 +180,32 @@ def test_each_distribution_shapes_the_first_input_only():
     flat = infinite.flatten()
     assert flat[::7].isposinf().all() and flat[3::7].isneginf().all()
     assert flat.isinf().sum() == len(flat[::7]) + len(flat[3::7])
+    nan, _ = draw(distributions.NAN)
+    assert nan.isnan().nonzero().tolist() == [[4, 8]]
+    assert (nan[~nan.isnan()] == x[~nan.isnan()]).all()
+
+
+def test_the_accumulator_limits_reach_it_and_stay_finite_in_float32():
+    """A row sum, a matmul's output or an RMS norm's sum of squares lands at
+    45% of the limit: as far as float32 accumulation goes exactly."""
+    gemm, shape = kernels.get("gemm"), {"M": 6, "N": 5, "K": 40}
+    for dtype in ("float16", "bfloat16", "float32"):
+        a, b = distributions.draw(gemm, shape, dtype, 3, "cpu", distributions.ROW_LIMIT)
+        bound = (a.double().abs() @ b.double().abs()).max().item()
+        assert bound <= 0.45 * torch.finfo(a.dtype).max
+        assert bound >= 0.3 * torch.finfo(a.dtype).max
+        assert (a.float() @ b.float()).isfinite().all()
+    rmsnorm, shape = kernels.get("rmsnorm"), {"M": 4, "N": 64}
+    half, _ = distributions.draw(
+        rmsnorm, shape, "float16", 3, "cpu", distributions.SQUARE_LIMIT
+    )
+    assert half.abs().max().item() == pytest.approx(0.45 * 65504, rel=1e-3)
+    wide, _ = distributions.draw(
+        rmsnorm, shape, "float32", 3, "cpu", distributions.SQUARE_LIMIT
+    )
+    squares = wide.double().square().sum(-1).max().item()
+    assert squares == pytest.approx(0.45 * torch.finfo(torch.float32).max, rel=1e-3)
+    assert wide.square().sum(-1).isfinite().all()
 
 
 @pytest.mark.parametrize("name", sorted(kernels.OPERATORS))

@@ -60,6 +60,7 @@ def test_a_kernel_right_on_every_run_of_every_distribution_passes():
         "heavy tails x100",
         "near the dtype's limit (45% of it)",
         "infinities",
+        "NaN",
     ]
 
 
