@@ -79,6 +79,7 @@ def escapes():
         ),
         "write_1gb": attack_job("write_1gb"),
         "fill_home": attack_job("fill_home", timeout_s=60.0),
+        "fill_tmp": attack_job("fill_tmp", fill={"@TOKEN@": f"tm-fill-{token}"}),
         "output_flood": attack_job("output_flood", timeout_s=TIMEOUT_S),
         "stray_process": attack_job(
             "stray_process",
@@ -93,7 +94,9 @@ def escapes():
             patch.setenv("DJANGO_SECRET_KEY", ENV_CANARY)
             patch.setenv("DATABASE_URL", f"postgres://tm:{ENV_CANARY}@127.0.0.1/tm")
             patch.setenv("CELERY_BROKER_URL", f"redis://:{ENV_CANARY}@127.0.0.1:6379/0")
-            outcome = run_batch(list(jobs.values()), cache_dir="unused", workers=2)
+            # Most of these wait out a timeout or a limit: side by side, the
+            # batch takes its longest job, not the sum of pairs.
+            outcome = run_batch(list(jobs.values()), cache_dir="unused", workers=5)
         yield {
             **dict(zip(jobs, outcome, strict=True)),
             "token": token,
@@ -200,6 +203,18 @@ def test_filling_home_with_files_under_the_size_limit_stops_at_its_quota(escapes
     message = _message(result)
     assert "a sandbox limit was reached: its HOME held" in message
     assert "more than 1024 MB" in message
+
+
+def test_tmp_and_shm_are_small_and_the_sandbox_own(escapes):
+    """Files under the per-file limit, outside HOME's quota, stop at the
+    sandbox's own /dev/shm (64 MB) and /tmp, and none reaches the host."""
+    result = escapes["fill_tmp"]
+    assert result["status"] != "pass"
+    message = _message(result)
+    assert "/shm: No space left on device" in message  # paths read <path>
+    assert "/tmp: No space left on device" in message
+    for where in ("/tmp", "/dev/shm"):
+        assert not list(Path(where).glob(f"tm-fill-{escapes['token']}-*"))
 
 
 def test_a_1_gb_file_is_a_runtime_error(escapes):
