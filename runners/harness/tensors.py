@@ -100,7 +100,8 @@ class Distribution:
     accumulator an RMS norm needs), each value kept within ``factor`` of the
     dtype's own largest; ``infinities`` sets every seventh value to +inf and
     the next-but-two to -inf, where the reference's result is infinite too;
-    ``nan`` sets one value of every fifth row to NaN, where the reference's
+    ``nan`` sets one value of every fifth row (of the last, in two to
+    four rows) to NaN, where the reference's
     result is NaN too (a kernel whose max or clamp drops NaN is wrong
     there); and ``masked`` sets the first third of every row to -inf, as a
     left-padded batch's attention mask or a constrained decoder's token mask
@@ -157,7 +158,11 @@ class Distribution:
             import torch
 
             rows = tensor.view(-1, tensor.shape[-1] if tensor.dim() >= 2 else 1)
-            picked = torch.arange(4, rows.shape[0], 5, device=rows.device)
+            # Fewer than five rows: the last, where another row stays to
+            # show what was written (one row alone judges nothing).
+            count = rows.shape[0]
+            start = 4 if count >= 5 else count - 1 if count >= 2 else count
+            picked = torch.arange(start, count, 5, device=rows.device)
             rows[picked, (picked * 7) % rows.shape[1]] = float("nan")
 
 

@@ -113,3 +113,17 @@ def test_a_reference_that_overflowed_or_made_nan_cannot_judge():
     with_nan = REF.clone()
     with_nan[0, 0] = float("nan")
     assert reference_problem([with_nan], [with_nan]) is None
+
+
+def test_a_verdict_does_not_change_with_the_units():
+    """An element that cancels to near zero is off by atol at unit scale;
+    the same outputs scaled by 2**100 (exactly) are judged the same."""
+    ref = torch.tensor([[1.0, -1.0, 2e-6], [0.5, 1.5, -2.0]], dtype=torch.float64)
+    out = ref.clone()
+    out[0, 2] = 0.0  # off by 2e-6, within TIGHT's atol of 1e-5
+    assert verdict(out, TIGHT, ref) is None
+    scaled = 2.0**100
+    assert verdict(out * scaled, TIGHT, ref * scaled) is None
+    worse = ref.clone()
+    worse[0, 2] = 2.7e-5  # off by 2.5e-5: past atol, the norm still close
+    assert "mismatch" in verdict(worse * scaled, TIGHT, ref * scaled)

@@ -222,3 +222,14 @@ def test_the_library_revisions_do_not_move_with_the_distributions():
 
     for name in kernels.OPERATORS:
         assert "distributions" not in library_source(name)
+
+
+def test_nan_in_a_few_rows_lands_in_the_last_and_never_in_a_lone_row():
+    op = kernels.get("softmax")
+    for rows, expected in ((1, 0), (2, 1), (4, 1), (5, 1), (10, 2)):
+        x, *_ = distributions.draw(
+            op, {"M": rows, "N": 8}, "float32", 3, "cpu", distributions.NAN
+        )
+        assert x.isnan().any(-1).sum().item() == expected
+        if 2 <= rows < 5:
+            assert x[-1].isnan().any()
