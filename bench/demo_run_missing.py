@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -61,6 +62,7 @@ def main() -> int:
             demo.wait(timeout=60)
         except subprocess.TimeoutExpired:
             os.killpg(demo.pid, signal.SIGKILL)
+        shutil.rmtree(var, ignore_errors=True)
     report["host_cores"] = os.cpu_count()
     (args.out / "demo_run_missing.json").write_text(json.dumps(report, indent=2))
     _print(report)
