@@ -2,10 +2,12 @@
 against the deployment `make run` starts: the web server and the control
 worker each a process of its own, the embedded broker, a database seeded as
 `make seed` seeds it (the H200 lab's evidence and its upgrade, ready for two
-reviewers). For each: what the page says it will change, the refusal
-without the confirmation, the decision, its audit event, and what the
-manifest or the current revision says afterwards, read from the database
-and the API the processes serve."""
+reviewers). The upgrade approved by two, rejected by a third, proposed
+again, approved and rolled out; a runner's claim refused; a CPU submission
+approved then reverted, another rejected. For each: what the page says it
+will change, the refusal without the confirmation, the decision, its audit
+event, and what the manifest or the current revision says afterwards, read
+from the database and the API the processes serve."""
 
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ EVIDENCE = sorted(
 )
 ADMIN = ("labadmin", "lab-admin-pass-123")
 AUTHOR = ("ada", "ada-pass-12345")
+THIRD_REVIEWER = ("rex", "rex-pass-12345")
 REFUSED_400 = (
     "Failed to load resource: the server responded with a status of 400 (Bad Request)"
 )
@@ -55,7 +58,10 @@ def deployment():
             "from django.contrib.auth import get_user_model; "
             f"u = get_user_model().objects.create_user({AUTHOR[0]!r}, "
             f"password={AUTHOR[1]!r}); "
-            "u.groups.add(*Group.objects.filter(name__in=['kernel author', 'viewer']))",
+            "u.groups.add(*Group.objects.filter(name__in=['kernel author', 'viewer'])); "
+            f"r = get_user_model().objects.create_user({THIRD_REVIEWER[0]!r}, "
+            f"password={THIRD_REVIEWER[1]!r}); "
+            "r.groups.add(*Group.objects.filter(name__in=['reviewer', 'viewer']))",
         )  # fmt: skip
         cluster.start_web()
         cluster.start_control()
@@ -89,12 +95,9 @@ def _manifest(deployment, toolchain: str) -> list[dict]:
         return json.load(answer)["entries"]
 
 
-def test_the_upgrade_approved_by_two_refused_once_then_rolled_out(chromium, deployment):
-    ((proposal, candidate),) = deployment.sql(
-        "SELECT p.id, t.name FROM matrix_upgradeproposal p "
-        "JOIN matrix_toolchain t ON t.id = p.candidate_id"
-    )
-    assert _manifest(deployment, candidate) == []
+def _approve_by_two(chromium, deployment, proposal: int, candidate: str) -> None:
+    """The demo's two reviewers approve; the last approval says it publishes
+    the manifest and is refused until its box is ticked."""
     first, second = sorted(deployment.reviewers.items())
     for n, reviewer in enumerate((first, second), 1):
         tab, context = _tab(chromium, deployment, reviewer)
@@ -104,7 +107,6 @@ def test_the_upgrade_approved_by_two_refused_once_then_rolled_out(chromium, depl
         if n == 2:
             said = tab.page.inner_text("#approve-preview")
             assert f"Approving publishes the manifest for {candidate}" in said
-            # Refused without the tick: nothing is published.
             tab.page.click("text=Submit decision")
             tab.page.wait_for_selector("#decision-form >> text=Tick the box to confirm")
             assert _manifest(deployment, candidate) == []
@@ -120,18 +122,75 @@ def test_the_upgrade_approved_by_two_refused_once_then_rolled_out(chromium, depl
         )
         assert tab.errors == []
         context.close()
-    entries = _manifest(deployment, candidate)
-    choices = [e["choice"] for e in entries]
-    assert len(entries) == 188 and {"tilelang", "reference"} == set(choices)
-    assert [actor for actor, _ in _audit(deployment, "proposal.approve")] == [
-        first[0],
-        second[0],
-    ]
 
-    # Roll-out: the policy's roll-out group or an admin, with a reason and
-    # the confirmation; the candidate becomes the current toolchain.
+
+def test_the_upgrade_approved_rejected_proposed_again_and_rolled_out(
+    chromium, deployment
+):
+    ((proposal, baseline, candidate_id, candidate),) = deployment.sql(
+        "SELECT p.id, p.baseline_id, p.candidate_id, t.name "
+        "FROM matrix_upgradeproposal p JOIN matrix_toolchain t ON t.id = p.candidate_id"
+    )
+    device_types = [
+        dt for (dt,) in deployment.sql(
+            "SELECT devicetype_id FROM matrix_upgradeproposal_device_types "
+            "WHERE upgradeproposal_id = ?", (proposal,),
+        )
+    ]  # fmt: skip
+    assert _manifest(deployment, candidate) == []
+    _approve_by_two(chromium, deployment, proposal, candidate)
+    entries = _manifest(deployment, candidate)
+    assert len(entries) == 188
+    assert {e["choice"] for e in entries} == {"tilelang", "reference"}
+    assert [actor for actor, _ in _audit(deployment, "proposal.approve")] == sorted(
+        deployment.reviewers
+    )
+
+    # A third reviewer rejects it: the page says the manifest goes to 0
+    # entries, refuses until the box is ticked, then withdraws it.
+    tab, context = _tab(chromium, deployment, THIRD_REVIEWER)
+    tab.open(f"/upgrades/{proposal}/")
+    said = tab.page.inner_text("#reject-preview")
+    assert f"{candidate} goes from 188 entries to 0" in said
+    tab.page.check("input[name=decision][value=reject]")
+    tab.page.fill("textarea[name=comment]", "a regression we must read first")
+    tab.page.click("text=Submit decision")
+    tab.page.wait_for_selector("#decision-form >> text=Tick the box to confirm")
+    assert len(_manifest(deployment, candidate)) == 188
+    assert set(tab.errors) <= {REFUSED_400}
+    tab.errors.clear()
+    tab.page.check("#reject-preview input[name=confirm]")
+    tab.page.click("text=Submit decision")
+    tab.page.wait_for_selector(
+        f"text=Rejected. The manifest for {candidate} is withdrawn."
+    )
+    assert _manifest(deployment, candidate) == []
+    assert tab.errors == []
+    context.close()
+    ((actor, _),) = _audit(deployment, "proposal.reject")
+    assert actor == THIRD_REVIEWER[0]
+
+    # Read, it is proposed again; the control worker judges it ready, the
+    # two approve, and the admin rolls it out with a reason.
     admin, context = _tab(chromium, deployment, ADMIN)
-    admin.open(f"/upgrades/{proposal}/")
+    admin.open("/upgrades/")
+    admin.page.click("text=Propose an upgrade")
+    admin.page.select_option("select[name=baseline]", str(baseline))
+    admin.page.select_option("select[name=candidate]", str(candidate_id))
+    for device_type in device_types:
+        admin.page.check(f"input[name=device_types][value='{device_type}']")
+    admin.page.fill("textarea[name=note]", "read again: the regression was the host")
+    admin.page.click("text=Open proposal")
+    state = admin.page.wait_for_selector(
+        "[data-state=ready], [data-state=blocked]", timeout=60_000
+    )
+    assert state.get_attribute("data-state") == "ready"
+    again = int(admin.page.url.rstrip("/").rsplit("/", 1)[-1])
+    assert again != proposal
+    _approve_by_two(chromium, deployment, again, candidate)
+    assert len(_manifest(deployment, candidate)) == 188
+
+    admin.open(f"/upgrades/{again}/")
     form = admin.page.locator("#rollout-form")
     form.locator("input[name=comment]").fill("release day")
     form.locator("input[name=confirm]").check()
@@ -147,6 +206,60 @@ def test_the_upgrade_approved_by_two_refused_once_then_rolled_out(chromium, depl
     assert len(_manifest(deployment, candidate)) == 188
 
 
+def test_a_runner_claim_refused_and_a_submission_rejected(chromium, deployment):
+    token = deployment.manage("runner", "token", "create", "--expires", "10m").stdout
+    deployment.manage(
+        "runner", "register", "--server", deployment.server,
+        "--token", token.strip().splitlines()[-1], "--name", "lab-claim",
+        "--key-dir", str(deployment.key_dir("lab-claim")),
+    )  # fmt: skip
+    ((runner,),) = deployment.sql(
+        "SELECT id FROM runners_runner WHERE name = 'lab-claim'"
+    )
+    admin, context = _tab(chromium, deployment, ADMIN)
+    admin.open("/runners/")
+    row = admin.page.locator(f"#runner-{runner}")
+    assert "pending approval" in row.inner_text()
+    admin.page.once("dialog", lambda dialog: dialog.accept())
+    row.locator("button", has_text="Refuse").click()
+    admin.page.wait_for_selector(f"#runner-{runner} .badge.revoked")
+    assert "refused" in row.inner_text()
+    assert admin.errors == []
+    context.close()
+    assert [actor for actor, _ in _audit(deployment, "runner.refuse")] == [ADMIN[0]]
+    assert deployment.sql(
+        "SELECT state FROM runners_runner WHERE name = 'lab-claim'"
+    ) != [("active",)]
+
+    author, context = _tab(chromium, deployment, AUTHOR)
+    author.open("/submissions/new/")
+    author.page.select_option("select[name=operator]", "row_sum")
+    author.page.check("input[name=backends][value=c]")
+    author.page.fill(
+        "textarea[name=source]",
+        (REPO / "tests/harness/submitted/nansum_row_sum.py").read_text(),
+    )
+    author.page.click("button:has-text('Submit for review')")
+    author.page.wait_for_selector("text=Submitted; it runs once another reviewer")
+    context.close()
+    ((submission,),) = deployment.sql(
+        "SELECT r.id FROM matrix_kernelrevision r JOIN matrix_operator o "
+        "ON o.id = r.operator_id WHERE o.name = 'row_sum' AND r.origin = 'submitted'"
+    )
+    reviewer, context = _tab(chromium, deployment, THIRD_REVIEWER)
+    reviewer.open(f"/submissions/{submission}/")
+    reviewer.page.fill("textarea[name=comment]", "drops NaN")
+    reviewer.page.click("button[value=reject]")
+    reviewer.page.wait_for_selector("text=Rejected: it never runs.")
+    assert reviewer.errors == []
+    context.close()
+    assert deployment.sql(
+        "SELECT review_state FROM matrix_kernelrevision WHERE id = ?", (submission,)
+    ) == [("rejected",)]
+    ((actor, after),) = _audit(deployment, "submission.reject")
+    assert actor == THIRD_REVIEWER[0] and after["comment"] == "drops NaN"
+
+
 def test_a_submission_approved_for_the_cpu_then_reverted(chromium, deployment):
     author, context = _tab(chromium, deployment, AUTHOR)
     author.open("/submissions/new/")
@@ -158,7 +271,9 @@ def test_a_submission_approved_for_the_cpu_then_reverted(chromium, deployment):
     assert author.errors == []
     context.close()
     ((submission, submitted_sha),) = deployment.sql(
-        "SELECT id, source_sha256 FROM matrix_kernelrevision WHERE origin = 'submitted'"
+        "SELECT r.id, r.source_sha256 FROM matrix_kernelrevision r "
+        "JOIN matrix_operator o ON o.id = r.operator_id "
+        "WHERE o.name = 'elementwise_add' AND r.origin = 'submitted'"
     )
 
     def current() -> dict[str, str]:
