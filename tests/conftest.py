@@ -27,6 +27,7 @@ CHROMIUM_ARGS = [
 SLOW_FILES_FIRST = (
     "tests/runners/test_worker_e2e.py",
     "tests/browser/test_run_missing.py",
+    "tests/browser/test_decisions_in_processes.py",
     "tests/security/test_forged_verdicts.py",
     "tests/harness/test_submitted.py",
     "tests/security/test_sandbox_escapes.py",
@@ -40,6 +41,7 @@ SLOW_FILES_FIRST = (
     "tests/runners/test_run_dev_e2e.py",
     "tests/harness/test_warm_children.py",
     "tests/harness/test_distributions.py",
+    "tests/security/test_permission_matrix.py",
 )
 
 
