@@ -96,14 +96,13 @@ def compare_one(name: str, out, ref, tolerance) -> Comparison:
     # outlier channels) it grows with their root mean square, so a verdict
     # does not change with the units: an element that cancels to near zero
     # is held to the same error relative to its row's terms.
-    measured_count = max(int(measured.sum().item()), 1)
-    ref_rms = torch.linalg.vector_norm(ref).item() / measured_count**0.5
+    ref_norm = torch.linalg.vector_norm(ref).item()
+    ref_rms = ref_norm / max(int(measured.sum().item()), 1) ** 0.5
     bound = tolerance.atol * max(1.0, ref_rms) + tolerance.rtol * ref.abs()
     mismatched = (
         (ref_inf & ~inf_right) | (ref_nan & ~nan_right) | (measured & ~finite)
     ) | (diff > bound)
     mismatch_ratio = mismatched.sum().item() / total
-    ref_norm = torch.linalg.vector_norm(ref).item()
     floor = 0.0
     if ref_norm > 0 and out_dtype != wide:
         rounded = ref.to(out_dtype).to(wide)

@@ -100,10 +100,9 @@ class Distribution:
     accumulator an RMS norm needs), each value kept within ``factor`` of the
     dtype's own largest; ``infinities`` sets every seventh value to +inf and
     the next-but-two to -inf, where the reference's result is infinite too;
-    ``nan`` sets one value of every fifth row (of the last, in two to
-    four rows) to NaN, where the reference's
-    result is NaN too (a kernel whose max or clamp drops NaN is wrong
-    there); and ``masked`` sets the first third of every row to -inf, as a
+    ``nan`` sets one value of every fifth row (of the last, in two to four
+    rows) to NaN, where the reference's result is NaN too (a kernel whose
+    max or clamp drops NaN is wrong there); and ``masked`` sets the first third of every row to -inf, as a
     left-padded batch's attention mask or a constrained decoder's token mask
     does (the rest of the row stays finite, so the reference is defined)."""
 
