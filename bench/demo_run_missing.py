@@ -23,6 +23,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from online_sweep import first_etas, free_port
+
 ROOT = Path(__file__).resolve().parent.parent
 RUNNER = "local-cpu"
 
@@ -34,7 +36,7 @@ def main() -> int:
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     var = Path(tempfile.mkdtemp(prefix="tm-demo-run-missing-"))
-    port = _free_port()
+    port = free_port()
     env = {
         **os.environ,
         "TILEMATRIX_VAR_DIR": str(var),
@@ -132,25 +134,9 @@ def _run_missing(demo: subprocess.Popen, timeout: float) -> dict:
         "done": progress["done"],
         "failed": progress["failed"],
         "wall_s": round(wall, 1),
-        # Each first ETA as (seen at s, ETA s, when it put the end ÷ the end).
-        "first_etas": {
-            basis: {
-                "seen_at_s": round(at, 1),
-                "eta_s": round(eta, 1),
-                "predicted_over_outcome": round((at + eta) / wall, 2),
-            }
-            for basis, (at, eta) in etas.items()
-        },
+        "first_etas": first_etas(etas, wall),
         "runner_state_samples": dict(states),
     }
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _print(report: dict) -> None:

@@ -130,6 +130,19 @@ class Deployment:
                 os.killpg(proc.pid, signal.SIGKILL)
 
 
+def first_etas(etas: dict[str, tuple[float, float]], wall: float) -> dict:
+    """Each basis's first ETA, (seen at s, ETA s), with when it put the end
+    over when the end came."""
+    return {
+        basis: {
+            "seen_at_s": round(at, 1),
+            "eta_s": round(eta, 1),
+            "predicted_over_outcome": round((at + eta) / wall, 2),
+        }
+        for basis, (at, eta) in etas.items()
+    }
+
+
 def wait(predicate, timeout: float, what: str, deployment: Deployment) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
@@ -199,14 +212,7 @@ def sweep(deployment: Deployment, device_type: str, timeout: float) -> dict:
         "first_result_s": round(first_result_s or wall, 1),
         # Each first ETA as (seen at s, ETA s, when it put the end ÷ the
         # end): "estimate" before any job finished, "pace" after.
-        "first_etas": {
-            basis: {
-                "seen_at_s": round(at, 1),
-                "eta_s": round(eta, 1),
-                "predicted_over_outcome": round((at + eta) / wall, 2),
-            }
-            for basis, (at, eta) in etas.items()
-        },
+        "first_etas": first_etas(etas, wall),
         "statuses": dict(Counter(results.values_list("status", flat=True))),
         "stages": dict(Counter(jobs.values_list("stage", flat=True))),
         "given_another_attempt": jobs.filter(attempt__gt=1).count(),

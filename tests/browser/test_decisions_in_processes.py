@@ -12,7 +12,6 @@ from the database and the API the processes serve."""
 from __future__ import annotations
 
 import json
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -44,14 +43,7 @@ def deployment():
         )
         cluster.manage("evidence", "import", "--current-if-none", *EVIDENCE)
         cluster.manage("ensure_admin")
-        said = cluster.manage("demo_upgrade", *EVIDENCE).stdout
-        cluster.reviewers = dict(
-            line.split("reviewer account: ", 1)[1]
-            .split("  (shown once)")[0]
-            .split(" / ")
-            for line in said.splitlines()
-            if "(shown once)" in line
-        )
+        cluster.reviewers = cluster.demo_reviewers(*EVIDENCE)
         cluster.manage(
             "shell", "-c",
             "from django.contrib.auth.models import Group; "
@@ -89,10 +81,7 @@ def _audit(deployment, verb: str) -> list[tuple[str, dict]]:
 
 
 def _manifest(deployment, toolchain: str) -> list[dict]:
-    with urllib.request.urlopen(
-        f"{deployment.server}/api/v1/manifest?toolchain={toolchain}", timeout=30
-    ) as answer:
-        return json.load(answer)["entries"]
+    return deployment.manifest(toolchain)["entries"]
 
 
 def _approve_by_two(chromium, deployment, proposal: int, candidate: str) -> None:

@@ -13,7 +13,6 @@ import json
 import math
 import re
 import sys
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -26,7 +25,6 @@ pytestmark = pytest.mark.browser
 REPO = Path(__file__).resolve().parents[2]
 PYTHON_0113 = REPO / "var" / "toolchains" / "tilelang-0.1.13" / "bin" / "python"
 ADMIN = ("labadmin", "lab-admin-pass-123")
-SHOWN_ONCE = re.compile(r"reviewer account: (reviewer\d) / (\S+)  \(shown once\)")
 # The served catalogue of this deployment: the ten float32 shapes the CPU
 # runs in seconds (the demo's model profile serves half-precision shapes,
 # which the c kernels take as unsupported; they are not what this tests).
@@ -47,9 +45,7 @@ def cluster():
             DJANGO_SUPERUSER_USERNAME=ADMIN[0], DJANGO_SUPERUSER_PASSWORD=ADMIN[1]
         )
         cluster.manage("ensure_admin")
-        cluster.reviewers = dict(
-            SHOWN_ONCE.findall(cluster.manage("demo_upgrade").stdout)
-        )
+        cluster.reviewers = cluster.demo_reviewers()
         cluster.manage("shell", "-c", SMALL_SERVED)
         cluster.start_web()
         cluster.start_control()
@@ -167,7 +163,7 @@ def test_a_newcomer_runs_the_whole_loop(chromium, cluster):
         finally:
             context.close()
 
-    entries = manifest(cluster, toolchains["0.1.15"][1])["entries"]
+    entries = cluster.manifest(toolchains["0.1.15"][1])["entries"]
     assert len(entries) == 10
     speeds = {key(e): speed_of(e) for e in entries}
     # With the default speed budget, TileLang only where it was measured at
@@ -190,7 +186,7 @@ def test_a_newcomer_runs_the_whole_loop(chromium, cluster):
         f"policy_save(by=get_user_model().objects.get(username={ADMIN[0]!r}), "
         f"speed_budget={max(budget, 0.0)!r})",
     )  # fmt: skip
-    table = manifest(cluster, toolchains["0.1.15"][1])
+    table = cluster.manifest(toolchains["0.1.15"][1])
     served = {key(e) for e in table["entries"] if e["choice"] == "tilelang"}
     kept = {key(e) for e in table["entries"] if e["choice"] == "reference"}
     assert served and kept, table["entries"]
@@ -214,14 +210,6 @@ def run_missing(tab: Page, query: str) -> None:
     counts = page.inner_text("#sweep-slot .sweep-counts")
     assert "10 done" in counts and "0 failed" in counts, counts
     tab.screenshot("sweep-finished")
-
-
-def manifest(cluster: Cluster, toolchain: str) -> dict:
-    """The manifest as production downloads it."""
-    with urllib.request.urlopen(
-        f"{cluster.server}/api/v1/manifest?toolchain={toolchain}", timeout=30
-    ) as answer:
-        return json.load(answer)
 
 
 def key(entry: dict) -> tuple:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -35,6 +36,7 @@ E2E_REDIS_DB = 11
 # Nothing listens on port 1: a connection is refused at once.
 NO_DATABASE = "postgres://nobody@127.0.0.1:1/none"
 RUNNER_ENV = {"DATABASE_URL": NO_DATABASE}
+SHOWN_ONCE = re.compile(r"reviewer account: (reviewer\d) / (\S+)  \(shown once\)")
 
 
 def free_port() -> int:
@@ -298,6 +300,20 @@ class Cluster:
         )
 
     # Reading outcomes -----------------------------------------------------
+
+    def manifest(self, toolchain: str) -> dict:
+        """The manifest as production downloads it."""
+        with urllib.request.urlopen(
+            f"{self.server}/api/v1/manifest?toolchain={toolchain}", timeout=30
+        ) as answer:
+            return json.load(answer)
+
+    def demo_reviewers(self, *evidence: str) -> dict[str, str]:
+        """The demo's reviewer accounts, made by ``demo_upgrade`` (with an
+        upgrade for each A/B in ``evidence``): name -> the password it
+        prints once."""
+        said = self.manage("demo_upgrade", *evidence).stdout
+        return dict(SHOWN_ONCE.findall(said))
 
     def sql(self, query: str, params: tuple = ()) -> list[tuple]:
         if self.pg_admin:
