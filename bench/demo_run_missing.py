@@ -83,9 +83,9 @@ def _run_missing(demo: subprocess.Popen, timeout: float) -> dict:
     from django.test import RequestFactory
 
     from matrix import gaps
+    from matrix.fleet.models import Runner
     from matrix.models import Sweep
     from matrix.views.gaps import gaps_run
-    from runners.models import Runner
 
     deadline = time.monotonic() + 180
     while not Runner.objects.filter(name=RUNNER, state="online").exists():

@@ -35,9 +35,10 @@ def main() -> None:
 
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+    from matrix.fleet import keys, services
     from matrix.models import DeviceType, Toolchain
     from matrix.services import shape_import
-    from runners import services, signing
+    from runners import protocol, signing
 
     device_types = DeviceType.objects.count()
     shapes = -(-args.jobs // device_types)
@@ -69,12 +70,12 @@ def main() -> None:
     )
     services.runner_approve(name=runner.name)
     services.runner_heartbeat(
-        envelope=services.heartbeat_envelope(
+        envelope=protocol.heartbeat_envelope(
             runner_name=runner.name, sequence=1, state="online", key=key
         )
     )
     toolchain = Toolchain.objects.get()
-    signing.server_key()  # made once, not timed: a server has it already
+    keys.server_key()  # made once, not timed: a server has it already
 
     runs = []
     for _ in range(args.repeat):

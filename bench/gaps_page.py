@@ -76,8 +76,8 @@ STATUS_MIX = [
 def reset() -> None:
     from django.db import connection
 
+    from matrix.fleet.models import Runner
     from matrix.models import Cell, DeviceType, Operator, Result, Sweep, Toolchain
-    from runners.models import Runner
 
     names = ", ".join(
         table(m) for m in (Cell, Result, Operator, DeviceType, Toolchain, Sweep, Runner)
@@ -278,7 +278,7 @@ def fill(cat: dict, results: int, cells_per_toolchain: int) -> dict:
 def runner_online(cat: dict) -> None:
     from django.utils import timezone
 
-    from runners.models import Runner, RunnerToolchain
+    from matrix.fleet.models import Runner, RunnerToolchain
 
     runner = Runner.objects.create(
         name="bench-cpu",

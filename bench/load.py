@@ -357,9 +357,9 @@ class Fixture:
         from django.contrib.auth import get_user_model
         from django.contrib.auth.models import Group
 
+        from matrix.fleet.models import Runner
         from matrix.models import DeviceType, Toolchain, UpgradeProposal
         from runners import signing
-        from runners.models import Runner
 
         users = get_user_model().objects
         viewer = users.filter(username="bench-viewer").first()
@@ -484,7 +484,7 @@ class Fixture:
         )
 
     def envelope(self, job, device_type) -> dict:
-        from runners import services
+        from runners import protocol
 
         backend = device_type.backend
         # A validate job's outcomes, in the seed's shares: a compile-only
@@ -532,7 +532,7 @@ class Fixture:
             "stage": "validate",
             "seed": 0,
         }
-        return services.result_envelope(
+        return protocol.result_envelope(
             job={"job": job.pk, "attempt": job.attempt},
             result=result,
             runner_name=self.runner.name,
@@ -542,7 +542,7 @@ class Fixture:
     def one_new_result(self) -> None:
         """One result on the current toolchain, through ingest: the home
         page's data version moves."""
-        from runners import services
+        from matrix.fleet import services
 
         with self.lock:
             (job,) = self.jobs(1, device_type=self.outside, toolchain=self.current)
@@ -650,9 +650,9 @@ def ingest_timed(messages: list[list], after_id: int, budget_s: float) -> dict:
     from django.db import connection
 
     from matrix.celery import app
+    from matrix.fleet.tasks import CONTROL
     from matrix.models import Result
     from runners import host
-    from runners.tasks import CONTROL
 
     total = sum(len(m) for m in messages)
     # Runners send from their own hosts: the messages are queued while the

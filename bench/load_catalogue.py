@@ -130,6 +130,7 @@ def catalogue(rng: random.Random) -> dict:
     from django.contrib.auth import get_user_model
     from django.contrib.auth.models import Group
 
+    from matrix.fleet.models import Runner, RunnerToolchain
     from matrix.models import (
         DeviceType,
         KernelRevision,
@@ -141,7 +142,6 @@ def catalogue(rng: random.Random) -> dict:
     )
     from matrix.services import catalog_seed, shape_import
     from runners import kernels
-    from runners.models import Runner, RunnerToolchain
 
     catalog_seed()
     for vendor, model, arch, backend, memory in MORE_DEVICE_TYPES:

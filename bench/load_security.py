@@ -79,7 +79,7 @@ for i in range({users}):
         user.groups.add(author)
     store = SessionStore()
     store[SESSION_KEY] = str(user.pk)
-    store[BACKEND_SESSION_KEY] = "runners.auth.RoleModelBackend"
+    store[BACKEND_SESSION_KEY] = "matrix.accounts.auth.RoleModelBackend"
     store[HASH_SESSION_KEY] = user.get_session_auth_hash()
     store.create()
     sessions.append(store.session_key)

@@ -270,6 +270,7 @@ def fill(size: int, ids: dict, sources: dict[str, str]) -> dict:
     """COPY jobs, results, receipts and cells for ``size`` results."""
     from django.db import connection
 
+    from matrix.fleet.models import Receipt
     from matrix.models import (
         Cell,
         DeviceType,
@@ -279,7 +280,6 @@ def fill(size: int, ids: dict, sources: dict[str, str]) -> dict:
         Toolchain,
         ValidationJob,
     )
-    from runners.models import Receipt
 
     rng = random.Random(size)
     device_types = list(DeviceType.objects.order_by("id"))
@@ -496,8 +496,8 @@ def rolled_out(ids: dict) -> dict:
     from django.utils import timezone
 
     from matrix.gate.manifest import declared_order
-    from matrix.gate.models import ManifestEntry, Policy, UpgradeProposal
     from matrix.models import Cell, DeviceType
+    from matrix.models.gate import ManifestEntry, Policy, UpgradeProposal
 
     previous, current = ids["toolchains"][CURRENT - 1], ids["toolchains"][CURRENT]
     device_types = DeviceType.objects.exclude(backend="npu")

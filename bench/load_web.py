@@ -280,7 +280,7 @@ def mixed_load(client, paths, fixture, mix, connections, seconds, port) -> dict:
     def sweep():
         from django.db import connections as db
 
-        from runners import services
+        from matrix.fleet import services
 
         messages = fixture.messages(
             max(25, seconds * 8), device_type=fixture.outside, toolchain=fixture.current

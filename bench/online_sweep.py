@@ -57,22 +57,22 @@ class Deployment:
         }
         self.processes: dict[str, subprocess.Popen] = {}
 
-    def manage(self, *args: str) -> str:
+    def manage(self, *args: str, program=("manage.py",)) -> str:
         done = subprocess.run(
-            [sys.executable, "manage.py", *args],
+            [sys.executable, *program, *args],
             cwd=ROOT,
             env=self.env,
             capture_output=True,
             text=True,
         )
         if done.returncode != 0:
-            raise SystemExit(f"manage.py {' '.join(args)} failed:\n{done.stderr}")
+            raise SystemExit(f"{' '.join((*program, *args))} failed:\n{done.stderr}")
         return done.stdout
 
-    def start(self, name: str, *args: str) -> None:
+    def start(self, name: str, *args: str, program=("manage.py",)) -> None:
         log = (self.out / f"{name}.log").open("w")
         self.processes[name] = subprocess.Popen(
-            [sys.executable, "manage.py", *args],
+            [sys.executable, *program, *args],
             cwd=ROOT,
             env=self.env,
             stdout=log,
@@ -97,19 +97,21 @@ class Deployment:
         wait(self.web_answers, 60, "the web server", self)
         token = self.manage("runner", "token", "create", "--expires", "10m")
         key_dir = self.var / "runner"
+        # The host side through the runner agent (runners/cli.py), as a lab
+        # host has it; the server side through manage.py.
         said = self.manage(
-            "runner",
             "register",
             *("--server", self.server, "--token", token.strip().splitlines()[-1]),
             *("--name", RUNNER, "--key-dir", str(key_dir)),
+            program=("-m", "runners"),
         )
         print(said.strip())
         print(self.manage("runner", "approve", RUNNER).strip())
         self.start(
             "runner",
-            "runner",
             "work",
             *("--key-dir", str(key_dir), "--concurrency", str(self.concurrency)),
+            program=("-m", "runners"),
         )
 
     def web_answers(self) -> bool:
@@ -156,8 +158,8 @@ def sweep(deployment: Deployment, device_type: str, timeout: float) -> dict:
     """Plan the served cells on the device type with the runner's toolchain
     and wait for the last result; what happened, timed from the plan."""
     from matrix import gaps
+    from matrix.fleet.models import Runner
     from matrix.models import JobState, Result, Sweep
-    from runners.models import Runner
 
     runner = Runner.objects.get(name=RUNNER)
     toolchain = runner.toolchains.get()
@@ -280,7 +282,7 @@ def main() -> int:
         import django
 
         django.setup()
-        from runners.models import Runner
+        from matrix.fleet.models import Runner
 
         wait(
             lambda: Runner.objects.get(name=RUNNER).state != "offline",

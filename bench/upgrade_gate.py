@@ -50,8 +50,8 @@ def main() -> None:
     setup(database)
     load = [os.getloadavg()[0]]
 
-    from matrix.gate.models import UpgradeProposal
     from matrix.gate.services import proposal_open, proposal_reevaluate_requested
+    from matrix.models.gate import UpgradeProposal
 
     world = fill(args.shapes, args.history)
     rows = [("results", "", world["results"]), ("cells", "", world["cells"])]
@@ -158,6 +158,7 @@ def fill(shape_count: int, history: int) -> dict:
     from django.contrib.auth.models import Group, Permission
     from django.utils import timezone
 
+    from matrix.fleet import services
     from matrix.models import (
         Cell,
         DeviceType,
@@ -170,7 +171,7 @@ def fill(shape_count: int, history: int) -> dict:
         dims_key,
     )
     from matrix.services import toolchain_register
-    from runners import services, signing
+    from runners import signing
 
     for n in range(11):
         DeviceType.objects.get_or_create(
@@ -310,7 +311,7 @@ def fill(shape_count: int, history: int) -> dict:
 def mark(proposal) -> None:
     from django.utils import timezone
 
-    from matrix.gate.models import UpgradeProposal
+    from matrix.models.gate import UpgradeProposal
 
     UpgradeProposal.objects.filter(pk=proposal.pk).update(
         reevaluation_requested_at=timezone.now()
@@ -324,8 +325,8 @@ def ingest_rates(world: dict, messages: int) -> tuple[int, int]:
     message by message in turn, so both meet the same load on the host."""
     from django.utils import timezone
 
+    from matrix.fleet import services
     from matrix.models import ValidationJob
-    from runners import services
 
     result = {
         "status": "pass",
@@ -338,6 +339,8 @@ def ingest_rates(world: dict, messages: int) -> tuple[int, int]:
     }
 
     def envelopes(device_type) -> list:
+        from runners import protocol
+
         jobs = ValidationJob.objects.bulk_create(
             ValidationJob(
                 revision=world["revision"],
@@ -352,7 +355,7 @@ def ingest_rates(world: dict, messages: int) -> tuple[int, int]:
             for shape in world["shapes"][: messages * MESSAGE]
         )
         return [
-            services.result_envelope(
+            protocol.result_envelope(
                 job={"job": job.pk, "attempt": job.attempt},
                 result=result,
                 runner_name=world["runner"].name,

@@ -3,7 +3,7 @@ is a decision (reviews, current revisions and toolchains, jobs, results,
 cells, the upgrade gate, runners, the audit log) change only through the
 pages and commands, whose services check who may do it and audit it. What
 stays editable (device types, shapes, users, groups, login lockouts) is
-audited by the site itself (runners.roles.AuditedAdmin)."""
+audited by the site itself (matrix.accounts.roles.AuditedAdmin)."""
 
 from __future__ import annotations
 

@@ -127,7 +127,7 @@ def broker_status() -> str:
         return f"unreachable ({exc.__class__.__name__})"
 
 
-api.add_router("/", "runners.api.router")
+api.add_router("/", "matrix.fleet.api.router")
 
 
 @api.get("/health", response={200: Health, 503: Health}, auth=None)

@@ -25,8 +25,12 @@ from ninja.errors import HttpError
 from pydantic import BaseModel
 
 from matrix import gaps, queries, revisions
+from matrix.accounts.roles import has_role
 from matrix.api_errors import Problem
 from matrix.cache import current_toolchain_in, data_version, json_answer, read_key
+from matrix.fleet.models import Receipt
+from matrix.fleet.services import capabilities_online
+from matrix.links import cell_link_prefix
 from matrix.models import (
     ID_MAX,
     Backend,
@@ -40,10 +44,6 @@ from matrix.models import (
 )
 from matrix.served_models import model_coverage
 from matrix.serving import serve_speedup_floor, serving_verdict, speedup
-from matrix.views.matrix_html import cell_link_prefix
-from runners.models import Receipt
-from runners.roles import has_role
-from runners.services import capabilities_online
 
 
 def coverage_reader(request):

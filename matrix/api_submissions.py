@@ -10,8 +10,8 @@ from ninja import Field, Router, Schema, Status
 from ninja.security import django_auth
 
 from matrix import revisions, submissions
+from matrix.accounts.roles import has_role
 from matrix.models import ID_MAX, KernelRevision, Operator
-from runners.roles import has_role
 
 router = Router(tags=["kernels"], auth=django_auth)
 

@@ -9,7 +9,8 @@ class MatrixConfig(AppConfig):
 
     def ready(self):
         from matrix.celery import app
-        from matrix.tasks import RESEND_AFTER_S, ROUTES
+        from matrix.gate import receivers  # noqa: F401 (connects them)
+        from matrix.gate.tasks import RESEND_AFTER_S, ROUTES
 
         app.conf.task_routes = {**(app.conf.task_routes or {}), **ROUTES}
         app.conf.beat_schedule = {

@@ -51,6 +51,8 @@ from django.utils.cache import get_conditional_response, patch_vary_headers
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from matrix.api_json import StrictJSONRenderer
+
 logger = logging.getLogger(__name__)
 UNREACHABLE = (RedisConnectionError, RedisTimeoutError, OSError)
 WARN_EVERY_S = 60
@@ -387,14 +389,16 @@ def gzipped_read(key: str, render) -> tuple[str, bytes]:
     return key, packed
 
 
+# The API's own renderer (matrix/api.py gives NinjaAPI the same class).
+RENDERER = StrictJSONRenderer()
+
+
 def json_answer(request, key: str, compute, schema) -> HttpResponse:
     """An API answer for ``key``: 304 when the client holds it already (its
     If-None-Match names the ETag), else the JSON of ``compute()``, checked
     against ``schema`` (where the answer has one) and rendered as the API
     renders, from the cache when another request computed it; gzipped for
     a client that accepts it."""
-    from matrix.api import api
-
     coding = "gzip" if accepts_gzip(request) else ""
     not_modified = get_conditional_response(request, etag=etag_of(key, coding))
     if not_modified is None:
@@ -403,7 +407,7 @@ def json_answer(request, key: str, compute, schema) -> HttpResponse:
             data = compute()
             if schema is not None:
                 data = schema.model_validate(data).model_dump(by_alias=True)
-            content = api.renderer.render(request, data, response_status=200)
+            content = RENDERER.render(request, data, response_status=200)
             return content.encode() if isinstance(content, str) else content
 
         # Under load, the answer to the version before while another request
@@ -411,7 +415,7 @@ def json_answer(request, key: str, compute, schema) -> HttpResponse:
         key, content = (gzipped_read if coding else answer_read)(key, render)
         response = HttpResponse(
             content,
-            content_type=f"{api.renderer.media_type}; charset={api.renderer.charset}",
+            content_type=f"{RENDERER.media_type}; charset={RENDERER.charset}",
         )
         if coding:
             response["Content-Encoding"] = coding

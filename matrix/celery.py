@@ -5,10 +5,13 @@ import os
 from celery import Celery
 from celery.signals import task_postrun, task_prerun
 
+from runners.config import CELERY_DELIVERY
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "matrix.settings")
 
 app = Celery("matrix")
 app.config_from_object("django.conf:settings", namespace="CELERY")
+app.conf.update(CELERY_DELIVERY)
 app.autodiscover_tasks()
 
 

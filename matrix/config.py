@@ -7,16 +7,17 @@ SQLite file and lose a production run's results.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import os
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import environ
 from django.core.exceptions import ImproperlyConfigured
 
+from runners import config as agent
+
 DATABASE_SCHEMES = {"postgres", "postgresql", "pgsql", "sqlite"}
-BROKER_SCHEMES = {"redis", "rediss", "amqp", "amqps", "pyamqp", "filesystem"}
 CACHE_SCHEMES = {"redis", "rediss"}
 TRUE = {"1", "true", "yes", "on"}
 FALSE = {"0", "false", "no", "off", ""}
@@ -26,16 +27,24 @@ def bad(variable: str, why: str) -> ImproperlyConfigured:
     return ImproperlyConfigured(f"{variable}: {why}")
 
 
-def url_scheme(variable: str, raw: str, schemes: set[str], expected: str) -> str:
-    """The scheme of a URL setting, or a stop naming the variable and the
-    forms it takes."""
-    scheme = urlsplit(raw).scheme
-    if scheme not in schemes or "://" not in raw:
-        raise bad(
-            variable,
-            f"expected {expected}, got a URL with scheme {scheme or 'none'!r}",
-        )
-    return scheme
+# The settings a runner reads too are parsed by the agent's own functions
+# (runners/config.py), so both read a variable alike; here a bad one stops
+# the server as every other setting does.
+def _agent_setting(parse):
+    @functools.wraps(parse)
+    def parsed(*args, **kwargs):
+        try:
+            return parse(*args, **kwargs)
+        except agent.SettingError as exc:
+            raise ImproperlyConfigured(str(exc)) from None
+
+    return parsed
+
+
+url_scheme = _agent_setting(agent.url_scheme)
+parse_broker = _agent_setting(agent.parse_broker)
+parse_seconds = _agent_setting(agent.parse_seconds)
+broker_transport = agent.broker_transport
 
 
 def parse_networks(variable: str, raw: str | None) -> tuple:
@@ -127,69 +136,6 @@ def parse_database(raw: str | None, embedded_path: Path) -> dict:
         options.setdefault("server_side_binding", True)
         options.setdefault("prepare_threshold", 5)
     return config
-
-
-def parse_broker(
-    raw: str | None, embedded_dir: Path, keyprefix: str | None = None
-) -> tuple[str, dict]:
-    """Return (broker URL, transport options). A filesystem broker is
-    served by ``matrix.broker`` (see ``broker_transport``)."""
-    if raw is None or raw == "":
-        # Named host: without one kombu warns "No hostname was supplied" on
-        # every connection. The filesystem transport uses none of it.
-        raw = "filesystem://localhost/"
-    scheme = url_scheme(
-        "CELERY_BROKER_URL",
-        raw,
-        BROKER_SCHEMES,
-        "redis://HOST:PORT/DB, amqp://USER:PASS@HOST:PORT// or filesystem://",
-    )
-    if scheme == "filesystem":
-        for sub in ("out", "processed", "control"):
-            (embedded_dir / sub).mkdir(parents=True, exist_ok=True)
-        folder = str(embedded_dir / "out")
-        return raw, {
-            "data_folder_in": folder,
-            "data_folder_out": folder,
-            "processed_folder": str(embedded_dir / "processed"),
-            "store_processed": False,
-            # The folder is polled; its 1 s default made each job of a demo
-            # sweep wait up to a second for delivery.
-            "polling_interval": 0.1,
-            # Exchange bindings go under var/, not into the current
-            # directory, kombu's default.
-            "control_folder": str(embedded_dir / "control"),
-        }
-    if scheme in ("redis", "rediss"):
-        options = {"visibility_timeout": 900}
-        if keyprefix:
-            # Several deployments (or test runs) sharing one Redis keep to
-            # their own keys: the same queue names would otherwise cross.
-            options["global_keyprefix"] = keyprefix
-        return raw, options
-    return raw, {}
-
-
-def broker_transport(url: str) -> str | None:
-    """The kombu transport for a broker URL: this project's filesystem
-    transport, safe for several processes, where kombu's own is not; None
-    leaves the URL's scheme to choose."""
-    if url.startswith("filesystem"):
-        return "matrix.broker:Transport"
-    return None
-
-
-def parse_seconds(variable: str, raw: str | None, default: float) -> float:
-    """A positive, finite number of seconds; unset or empty is the default."""
-    if raw is None or raw.strip() == "":
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise bad(variable, f"expected a number of seconds, got {raw!r}") from None
-    if not 0 < value < float("inf"):
-        raise bad(variable, f"expected more than 0 seconds, got {raw!r}")
-    return value
 
 
 def parse_cache(raw: str | None, shared: str | None = None) -> dict:

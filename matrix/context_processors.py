@@ -7,7 +7,7 @@ from functools import cached_property
 
 from django.core.cache import cache
 
-from runners.roles import ADMIN, has_role
+from matrix.accounts.roles import ADMIN, has_role
 
 ADMIN_LINK_SECONDS = 60
 

@@ -72,7 +72,7 @@ PAGE_SIZE = 100
 @dataclass
 class GapScope:
     """What a gap list is read under: the page's filters, what the online
-    runners can take (``runners.services.capabilities_online``), the device
+    runners can take (``matrix.fleet.services.capabilities_online``), the device
     types by id, and whether cuda cells are built with nvcc (else lowered)
     where no online runner has the device."""
 

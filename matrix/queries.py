@@ -327,7 +327,7 @@ def find_toolchain(toolchains: list[Toolchain], ref: str | int) -> Toolchain | N
 def toolchain_hosts() -> dict[int, list[str]]:
     """toolchain id -> the names of the runner hosts that host it (a lab's
     runner whose evidence was imported included). One query."""
-    from runners.models import RunnerToolchain
+    from matrix.fleet.models import RunnerToolchain
 
     hosts: dict[int, list[str]] = {}
     for toolchain_id, name in RunnerToolchain.objects.order_by(
@@ -408,7 +408,7 @@ def passing_elsewhere(failing: set[tuple[int, int]], toolchain) -> dict:
     revision, with the open proposal from ``toolchain`` to it, if any: a run
     on ``toolchain`` fails the same way; the upgrade closes it. Two queries,
     and none where nothing fails."""
-    from matrix.gate.models import ProposalState, UpgradeProposal
+    from matrix.models.gate import ProposalState, UpgradeProposal
 
     if not failing or toolchain is None:
         return {}
@@ -874,7 +874,7 @@ def complete_shapes(filters: MatrixFilters, dt_ids: list[int]):
 
 def toolchains_online() -> list[Toolchain]:
     """Toolchains that some online routable runner hosts."""
-    from runners.models import Runner
+    from matrix.fleet.models import Runner
 
     return list(
         Toolchain.objects.filter(runners__in=Runner.objects.online())

@@ -46,7 +46,7 @@ if "sessions" in CACHES:
     SESSION_CACHE_ALIAS = "sessions"
 
 INSTALLED_APPS = [
-    "runners.apps.RoleAdminConfig",  # the admin site, for the admin role only
+    "matrix.accounts.apps.RoleAdminConfig",  # the admin site, for the admin role only
     "django.contrib.auth",
     "django.contrib.contenttypes",
     "django.contrib.sessions",
@@ -55,7 +55,7 @@ INSTALLED_APPS = [
     "django_htmx",
     "template_partials",
     "matrix",
-    "runners",
+    "matrix.fleet",
     "axes",
 ]
 
@@ -71,7 +71,7 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
-    "runners.roles.RoleMiddleware",
+    "matrix.accounts.roles.RoleMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "axes.middleware.AxesMiddleware",
@@ -107,7 +107,7 @@ AUTH_PASSWORD_VALIDATORS = [
 AUTHENTICATION_BACKENDS = [
     "axes.backends.AxesStandaloneBackend",  # refuses locked-out logins first
     # ModelBackend, reading the role check with the user (one query).
-    "runners.auth.RoleModelBackend",
+    "matrix.accounts.auth.RoleModelBackend",
 ]
 # Login throttling: 5 failures for one username from one address lock that
 # pair out for 15 minutes, and nobody else (matrix/lockout.py). The address
@@ -158,20 +158,9 @@ if not DEBUG:
     SECURE_HSTS_INCLUDE_SUBDOMAINS = True
     SECURE_HSTS_PRELOAD = True
 
-# Celery: long GPU jobs are acked late, one at a time, and re-delivered when
-# a worker dies; the broker must not re-deliver a job still inside its limit.
-CELERY_TASK_SERIALIZER = "json"
-CELERY_RESULT_SERIALIZER = "json"
-CELERY_ACCEPT_CONTENT = ["json"]
-CELERY_TASK_IGNORE_RESULT = True
-CELERY_TASK_ACKS_LATE = True
-CELERY_TASK_REJECT_ON_WORKER_LOST = True
-CELERY_WORKER_PREFETCH_MULTIPLIER = 1
-CELERY_TASK_SOFT_TIME_LIMIT = 600
-CELERY_TASK_TIME_LIMIT = 660
-CELERY_WORKER_MAX_TASKS_PER_CHILD = 200
-CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
-CELERY_TASK_DEFAULT_QUEUE = "control"
+# Celery: how messages are delivered and acknowledged is the same on both
+# sides of the broker (runners/config.py, CELERY_DELIVERY, applied to the
+# server's app in matrix/celery.py and to the runner agent's in runners/app.py).
 # Celery closes every database connection before and after each task unless
 # this is set: a control worker opened a PostgreSQL connection for each batch
 # of results and never kept a statement prepared. Set beyond reach, it leaves

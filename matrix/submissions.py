@@ -3,7 +3,7 @@ operator; a reviewer other than the author approves or rejects it. Until it
 is approved it runs nowhere (the planner only plans approved current
 revisions); approved, it becomes the operator's current revision on the backends it
 names (``matrix.revisions``; the library's stays current elsewhere) and runs in
-sandboxes only (its jobs carry its text and hash, see ``runners.services``).
+sandboxes only (its jobs carry its text and hash, see ``matrix.fleet.services``).
 
 These are the workflows; the views and the API call them and nothing else.
 """
@@ -18,10 +18,10 @@ from django.db import transaction
 from django.db.models import Q
 
 from matrix import revisions
+from matrix.accounts.roles import is_reviewer
 from matrix.models import AuditEvent, Backend, KernelRevision, Operator
 from runners.harness.precheck import precheck
 from runners.kernels.revision import operator_module
-from runners.roles import is_reviewer
 
 SOURCE_CAP = 128 * 1024
 

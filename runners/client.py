@@ -11,6 +11,8 @@ import urllib.error
 import urllib.parse
 import urllib.request
 
+from runners import protocol
+
 API = "/api/v1"
 # Statuses that say "not now" rather than "no": the request may be sent again.
 TRANSIENT = {408, 425, 429}
@@ -103,9 +105,7 @@ def signed_request(config, kind: str, timeout: float = 30, **fields) -> dict:
     ``/api/v1/runners/<kind>`` on the server it registered with, and return
     the reply. ServerUnavailable when it may be tried again later,
     ServerRefused when the server said no."""
-    from runners.services.envelopes import request_envelope
-
-    envelope = request_envelope(
+    envelope = protocol.request_envelope(
         kind=kind, runner_name=config.name, key=config.key, **fields
     )
     url = f"{config.server.rstrip('/')}{API}/runners/{kind}"

@@ -24,7 +24,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from runners import client, signing
+from runners import client, protocol, signing
+from runners import config as agent_config
 from runners.harness import isolation
 from runners.harness.fingerprint import matrix_fingerprint
 from runners.harness.sandbox import COMPILE_WORKERS_ENV, compile_workers
@@ -51,10 +52,8 @@ class RunnerPaused(Exception):
 
 
 def runner_dir(explicit: str | os.PathLike | None = None) -> Path:
-    from django.conf import settings
-
     return Path(
-        explicit or os.environ.get(RUNNER_DIR_ENV) or Path(settings.VAR_DIR) / "runner"
+        explicit or os.environ.get(RUNNER_DIR_ENV) or agent_config.var_dir() / "runner"
     )
 
 
@@ -77,7 +76,7 @@ class HostConfig:
         if not path.exists():
             raise HostError(
                 f"{path} does not exist: register first with "
-                "`manage.py runner register --server URL --token TOKEN --name NAME`"
+                "`tilematrix-runner register --server URL --token TOKEN --name NAME`"
             )
         data = json.loads(path.read_text())
         return cls(directory=directory, **data)
@@ -453,11 +452,9 @@ def results_send(envelopes: list[dict]) -> None:
     in the outbox until the server says their jobs are no longer waiting
     for them: results a broker or a control worker lost are sent again
     (``outbox_flush``)."""
-    from runners.tasks import ingest_result
-
-    ingest_result.apply_async(
-        args=[envelopes],
-        queue="control",
+    protocol.control_send(
+        protocol.INGEST_RESULT,
+        envelopes,
         compression="zlib",
         argsrepr=f"{len(envelopes)} results",
         kwargsrepr="{}",
@@ -512,13 +509,11 @@ def results_for(
     """Run jobs this runner holds and return one signed result per job, in
     the jobs' order; ``on_signed(job, envelope)`` hears of each as soon as
     its job ends (from several threads at once)."""
-    from runners.services import result_envelope
-
     key = config.key
     signed: dict[int, dict] = {}
 
     def sign(job: dict, result: dict) -> None:
-        envelope = result_envelope(
+        envelope = protocol.result_envelope(
             job=job, result=result, runner_name=config.name, key=key
         )
         signed[job["job"]] = envelope
@@ -551,9 +546,7 @@ def results_for(
 
 
 CLAIM_TIMEOUT_S = 30
-# The server's word for a runner that may take work (Runner.Health.ACTIVE;
-# the worker side imports no models).
-ACTIVE = "active"
+ACTIVE = protocol.ACTIVE
 OUTBOX_TIMEOUT_S = 30
 OUTBOX_SLICE = 500
 
@@ -689,6 +682,7 @@ def bundle_execute(*, envelopes: list, config: HostConfig) -> tuple[list, list[s
             skipped.append(f"message {i}: {exc}")
     if not jobs:
         return [], skipped
-    from runners.services import job_budget_s
-
-    return results_for(jobs=jobs, config=config, timeout_s=job_budget_s()), skipped
+    return (
+        results_for(jobs=jobs, config=config, timeout_s=agent_config.job_budget_s()),
+        skipped,
+    )

@@ -97,31 +97,6 @@ def key_load_or_create(path: Path) -> Ed25519PrivateKey:
     return key_read(path)
 
 
-def server_key_path() -> Path:
-    from django.conf import settings
-
-    return Path(
-        os.environ.get("TILEMATRIX_SERVER_KEY_FILE")
-        or Path(settings.VAR_DIR) / "server_ed25519.key"
-    )
-
-
-_server_keys: dict[Path, Ed25519PrivateKey] = {}
-
-
-def server_key() -> Ed25519PrivateKey:
-    """The server's signing key, made on first use (embedded default) or
-    read from TILEMATRIX_SERVER_KEY_FILE."""
-    path = server_key_path()
-    if path not in _server_keys:
-        _server_keys[path] = key_load_or_create(path)
-    return _server_keys[path]
-
-
-def server_public_key() -> str:
-    return public_key_hex(server_key())
-
-
 def now_iso() -> str:
     return datetime.now(UTC).isoformat(timespec="microseconds")
 

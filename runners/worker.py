@@ -22,7 +22,8 @@ from celery import bootsteps
 from celery.exceptions import WorkerShutdown
 from celery.worker import state as worker_state
 
-from runners import client, host, services
+from runners import client, host, protocol
+from runners import config as agent_config
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +72,10 @@ class RunnerHost(bootsteps.StartStopStep):
         log.info("runner %s connected: %s", config.name, counts)
         self.beat(config)
         self.timer_ref = parent.timer.call_repeatedly(
-            services.heartbeat_interval_s(), self.tick, (parent, config), priority=10
+            agent_config.heartbeat_interval_s(),
+            self.tick,
+            (parent, config),
+            priority=10,
         )
 
     def tick(self, parent, config: host.HostConfig) -> None:
@@ -167,9 +171,7 @@ class RunnerHost(bootsteps.StartStopStep):
             self.timer_ref = None
 
     def beat(self, config: host.HostConfig) -> None:
-        from runners.tasks import heartbeat
-
-        envelope = services.heartbeat_envelope(
+        envelope = protocol.heartbeat_envelope(
             runner_name=config.name,
             # Wall-clock microseconds: they keep growing across restarts
             # without the runner storing a counter.
@@ -179,13 +181,13 @@ class RunnerHost(bootsteps.StartStopStep):
             key=config.key,
         )
         try:
-            heartbeat.apply_async(args=[envelope], queue="control", retry=False)
+            protocol.control_send(protocol.HEARTBEAT, envelope, retry=False)
         except Exception as exc:  # the broker is away: the next beat tries again
             log.warning("heartbeat not sent: %s", exc)
 
 
 def outbox_resend(config: host.HostConfig) -> None:
-    settled_s = OUTBOX_RESEND_BEATS * services.heartbeat_interval_s()
+    settled_s = OUTBOX_RESEND_BEATS * agent_config.heartbeat_interval_s()
     try:
         resent = host.outbox_flush(config=config, settled_s=settled_s)
     except (client.ServerUnavailable, client.ServerRefused) as exc:
@@ -210,9 +212,7 @@ class RunnerRefused(Exception):
 
 def queues_runner(app) -> list[str]:
     """The runner queues (all but control) this worker reads now."""
-    from runners.tasks import CONTROL
-
-    return sorted(set(app.amqp.queues.consume_from or ()) - {CONTROL})
+    return sorted(set(app.amqp.queues.consume_from or ()) - {protocol.CONTROL})
 
 
 def jobs_pause(app, *, cancel) -> None:

@@ -78,7 +78,7 @@ def main() -> None:
             "wall_s": elapsed(started),
         }
     }
-    from runners.evidence import evidence_export
+    from matrix.fleet.evidence import evidence_export
 
     data = evidence_export(sweeps=sweeps, results=envelopes, measured=measured)
     day = datetime.now(UTC).date().isoformat()
@@ -101,8 +101,8 @@ def evidence_import_others() -> None:
 
 
 def report_again(evidence: Path) -> None:
+    from matrix.fleet.evidence import evidence_import
     from matrix.models import DeviceType, Toolchain
-    from runners.evidence import evidence_import
 
     data = json.loads(evidence.read_text())
     evidence_import(data)
@@ -145,9 +145,10 @@ def runner_register():
     --python ... --python ...` would, and its host configuration."""
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+    from matrix.fleet import keys, services
+    from matrix.fleet.models import RunnerToolchain
     from matrix.models import DeviceType, Toolchain
-    from runners import host, services, signing
-    from runners.models import RunnerToolchain
+    from runners import host, signing
 
     # Absolute but not resolved: a venv's python is a link to the base one.
     interpreters = [os.path.abspath(TOOLCHAIN_0113), os.path.abspath(sys.executable)]
@@ -171,7 +172,7 @@ def runner_register():
         directory=directory,
         name=runner.name,
         server="http://offline",
-        server_public_key=signing.server_public_key(),
+        server_public_key=keys.server_public_key(),
         queues=runner.queues(),
         toolchains={
             rt.toolchain.fingerprint: {
@@ -190,8 +191,9 @@ def runner_register():
 def bundle_run(config, old, new, cpu, *, first: bool):
     """One offline bundle for the runner, executed and ingested: every served
     shape and every float32 shape the first time, the float32 ones after."""
+    from matrix.fleet import services
     from matrix.models import Shape
-    from runners import host, services
+    from runners import host
 
     shapes = Shape.objects.filter(dtype="float32")
     if first:
@@ -213,8 +215,8 @@ def report_text(stem: str, old, new, cpu, ab: dict) -> str:
     and the manifest's choice under the default policy."""
     from matrix.gate.diff import DEFAULT_NOISE_BAND, matrix_diff
     from matrix.gate.manifest import manifest_choice
-    from matrix.gate.models import Policy
     from matrix.models import Result
+    from matrix.models.gate import Policy
 
     diff = matrix_diff(baseline=old, candidate=new, device_types=[cpu])
     served = [r for r in diff.rows if r.served]

@@ -23,6 +23,7 @@ from django.db.models.functions import Substr
 
 from matrix.gate import significance
 from matrix.models import Cell, Result, Shape, Status
+from matrix.models.gate import Change
 
 # Relative noise assumed for a side that has a single timing: a lone median
 # says nothing about its own spread.
@@ -43,25 +44,6 @@ PERF_STEP = 0.05
 PERF_STEP_MAX = 2**31 - 1
 MAD_TO_SIGMA = 1.4826
 ERROR_SHOWN = 300
-
-
-class Change:
-    GREEN_TO_RED = "green_to_red"
-    RED_TO_GREEN = "red_to_green"
-    NEW = "new"
-    MISSING = "missing"
-    STILL_GREEN = "still_green"
-    STILL_RED = "still_red"
-
-    LABELS = {
-        GREEN_TO_RED: "green → red",
-        RED_TO_GREEN: "red → green",
-        NEW: "new",
-        MISSING: "missing",
-        STILL_GREEN: "still green",
-        STILL_RED: "still red",
-    }
-    ORDER = [GREEN_TO_RED, MISSING, RED_TO_GREEN, NEW, STILL_RED, STILL_GREEN]
 
 
 # What a reviewer reads first: regressions, missing results and slowdowns,

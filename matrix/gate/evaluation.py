@@ -12,11 +12,11 @@ from django.contrib.auth import get_user_model
 from django.db.models import Count
 
 from matrix.cache import cache_seconds, cached_read, jobs_version, read_key
+from matrix.fleet.models import Runner
 from matrix.gate.diff import CellDiff, Change
-from matrix.gate.models import Approval, Policy, ProposalState, UpgradeProposal
 from matrix.models import DeviceType, JobStage, Status, Toolchain, ValidationJob
+from matrix.models.gate import Approval, Policy, ProposalState, UpgradeProposal
 from matrix.queries import toolchains_online
-from runners.models import Runner
 
 # A rule failing on more cells than this is said once, with a count and the
 # first of them; the proposal page lists every one.
@@ -59,7 +59,7 @@ class StalledJobs:
     @property
     def wanted(self) -> str:
         """The runner that would take them (a job's queue follows from its
-        stage: runners.services.routes_for), and, for compile-only jobs,
+        stage: matrix.fleet.services.routes_for), and, for compile-only jobs,
         the one a pass needs."""
         validating = f"a runner with {self.device_type} that hosts {self.toolchain}"
         if self.stage == JobStage.VALIDATE:

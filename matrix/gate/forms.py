@@ -7,8 +7,8 @@ from functools import cached_property
 
 from django import forms
 
-from matrix.gate.models import Decision, Policy
 from matrix.models import Backend, DeviceType, Toolchain
+from matrix.models.gate import Decision, Policy
 
 
 class FocusesItsError:

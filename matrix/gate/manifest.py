@@ -6,14 +6,14 @@ from __future__ import annotations
 from django.utils import timezone
 
 from matrix.gate.diff import CellDiff, serve_floor
-from matrix.gate.models import (
+from matrix.gate.sustained import sustained_key, sustained_speeds
+from matrix.models import DeviceType, Status, Toolchain
+from matrix.models.gate import (
     ManifestEntry,
     Policy,
     ProposalState,
     UpgradeProposal,
 )
-from matrix.gate.sustained import sustained_key, sustained_speeds
-from matrix.models import DeviceType, Status, Toolchain
 
 FORMAT = "tilematrix-manifest/1"
 ENTRIES_PER_STATEMENT = 500

@@ -25,14 +25,6 @@ from matrix.gate.evaluation import (
     proposal_jobs_in_flight_read,  # noqa: F401  and the pages
 )
 from matrix.gate.manifest import manifest_entries_write
-from matrix.gate.models import (
-    Approval,
-    BackendException,
-    DiffRow,
-    Policy,
-    ProposalState,
-    UpgradeProposal,
-)
 from matrix.models import (
     AuditEvent,
     Backend,
@@ -42,6 +34,14 @@ from matrix.models import (
     Sweep,
     Toolchain,
     ValidationJob,
+)
+from matrix.models.gate import (
+    Approval,
+    BackendException,
+    DiffRow,
+    Policy,
+    ProposalState,
+    UpgradeProposal,
 )
 
 POLICY_FIELDS = (
@@ -349,13 +349,16 @@ def proposal_reevaluation_ask(*, proposal: UpgradeProposal) -> None:
     transaction.on_commit(partial(_reevaluation_enqueue, proposal.pk, delay_s=0))
 
 
+REEVALUATE_TASK = "gate.reevaluate"
+
+
 def _reevaluation_enqueue(
     proposal_id: int, delay_s: float = REEVALUATION_DELAY_S
 ) -> None:
-    # Imported here: tasks import the services.
-    from matrix.tasks import proposal_reevaluate_task
+    # By name (matrix/gate/tasks.py runs it): the tasks call these services.
+    from matrix.celery import app
 
-    proposal_reevaluate_task.apply_async(args=[proposal_id], countdown=delay_s)
+    app.signature(REEVALUATE_TASK).apply_async(args=[proposal_id], countdown=delay_s)
 
 
 def proposals_reevaluation_resend(*, older_than_s: float) -> list[int]:
@@ -600,7 +603,7 @@ def stale_served_cells(*, toolchains, device_types) -> list[tuple]:
 def _sweep_plan(*, cells, created_by, filters) -> Sweep:
     # Imported here: the matrix app must load without the runners app's
     # services (and their broker settings) being importable yet.
-    from runners.services import sweep_plan
+    from matrix.fleet.services import sweep_plan
 
     return sweep_plan(cells=cells, created_by=created_by, filters=filters)
 

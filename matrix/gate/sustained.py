@@ -18,7 +18,6 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.db.models import Count, Max
 
-from matrix.gate.models import SustainedSpeed
 from matrix.models import (
     CurrentRevision,
     DeviceType,
@@ -26,6 +25,7 @@ from matrix.models import (
     Toolchain,
     dims_key,
 )
+from matrix.models.gate import SustainedSpeed
 
 
 @dataclass

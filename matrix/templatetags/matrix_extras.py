@@ -10,7 +10,7 @@ from django.utils import timezone
 from django.utils.html import conditional_escape, format_html
 from django.utils.safestring import mark_safe
 
-from matrix.views.matrix_html import cell_link_prefix
+from matrix.links import cell_link_prefix
 
 register = template.Library()
 

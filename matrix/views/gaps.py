@@ -24,6 +24,7 @@ from django.views.decorators.vary import vary_on_headers
 from matrix import gaps, queries
 from matrix.cache import cache_seconds, cached_read, jobs_version, read_key
 from matrix.exports import download_name, spreadsheet_safe, unknown_toolchain
+from matrix.fleet.services import capabilities_online, sweep_plan
 from matrix.models import (
     FAILURES,
     AuditEvent,
@@ -35,7 +36,6 @@ from matrix.models import (
 )
 from matrix.neighbours import neighbours_add
 from matrix.page_cache import page_response
-from runners.services import capabilities_online, sweep_plan
 
 PAGE_SIZE = gaps.PAGE_SIZE
 # Page links shown around the current one, besides the first and the last.

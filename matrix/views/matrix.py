@@ -31,12 +31,12 @@ from django.views.decorators.vary import vary_on_headers
 from matrix import queries, revisions
 from matrix.cache import cache_seconds, cached_read, read_key
 from matrix.exports import spreadsheet_safe, unknown_toolchain
+from matrix.links import cell_link_prefix
 from matrix.models import Backend, DeviceType, Dtype, Operator, Toolchain
 from matrix.page_cache import page_response
 from matrix.serving import serve_speedup_floor
 from matrix.views.matrix_html import (
     backend_headers,
-    cell_link_prefix,
     column_counts,
     device_headers,
     shape_rows,

@@ -12,9 +12,9 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
 from matrix import revisions, submissions
+from matrix.accounts.roles import is_reviewer
 from matrix.gate.forms import FocusesItsError
 from matrix.models import ID_MAX, Backend, KernelRevision, Operator
-from runners.roles import is_reviewer
 
 
 class RevertForm(FocusesItsError, forms.Form):

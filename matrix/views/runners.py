@@ -16,9 +16,9 @@ from django.views.decorators.debug import sensitive_post_parameters, sensitive_v
 from django.views.decorators.http import require_GET, require_POST
 from django.views.decorators.vary import vary_on_headers
 
+from matrix.fleet import services
+from matrix.fleet.models import Runner
 from matrix.models import JobState, ValidationJob
-from runners import services
-from runners.models import Runner
 
 TOKEN_LIFETIME = timedelta(hours=1)
 

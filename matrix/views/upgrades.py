@@ -25,9 +25,9 @@ from matrix.gate import evaluation, services
 from matrix.gate.diff import CellDiff, Change, serve_floor
 from matrix.gate.forms import DecisionForm, ExceptionForm, PolicyForm, ProposalForm
 from matrix.gate.manifest import manifest_choice, manifest_entries, times
-from matrix.gate.models import Approval, BackendException, Policy, UpgradeProposal
 from matrix.gate.sustained import sustained_key, sustained_speeds, sustained_version
 from matrix.models import AuditEvent, Backend
+from matrix.models.gate import Approval, BackendException, Policy, UpgradeProposal
 from matrix.page_cache import page_response
 from matrix.refusals import Refused
 

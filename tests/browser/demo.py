@@ -46,10 +46,10 @@ def extra_seed() -> dict:
     from django.contrib.auth.models import Group
     from django.utils import timezone
 
+    from matrix.fleet.models import Runner, RunnerToolchain
     from matrix.gate.services import proposal_open
     from matrix.models import DeviceType, Sweep, Toolchain
     from matrix.services import toolchain_register
-    from runners.models import Runner, RunnerToolchain
 
     User = get_user_model()
     reviewers = []
@@ -117,8 +117,8 @@ def upgrade_roll_out() -> None:
     current toolchain (0.1.15) with its compile-only columns."""
     from django.contrib.auth import get_user_model
 
-    from matrix.gate.models import UpgradeProposal
     from matrix.gate.services import proposal_approve, proposal_rollout
+    from matrix.models.gate import UpgradeProposal
 
     User = get_user_model()
     proposal = UpgradeProposal.objects.get()

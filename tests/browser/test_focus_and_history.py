@@ -15,7 +15,7 @@ FOCUSED_TEXT = "document.activeElement.textContent.trim()"
 @pytest.fixture
 def no_broker():
     """The live server runs in this process: planning's publish is skipped."""
-    with mock.patch("runners.services.planning.jobs_publish"):
+    with mock.patch("matrix.fleet.services.planning.jobs_publish"):
         yield
 
 

@@ -15,7 +15,7 @@ pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 @pytest.fixture
 def no_broker():
     """The live server runs in this process: planning's publish is skipped."""
-    with mock.patch("runners.services.planning.jobs_publish"):
+    with mock.patch("matrix.fleet.services.planning.jobs_publish"):
         yield
 
 

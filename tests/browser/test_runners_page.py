@@ -9,8 +9,9 @@ from datetime import timedelta
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from runners import services, signing
-from runners.models import RegistrationToken, token_digest
+from matrix.fleet import services
+from matrix.fleet.models import RegistrationToken, token_digest
+from runners import protocol, signing
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -53,7 +54,7 @@ def test_register_a_runner_and_see_it_online(tab, admin_user):
         inventory=INVENTORY,
     )
     services.runner_heartbeat(
-        envelope=services.heartbeat_envelope(
+        envelope=protocol.heartbeat_envelope(
             runner_name="cpu-ui", sequence=1, state="online", key=key
         )
     )

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from django.contrib.auth.models import Group
 
-from runners.roles import RUNNER_ADMIN
+from matrix.accounts.roles import RUNNER_ADMIN
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 

@@ -1,4 +1,4 @@
-"""The embedded broker (matrix.broker) under load from several processes, and
+"""The embedded broker (runners.broker) under load from several processes, and
 the files a consumer may meet: one still being written, one that never
 becomes a message."""
 

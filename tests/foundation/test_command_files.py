@@ -29,7 +29,7 @@ def test_an_output_file_is_written_whole_with_the_usual_mode(tmp_path):
 def test_a_failed_write_keeps_the_old_file_and_leaves_no_temporary(
     tmp_path, monkeypatch
 ):
-    from matrix.management.commands import _files
+    from runners import files as _files
 
     out = tmp_path / "results.json"
     out.write_text("old")
@@ -155,9 +155,10 @@ def test_evidence_export_writes_the_file_it_names(catalog, tmp_path):
 
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+    from matrix.fleet import services
     from matrix.models import DeviceType, Shape, Toolchain
-    from runners import services, signing
-    from runners.services.envelopes import result_envelope
+    from runners import signing
+    from runners.protocol import result_envelope
     from tests.runners.conftest import cpu_inventory
 
     key = Ed25519PrivateKey.generate()

@@ -219,7 +219,7 @@ def test_the_audit_log_is_append_only(gemm):
 def test_a_result_envelope_nonce_is_stored_once(cell_parts):
     """The last line against a replayed envelope, should ingest's own
     check be bypassed: a second receipt with a spent nonce is refused."""
-    from runners.models import Receipt, Runner
+    from matrix.fleet.models import Receipt, Runner
 
     runner = Runner.objects.create(name="h200-a", public_key="c" * 64)
     receipt = dict(runner=runner, nonce="n" * 64, signature="s" * 88, issued_at="x")

@@ -30,7 +30,7 @@ def test_unique_runner_keys_refuse_a_database_whose_runners_share_one():
     Runner.objects.filter(name="lab-b").delete()
     executor = MigrationExecutor(connection)
     executor.migrate(executor.loader.graph.leaf_nodes())
-    from runners.models import Runner as CurrentRunner
+    from matrix.fleet.models import Runner as CurrentRunner
 
     assert sorted(CurrentRunner.objects.values_list("name", flat=True)) == [
         "lab-a",

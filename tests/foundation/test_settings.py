@@ -76,7 +76,7 @@ def test_the_embedded_broker_connects_without_kombu_warning(tmp_path, caplog):
 
 def test_the_embedded_broker_is_served_by_the_transport_safe_for_several_processes():
     assert (
-        config.broker_transport("filesystem://localhost/") == "matrix.broker:Transport"
+        config.broker_transport("filesystem://localhost/") == "runners.broker:Transport"
     )
     assert config.broker_transport("redis://127.0.0.1:6379/3") is None
 
@@ -185,16 +185,18 @@ def test_an_unclear_debug_flag_is_refused_not_guessed(raw):
         config.parse_bool("DJANGO_DEBUG", raw, True)
 
 
-def test_the_heartbeat_interval_comes_from_the_environment(tmp_path):
+def test_the_heartbeat_interval_comes_from_the_environment_on_both_sides(tmp_path):
+    # The server's reaper and the runner agent's heartbeat timer read it alike.
     proc = manage(
         "shell",
         "-c",
-        "from runners import services; print(services.heartbeat_interval_s())",
+        "from matrix.fleet import services; from runners import config; "
+        "print(services.heartbeat_interval_s(), config.heartbeat_interval_s())",
         env_extra={"TILEMATRIX_HEARTBEAT_S": "2.5"},
         tmp_path=tmp_path,
     )
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.splitlines()[-1] == "2.5"
+    assert proc.stdout.splitlines()[-1] == "2.5 2.5"
     assert config.parse_seconds("TILEMATRIX_HEARTBEAT_S", None, 30.0) == 30.0
 
 

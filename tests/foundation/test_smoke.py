@@ -113,7 +113,7 @@ def test_make_run_comes_back_after_its_runner_was_revoked(tmp_path):
         env,
         "shell",
         "-c",
-        "from runners.models import Runner\n"
+        "from matrix.fleet.models import Runner\n"
         "for r in Runner.objects.order_by('name'): print(r.name, bool(r.revoked_at))",
     )
     assert "local-cpu True\nlocal-cpu-2 False\n" in standing

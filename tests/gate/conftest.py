@@ -13,6 +13,7 @@ import pytest
 from django.contrib.auth.models import Group, Permission
 from django.utils import timezone
 
+from matrix.fleet.models import Runner, RunnerToolchain
 from matrix.models import (
     Backend,
     Cell,
@@ -26,7 +27,6 @@ from matrix.models import (
 )
 from matrix.revisions import make_current
 from matrix.services import toolchain_register
-from runners.models import Runner, RunnerToolchain
 
 _seeds = count(1)
 

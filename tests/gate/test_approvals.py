@@ -6,12 +6,6 @@ import pytest
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import IntegrityError, connection, transaction
 
-from matrix.gate.models import (
-    Approval,
-    BackendException,
-    ManifestEntry,
-    UpgradeProposal,
-)
 from matrix.gate.services import (
     exception_grant,
     proposal_approve,
@@ -21,6 +15,12 @@ from matrix.gate.services import (
     proposal_rollout,
 )
 from matrix.models import AuditEvent, Status, Toolchain
+from matrix.models.gate import (
+    Approval,
+    BackendException,
+    ManifestEntry,
+    UpgradeProposal,
+)
 from tests.gate.conftest import online_runner
 
 
@@ -243,7 +243,7 @@ def test_only_the_policys_rollout_group_rolls_out(world, proposal, admin_user):
 
 
 def test_a_cell_already_in_flight_keeps_the_proposal_collecting(world):
-    from runners.services import sweep_plan
+    from matrix.fleet.services import sweep_plan
 
     world.green(world.old)
     world.record("gemm", world.cpu, world.new, Status.PASS)

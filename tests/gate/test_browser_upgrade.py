@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from matrix.gate.models import UpgradeProposal
 from matrix.gate.services import proposal_open
+from matrix.models.gate import UpgradeProposal
 
 pytestmark = pytest.mark.browser
 

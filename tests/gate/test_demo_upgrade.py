@@ -19,8 +19,8 @@ from django.urls import reverse
 
 from matrix.gate.evidence import evidence_upgrades
 from matrix.gate.manifest import manifest_for
-from matrix.gate.models import UpgradeProposal
 from matrix.models import DeviceType, ValidationJob
+from matrix.models.gate import UpgradeProposal
 from matrix.services import toolchain_register
 
 EVIDENCE = Path(__file__).resolve().parents[2] / "docs" / "evidence"
@@ -247,9 +247,9 @@ def test_make_run_again_after_decisions_changes_nothing_decided(client, seeded):
     """Two reviewers approve the upgrade and a kernel submitted for the CPU;
     a restart (`make run` again) keeps both decisions, the manifest and the
     audit log as they were, and prints no error."""
+    from matrix.accounts.roles import KERNEL_AUTHOR
     from matrix.models import AuditEvent, KernelRevision, Operator
     from matrix.submissions import kernel_review, kernel_submit
-    from runners.roles import KERNEL_AUTHOR
     from tests.security.helpers import attack_source
 
     passwords = dict(SHOWN_ONCE.findall(seeded))

@@ -10,8 +10,8 @@ import pytest
 from django.core.exceptions import ValidationError
 from django.urls import reverse
 
+from matrix.fleet.models import compile_queue, validate_queue
 from matrix.gate.manifest import manifest_for
-from matrix.gate.models import UpgradeProposal
 from matrix.gate.services import (
     policy_save,
     proposal_approve,
@@ -20,7 +20,7 @@ from matrix.gate.services import (
     proposal_reject,
 )
 from matrix.models import JobStage, Status, ValidationJob
-from runners.models import compile_queue, validate_queue
+from matrix.models.gate import UpgradeProposal
 from tests.gate.conftest import online_runner
 
 

@@ -323,7 +323,8 @@ def test_a_host_fingerprints_its_toolchain_as_registering_it_would(catalog, tmp_
     reads that toolchain's manifest: the fingerprints are the same."""
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-    from runners import services, signing
+    from matrix.fleet import services
+    from runners import signing
     from runners.host import inventory_probe
 
     runner = services.runner_register(

@@ -6,7 +6,6 @@ import pytest
 from django.contrib.auth.models import Group
 from django.core.exceptions import ValidationError
 
-from matrix.gate.models import Policy, UpgradeProposal
 from matrix.gate.services import (
     exception_grant,
     exception_sign_off,
@@ -16,6 +15,7 @@ from matrix.gate.services import (
     proposal_open,
 )
 from matrix.models import Status
+from matrix.models.gate import Policy, UpgradeProposal
 
 SOFTMAX = "served cell softmax[M=64,N=256] float32 on x86-64 CPU · c"
 GEMM = "served cell gemm[M=64,N=64,K=64] float32 on x86-64 CPU · c"

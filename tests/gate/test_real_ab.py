@@ -5,7 +5,7 @@ Everything runs the production path: a runner registered with both
 toolchains, the proposal planning jobs through the sweep planner, jobs signed
 by the server in messages, executed by ``runners.host.jobs_execute`` in the
 sandboxed harness with each toolchain's interpreter, results signed by the
-runner and stored by ``runners.services.results_ingest``. Only the broker
+runner and stored by ``matrix.fleet.services.results_ingest``. Only the broker
 hops are replaced by direct calls, and the runner's HTTP requests (claims)
 are answered in process."""
 
@@ -22,8 +22,9 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from django.core.exceptions import ValidationError
 
+from matrix.fleet import keys, services
+from matrix.fleet.models import RunnerToolchain
 from matrix.gate.manifest import manifest_for
-from matrix.gate.models import UpgradeProposal
 from matrix.gate.services import (
     exception_grant,
     exception_sign_off,
@@ -41,9 +42,9 @@ from matrix.models import (
     Toolchain,
     ValidationJob,
 )
+from matrix.models.gate import UpgradeProposal
 from matrix.services import operator_sync_library
-from runners import host, services, signing
-from runners.models import RunnerToolchain
+from runners import host, protocol, signing
 
 REPO = Path(__file__).resolve().parents[2]
 TOOLCHAIN_0113 = Path(
@@ -86,7 +87,7 @@ def runner(db, tmp_path, monkeypatch, server_http, control_worker):
     services.runner_approve(name="cpu-ab")
     # Online, so the planner routes validate jobs for `c` to it.
     services.runner_heartbeat(
-        envelope=services.heartbeat_envelope(
+        envelope=protocol.heartbeat_envelope(
             runner_name=registered.name, sequence=1, state="online", key=key
         )
     )
@@ -106,7 +107,7 @@ def runner(db, tmp_path, monkeypatch, server_http, control_worker):
         directory=directory,
         name=registered.name,
         server="http://testserver",
-        server_public_key=signing.server_public_key(),
+        server_public_key=keys.server_public_key(),
         queues=registered.queues(),
         toolchains=hosted,
     )

@@ -14,15 +14,15 @@ from django.utils import timezone
 
 from matrix.gate import services
 from matrix.gate.diff import matrix_diff
-from matrix.gate.models import Approval, DiffRow, ManifestEntry, UpgradeProposal
 from matrix.gate.services import (
     proposal_approve,
     proposal_open,
     proposals_reevaluation_request,
     proposals_reevaluation_resend,
 )
+from matrix.gate.tasks import proposal_reevaluate_task
 from matrix.models import AuditEvent, Status
-from matrix.tasks import proposal_reevaluate_task
+from matrix.models.gate import Approval, DiffRow, ManifestEntry, UpgradeProposal
 from tests.gate.conftest import online_runner
 
 

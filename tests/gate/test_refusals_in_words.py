@@ -8,8 +8,8 @@ import logging
 import pytest
 from django.urls import reverse
 
-from matrix.gate.models import Approval
 from matrix.gate.services import proposal_open
+from matrix.models.gate import Approval
 
 ROLE_HINT = "an admin can give your account the role it needs"
 

@@ -8,9 +8,9 @@ import pytest
 from django.core.exceptions import ValidationError
 
 from matrix.gate.manifest import manifest_for
-from matrix.gate.models import Policy
 from matrix.gate.services import policy_save, proposal_approve, proposal_open
 from matrix.models import Status
+from matrix.models.gate import Policy
 from runners.dispatch import Dispatcher
 
 TIGHT = [1.0, 1.01, 0.99]

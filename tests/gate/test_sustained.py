@@ -11,7 +11,7 @@ import json
 import pytest
 from django.core.management import CommandError, call_command
 
-from matrix.gate.models import SustainedSpeed
+from matrix.models.gate import SustainedSpeed
 from tests.gate.test_right_and_fast import (
     approve,
     approved_with,

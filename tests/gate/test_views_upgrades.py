@@ -9,7 +9,6 @@ import pytest
 from django.urls import reverse
 from django.utils.html import escape
 
-from matrix.gate.models import Approval, BackendException, Policy, UpgradeProposal
 from matrix.gate.services import (
     policy_save,
     proposal_approve,
@@ -19,6 +18,7 @@ from matrix.gate.services import (
     proposal_rollout,
 )
 from matrix.models import Shape, Status
+from matrix.models.gate import Approval, BackendException, Policy, UpgradeProposal
 from tests.gate.conftest import online_runner
 
 

@@ -265,8 +265,8 @@ class Cluster:
             [
                 *prefix,
                 PY,
-                "manage.py",
-                "runner",
+                "-m",
+                "runners",  # the runner agent, as a lab host runs it
                 "work",
                 "--key-dir",
                 str(self.key_dir(runner)),
@@ -341,7 +341,7 @@ class Cluster:
         ``services`` are in scope); returns its id."""
         script = (
             "from matrix.models import *\n"
-            "from runners import services\n"
+            "from matrix.fleet import services\n"
             f"cells = {code}\n"
             "print(services.sweep_plan(cells=cells).pk)\n"
         )

@@ -8,10 +8,11 @@ from datetime import timedelta
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from matrix.fleet import keys, services
+from matrix.fleet.services.coherence import PASS_METRICS
 from matrix.models import DeviceType, Shape
-from runners import services, signing
+from runners import protocol, signing
 from runners.harness.result import SUCCESS_FOR_STAGE
-from runners.services.coherence import PASS_METRICS
 
 CPU_COMPONENTS = {
     "tilelang": "0.1.15",
@@ -56,8 +57,8 @@ def cpu_inventory(**toolchain) -> dict:
 def cpu_toolchain():
     """The CPU runners' toolchain: recorded by the first approved one, or
     here where none is."""
+    from matrix.fleet.services.registration import TOOLCHAIN_KEYS
     from matrix.services import toolchain_register
-    from runners.services.registration import TOOLCHAIN_KEYS
 
     components = {k: CPU_COMPONENTS.get(k) for k in TOOLCHAIN_KEYS}
     return toolchain_register(name="tilelang-0.1.15-cpu", components=components)
@@ -83,12 +84,12 @@ class RunnerHand:
 
     def heartbeat(self, state="online", sequence=None) -> dict:
         self.sequence = sequence if sequence is not None else self.sequence + 1
-        return services.heartbeat_envelope(
+        return protocol.heartbeat_envelope(
             runner_name=self.name, sequence=self.sequence, state=state, key=self.key
         )
 
     def request(self, kind, **fields) -> dict:
-        return services.request_envelope(
+        return protocol.request_envelope(
             kind=kind, runner_name=self.name, key=self.key, **fields
         )
 
@@ -106,7 +107,7 @@ class RunnerHand:
             "fingerprint": {"hash": "a" * 64, "components": CPU_COMPONENTS},
             **fields,
         }
-        return services.result_envelope(
+        return protocol.result_envelope(
             job={"job": job.pk, "attempt": job.attempt},
             result=result,
             runner_name=self.name,
@@ -189,7 +190,7 @@ def host_dir_of(tmp_path, monkeypatch, server_http):
             directory=directory,
             name=hand.name,
             server="http://testserver",
-            server_public_key=signing.server_public_key(),
+            server_public_key=keys.server_public_key(),
             queues=hand.runner.queues(),
             toolchains={
                 toolchain.fingerprint: {
@@ -218,6 +219,7 @@ def eager_celery():
     """Tasks sent from a task run in place, so one test sees the whole
     chain without a broker."""
     from matrix.celery import app
+    from runners import jobs  # noqa: F401 (the runner's task, by name, in place)
 
     app.conf.task_always_eager = True
     yield app

@@ -6,9 +6,10 @@ from datetime import timedelta
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from matrix.fleet import keys, services
+from matrix.fleet.models import Receipt, Runner
 from matrix.models import Result, Status
-from runners import services, signing
-from runners.models import Receipt, Runner
+from runners import protocol, signing
 
 from .conftest import cpu_inventory, resigned
 
@@ -46,7 +47,7 @@ def test_register_returns_a_pending_runner_with_no_queue_and_the_server_key(
     assert body["id"] == runner.pk
     assert (body["health"], body["queues"]) == ("pending", [])
     assert body["key_fingerprint"] == runner.key_fingerprint
-    assert body["server_public_key"] == signing.server_public_key()
+    assert body["server_public_key"] == keys.server_public_key()
     assert body["toolchains"][0]["interpreter"] == "/usr/bin/python3"
 
 
@@ -102,7 +103,7 @@ def test_heartbeat_over_http(client, register):
     replay = post(
         client,
         "/runners/heartbeat",
-        services.heartbeat_envelope(
+        protocol.heartbeat_envelope(
             runner_name=hand.name, sequence=1, state="online", key=hand.key
         ),
     )

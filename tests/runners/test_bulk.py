@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
+from matrix.fleet import bulk  # noqa: F401  (registers the ``any`` lookup)
 from matrix.models import Shape
-from runners import bulk  # noqa: F401  (registers the ``any`` lookup)
 
 pytestmark = pytest.mark.django_db
 

@@ -7,9 +7,10 @@ from io import StringIO
 import pytest
 from django.core.management import CommandError, call_command
 
+from matrix.fleet import services
+from matrix.fleet.models import RegistrationToken, Runner, token_digest
 from matrix.models import Cell, JobState, Result, Status, Sweep, ValidationJob
-from runners import client, host, services
-from runners.models import RegistrationToken, Runner, token_digest
+from runners import client, host
 from tests.runners.conftest import cpu_inventory
 
 
@@ -391,7 +392,7 @@ def test_a_bundle_to_a_missing_directory_plans_nothing(cpu_runner, tmp_path):
 def test_a_bundle_whose_write_fails_rolls_its_plan_back(
     cpu_runner, tmp_path, monkeypatch
 ):
-    from matrix.management.commands import _files
+    from runners import files as _files
 
     def disk_full(source, target):
         raise OSError(28, "No space left on device")

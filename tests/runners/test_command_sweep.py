@@ -5,8 +5,8 @@ from io import StringIO
 import pytest
 from django.core.management import CommandError, call_command
 
+from matrix.fleet import services
 from matrix.models import JobStage, Sweep, ValidationJob
-from runners import services
 
 
 def sweep(*args, stderr=None) -> str:

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
+from matrix.fleet import services
 from matrix.models import Cell, JobState, Status, ValidationJob
-from runners import services
 
 from .test_result_ingest import _claimed_jobs
 

@@ -13,9 +13,9 @@ import pytest
 from django.core.exceptions import ValidationError
 from django.core.management import CommandError, call_command
 
+from matrix.fleet.evidence import evidence_import
+from matrix.fleet.models import Runner
 from matrix.models import Cell, JobState, Result, Shape, Sweep, ValidationJob
-from runners.evidence import evidence_import
-from runners.models import Runner
 
 # The lab's newest served sweep on the current toolchain (the candidate of its
 # upgrade A/B; the compile-only file beside it holds no validated cells).
@@ -75,7 +75,7 @@ def test_a_result_altered_after_the_lab_signed_it_is_refused(fresh):
 
 
 def test_a_database_whose_job_ids_are_taken_is_refused_whole(fresh, cpu_runner):
-    from runners import services
+    from matrix.fleet import services
 
     cells = services.cells_select(operator="softmax")
     sweep = services.sweep_plan(cells=cells[:1])
@@ -93,7 +93,7 @@ def test_a_database_whose_job_ids_are_taken_is_refused_whole(fresh, cpu_runner):
 def test_a_runner_of_that_name_with_another_key_is_not_the_lab(fresh):
     from datetime import timedelta
 
-    from runners import services
+    from matrix.fleet import services
 
     services.runner_register(
         token=services.token_create(expires=timedelta(minutes=5)),
@@ -342,8 +342,8 @@ def test_archived_evidence_a_year_old_is_imported_while_a_live_upload_expires(
     stays single-use (its job attempt, its nonce)."""
     from datetime import UTC, datetime, timedelta
 
-    from runners import services
-    from runners.evidence import evidence_export
+    from matrix.fleet import services
+    from matrix.fleet.evidence import evidence_export
 
     from .conftest import resigned
 

@@ -12,6 +12,7 @@ import math
 
 import pytest
 
+from matrix.fleet import services
 from matrix.models import (
     Cell,
     JobStage,
@@ -22,7 +23,6 @@ from matrix.models import (
     Status,
     ValidationJob,
 )
-from runners import services
 from runners.kernels import gemm, softmax
 
 from .test_api import post

@@ -6,6 +6,9 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from django.core.exceptions import PermissionDenied, ValidationError
 
+from matrix.fleet import services
+from matrix.fleet.models import Receipt
+from matrix.fleet.services import ingest
 from matrix.models import (
     Cell,
     DeviceType,
@@ -17,9 +20,6 @@ from matrix.models import (
     ValidationJob,
 )
 from matrix.services import shape_import
-from runners import services
-from runners.models import Receipt
-from runners.services import ingest
 
 from .conftest import RunnerHand, resigned
 

@@ -14,10 +14,10 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.urls import reverse
 
+from matrix.accounts.roles import RUNNER_ADMIN
+from matrix.fleet import services
+from matrix.fleet.models import Runner
 from matrix.models import AuditEvent, DeviceType, JobStage, JobState, Toolchain
-from runners import services
-from runners.models import Runner
-from runners.roles import RUNNER_ADMIN
 
 from .conftest import cpu_inventory, cpu_toolchain
 
@@ -312,7 +312,7 @@ def test_work_waits_for_approval_then_starts_on_the_approved_queues(
 ):
     """`runner work` on a pending runner says so and asks again every
     heartbeat interval; once approved it starts its worker on its queues."""
-    from runners.management.commands import runner as command
+    from runners import cli
 
     config = host_dir_of(pending)
     slept = []
@@ -322,9 +322,9 @@ def test_work_waits_for_approval_then_starts_on_the_approved_queues(
         if len(slept) == 2:
             services.runner_approve(name="new-host")
 
-    monkeypatch.setattr(command.time, "sleep", sleep)
+    monkeypatch.setattr(cli.time, "sleep", sleep)
     out = StringIO()
-    queues = command.Command(stdout=out)._approved_queues(config)
+    queues = cli.HostCommands(out, StringIO())._approved_queues(config)
 
     assert queues == Runner.objects.get().queues()
     assert slept == [30.0, 30.0]
@@ -337,11 +337,11 @@ def test_work_waits_for_approval_then_starts_on_the_approved_queues(
 def test_work_stops_with_a_sentence_when_the_runner_is_refused(
     pending, host_dir_of, server_http, monkeypatch
 ):
-    from runners.management.commands import runner as command
+    from runners import cli
 
     config = host_dir_of(pending)
     monkeypatch.setattr(
-        command.time, "sleep", lambda s: services.runner_refuse(name="new-host")
+        cli.time, "sleep", lambda s: services.runner_refuse(name="new-host")
     )
-    with pytest.raises(CommandError, match="was refused by a runner admin"):
-        command.Command(stdout=StringIO())._approved_queues(config)
+    with pytest.raises(cli.Refused, match="was refused by a runner admin"):
+        cli.HostCommands(StringIO(), StringIO())._approved_queues(config)

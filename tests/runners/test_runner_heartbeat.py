@@ -4,9 +4,10 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from django.core.exceptions import PermissionDenied
 
+from matrix.fleet import services
+from matrix.fleet.models import Runner
 from matrix.models import AuditEvent
-from runners import services
-from runners.models import Runner
+from runners import protocol
 
 
 def test_a_heartbeat_brings_a_registered_runner_online(register):
@@ -53,7 +54,7 @@ def test_a_heartbeat_racing_a_revocation_is_refused(cpu_runner, monkeypatch):
     # The revocation commits after the heartbeat's signer was checked and
     # before its runner row is locked: seen in the real-process suite as a
     # revoked runner left "online".
-    from runners.services import liveness
+    from matrix.fleet.services import liveness
 
     checked = liveness.payload_verify
 
@@ -75,7 +76,7 @@ def test_a_heartbeat_signed_with_another_key_is_refused(cpu_runner):
 
 
 def test_a_heartbeat_from_an_unknown_runner_is_refused(cpu_runner):
-    envelope = services.heartbeat_envelope(
+    envelope = protocol.heartbeat_envelope(
         runner_name="ghost", sequence=1, state="online", key=cpu_runner.key
     )
     with pytest.raises(PermissionDenied, match="unknown runner 'ghost'"):

@@ -4,9 +4,9 @@ from datetime import timedelta
 
 from django.utils import timezone
 
+from matrix.fleet import services
+from matrix.fleet.models import Runner
 from matrix.models import Cell, JobState, Result, Status
-from runners import services
-from runners.models import Runner
 
 
 def silence(hand, seconds):

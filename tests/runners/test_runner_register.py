@@ -9,9 +9,10 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.utils import timezone
 
+from matrix.fleet import services
+from matrix.fleet.models import RegistrationToken, Runner, token_digest
 from matrix.models import AuditEvent, DeviceType, Toolchain
-from runners import services, signing
-from runners.models import RegistrationToken, Runner, token_digest
+from runners import signing
 
 from .conftest import cpu_inventory
 

@@ -14,9 +14,11 @@ import pytest
 from celery.exceptions import Reject
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from matrix.fleet import services
+from matrix.fleet.models import Runner, SpentNonce
 from matrix.models import JobState, Result, ValidationJob
-from runners import client, host, services, signing, tasks
-from runners.models import Runner, SpentNonce
+from runners import client, host, protocol, signing
+from runners import jobs as job_task
 from runners.worker import RunnerHost, RunnerRefused
 
 
@@ -117,7 +119,7 @@ def test_a_revoked_runner_is_403(client, cpu_runner, queued):
 
 def test_an_unknown_runner_is_403(client, catalog):
     key = Ed25519PrivateKey.generate()
-    envelope = services.request_envelope(kind="queues", runner_name="ghost", key=key)
+    envelope = protocol.request_envelope(kind="queues", runner_name="ghost", key=key)
     response = post(client, "queues", envelope)
     assert response.status_code == 403
     assert response.json()["detail"] == "unknown runner 'ghost'"
@@ -350,8 +352,8 @@ def test_a_claim_the_server_cannot_answer_is_retried(
         return answer(url, body, timeout)
 
     monkeypatch.setattr(client, "post_json", unreachable_once)
-    with caplog.at_level(logging.WARNING, logger="runners.tasks"):
-        tasks.execute_job.apply(args=[envelope])
+    with caplog.at_level(logging.WARNING, logger="runners.jobs"):
+        job_task.execute_job.apply(args=[envelope])
     assert "message to be retried" in caplog.text
     job = ValidationJob.objects.get()
     assert job.state == JobState.DONE
@@ -374,7 +376,7 @@ def test_a_claim_whose_answer_was_lost_runs_the_job_on_the_retry(
         return reply
 
     monkeypatch.setattr(client, "post_json", answer_lost_once)
-    tasks.execute_job.apply(args=[envelope])
+    job_task.execute_job.apply(args=[envelope])
     job = ValidationJob.objects.get()
     assert job.state == JobState.DONE
     assert Result.objects.filter(job=job).count() == 1
@@ -387,9 +389,9 @@ def test_a_claim_refused_to_a_revoked_runner_sends_the_message_back(
     the queue (the worker, when there is one, stops: see test_worker_e2e)."""
     jobs, envelope = planned(cpu_cells)
     services.runner_revoke(name=host_dir.name)
-    with caplog.at_level(logging.WARNING, logger="runners.tasks"):
+    with caplog.at_level(logging.WARNING, logger="runners.jobs"):
         with pytest.raises(Reject) as rejected:
-            tasks.execute_job(envelope)
+            job_task.execute_job(envelope)
     assert rejected.value.requeue is True
     assert (
         f"runner {host_dir.name} is refused (runner '{host_dir.name}' is revoked)"
@@ -409,9 +411,9 @@ def test_a_claim_in_maintenance_sends_the_message_back(
     services.runner_health_set(
         runner=runner, health=Runner.Health.MAINTENANCE, by=admin_user
     )
-    with caplog.at_level(logging.WARNING, logger="runners.tasks"):
+    with caplog.at_level(logging.WARNING, logger="runners.jobs"):
         with pytest.raises(Reject) as rejected:
-            tasks.execute_job(envelope)
+            job_task.execute_job(envelope)
     assert rejected.value.requeue is True
     assert f"runner {host_dir.name} is in maintenance" in caplog.text
     assert "dropped" not in caplog.text

@@ -7,6 +7,7 @@ import stat
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from matrix.fleet import keys
 from runners import signing
 
 from .conftest import resigned
@@ -141,11 +142,11 @@ def test_it_refuses_an_envelope_older_than_the_limit(key, monkeypatch):
 def test_the_server_key_is_made_once_with_owner_only_permissions(tmp_path, monkeypatch):
     path = tmp_path / "keys" / "server.key"
     monkeypatch.setenv("TILEMATRIX_SERVER_KEY_FILE", str(path))
-    first = signing.server_public_key()
+    first = keys.server_public_key()
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
     assert stat.S_IMODE(os.stat(path.parent).st_mode) == 0o700
-    signing._server_keys.clear()
-    assert signing.server_public_key() == first
+    keys._keys.clear()
+    assert keys.server_public_key() == first
 
 
 def test_it_refuses_a_private_key_others_can_read(tmp_path, key):

@@ -2,6 +2,8 @@ from __future__ import annotations
 
 import pytest
 
+from matrix.fleet import services
+from matrix.fleet.models import Runner
 from matrix.models import (
     Cell,
     DeviceType,
@@ -11,8 +13,6 @@ from matrix.models import (
     Toolchain,
     ValidationJob,
 )
-from runners import services
-from runners.models import Runner
 
 from .conftest import cpu_inventory
 
@@ -139,9 +139,9 @@ def test_each_message_carries_its_jobs_as_their_rows_read(
     included."""
     import hashlib
 
+    from matrix.fleet.services import planning
     from matrix.models import KernelRevision
     from matrix.revisions import make_current
-    from runners.services import planning
 
     source = "def program(shape, dtype, target):\n    return None\n"
     softmax = KernelRevision.objects.get(operator__name="softmax", is_current=True)

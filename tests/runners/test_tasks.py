@@ -8,9 +8,11 @@ from celery.exceptions import Reject
 from celery_batches import SimpleRequest
 from django.urls import reverse
 
+from matrix.fleet import keys, services, tasks
+from matrix.fleet.models import Runner
 from matrix.models import Cell, JobState, Result, Status
-from runners import services, signing, tasks
-from runners.models import Runner
+from runners import jobs as job_task
+from runners import signing
 
 from .conftest import resigned
 
@@ -39,7 +41,7 @@ def test_execute_job_runs_the_job_and_the_control_side_stores_its_result(
     host_dir, cpu_cells, eager_celery
 ):
     job, envelope = planned_job(cpu_cells)
-    tasks.execute_job(envelope)
+    job_task.execute_job(envelope)
     job.refresh_from_db()
     assert job.state == JobState.DONE
     assert job.runner.name == host_dir.name
@@ -50,9 +52,9 @@ def test_execute_job_runs_the_job_and_the_control_side_stores_its_result(
 
 def test_execute_job_twice_runs_the_job_once(host_dir, cpu_cells, eager_celery, caplog):
     job, envelope = planned_job(cpu_cells)
-    tasks.execute_job(envelope)
-    with caplog.at_level(logging.INFO, logger="runners.tasks"):
-        tasks.execute_job(envelope)
+    job_task.execute_job(envelope)
+    with caplog.at_level(logging.INFO, logger="runners.jobs"):
+        job_task.execute_job(envelope)
     assert Result.objects.filter(job=job).count() == 1
     assert "already taken" in caplog.text
 
@@ -63,9 +65,9 @@ def test_a_job_not_signed_by_the_server_is_dropped_with_a_log_line(
     job, envelope = planned_job(cpu_cells)
     forged = copy.deepcopy(envelope)
     forged["payload"]["shape"] = {"M": 1, "N": 1}
-    with caplog.at_level(logging.WARNING, logger="runners.tasks"):
-        tasks.execute_job(forged)
-        tasks.execute_job({"not": "an envelope"})
+    with caplog.at_level(logging.WARNING, logger="runners.jobs"):
+        job_task.execute_job(forged)
+        job_task.execute_job({"not": "an envelope"})
     assert caplog.text.count("dropped job message") == 2
     job.refresh_from_db()
     assert job.state == JobState.QUEUED
@@ -77,7 +79,7 @@ def test_a_job_whose_kernel_source_differs_here_ends_in_an_infra_error(
     job, _ = planned_job(cpu_cells)
     job.revision.source_sha256 = "0" * 64
     envelope = services.jobs_envelope([job])
-    tasks.execute_job(envelope)
+    job_task.execute_job(envelope)
     result = Result.objects.get(job=job)
     assert result.status == Status.INFRA_ERROR
     assert "kernel library differs" in result.error_message
@@ -100,7 +102,7 @@ def test_ingest_result_logs_a_refusal_instead_of_failing(
         cpu_runner.key,
         nonce=envelope["nonce"],
     )
-    with caplog.at_level(logging.WARNING, logger="runners.tasks"):
+    with caplog.at_level(logging.WARNING, logger="matrix.fleet.tasks"):
         ingest(replay)
         ingest("garbage")
     assert "replayed envelope" in caplog.text
@@ -113,7 +115,7 @@ def test_ingest_result_delivered_twice_is_already_stored(
 ):
     envelope = cpu_runner.result(running_job, status="compile_error")
     ingest(envelope)
-    with caplog.at_level(logging.INFO, logger="runners.tasks"):
+    with caplog.at_level(logging.INFO, logger="matrix.fleet.tasks"):
         ingest(envelope)
     assert "already stored" in caplog.text and "refused" not in caplog.text
     assert Result.objects.count() == 1
@@ -130,7 +132,7 @@ def test_messages_taken_together_store_each_result_and_drop_only_the_bad_one(
     first, second, third = (
         cpu_runner.result(job, status="compile_error") for job in jobs
     )
-    with caplog.at_level(logging.WARNING, logger="runners.tasks"):
+    with caplog.at_level(logging.WARNING, logger="matrix.fleet.tasks"):
         # Two messages of results, a message that is no list of envelopes,
         # and a copy of a result in the same batch.
         ingest([first, second], "garbage", third, [first])
@@ -167,7 +169,7 @@ def test_a_batch_the_database_refuses_is_stored_message_by_message(
         return real(envelopes=envelopes, **options)
 
     monkeypatch.setattr(services, "results_ingest", refusing)
-    with caplog.at_level(logging.WARNING, logger="runners.tasks"):
+    with caplog.at_level(logging.WARNING, logger="matrix.fleet.tasks"):
         ingest(good, flaky)
     assert failures == {"whole": 1, "flaky": 2}
     assert "to be retried (retry 2)" in caplog.text
@@ -181,7 +183,7 @@ def test_heartbeat_task_records_the_heartbeat_and_refuses_a_revoked_runner(
     tasks.heartbeat(hand.heartbeat())
     assert Runner.objects.get().state == Runner.State.ONLINE
     services.runner_revoke(name=hand.name)
-    with caplog.at_level(logging.WARNING, logger="runners.tasks"):
+    with caplog.at_level(logging.WARNING, logger="matrix.fleet.tasks"):
         tasks.heartbeat(hand.heartbeat())
     assert "is revoked" in caplog.text
 
@@ -196,7 +198,7 @@ def test_reap_task_requeues_the_jobs_of_a_silent_runner(cpu_runner, running_job)
 
 def test_signed_job_carries_what_the_harness_needs(cpu_runner, cpu_cells):
     job, envelope = planned_job(cpu_cells)
-    payload = signing.envelope_verify(envelope, public_key=signing.server_public_key())
+    payload = signing.envelope_verify(envelope, public_key=keys.server_public_key())
     (sent,) = payload["jobs"]
     assert sent["target"] == {"kind": "c"}
     assert sent["shape"] == job.shape.dims
@@ -220,7 +222,7 @@ def test_a_message_of_several_jobs_runs_them_all(host_dir, cpu_cells, eager_cele
             "revision__operator", "shape", "device_type", "toolchain"
         )
     )
-    tasks.execute_job(services.jobs_envelope(jobs))
+    job_task.execute_job(services.jobs_envelope(jobs))
     assert sweep.progress()["done"] == len(jobs) == Result.objects.count()
 
 
@@ -246,7 +248,7 @@ def test_results_reach_the_server_job_by_job_while_the_message_runs(
         done_after.append(sweep.progress()["done"])
 
     monkeypatch.setattr(host, "results_send", watched)
-    tasks.execute_job(services.jobs_envelope(jobs))
+    job_task.execute_job(services.jobs_envelope(jobs))
     assert sent == [[job.pk] for job in jobs]
     assert done_after == [1, 2, 3]
     assert Result.objects.count() == 3
@@ -266,7 +268,7 @@ def test_results_that_end_together_travel_in_one_message(
     sent = []
     send = host.results_send
     monkeypatch.setattr(host, "results_send", lambda e: sent.append(e) or send(e))
-    tasks.execute_job(services.jobs_envelope(jobs))
+    job_task.execute_job(services.jobs_envelope(jobs))
     assert [len(envelopes) for envelopes in sent] == [5]
     assert sweep.progress()["done"] == 5
 
@@ -280,7 +282,7 @@ def held_in_maintenance(host_dir, cpu_cells, eager_celery, client, admin_user):
     runner = Runner.objects.get(name=host_dir.name)
     runner.set_health(Runner.Health.MAINTENANCE, by=admin_user)
     with pytest.raises(Reject):
-        tasks.execute_job(envelope)
+        job_task.execute_job(envelope)
     job.refresh_from_db()
     assert job.state == JobState.QUEUED
     client.force_login(admin_user)

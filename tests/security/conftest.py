@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 from django.contrib.auth.models import Group
 
+from matrix.accounts.roles import ADMIN, KERNEL_AUTHOR, REVIEWER, RUNNER_ADMIN, VIEWER
+from matrix.fleet.models import Runner
 from matrix.gate import services as gate
 from matrix.models import DeviceType, Operator, Shape, Sweep
 from matrix.services import toolchain_register
 from matrix.submissions import kernel_submit
-from runners.models import Runner
-from runners.roles import ADMIN, KERNEL_AUTHOR, REVIEWER, RUNNER_ADMIN, VIEWER
 from tests.security.helpers import PERSONAS, SUPERUSER, attack_source
 from tests.ui.conftest import (  # noqa: F401
     device_types,

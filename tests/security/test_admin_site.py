@@ -13,6 +13,8 @@ from django.contrib import admin
 from django.contrib.auth.models import Group
 from django.urls import reverse
 
+from matrix.accounts.roles import ADMIN, KERNEL_AUTHOR, AuditedAdmin
+from matrix.fleet.models import RegistrationToken, Runner
 from matrix.models import (
     Approval,
     AuditEvent,
@@ -28,8 +30,6 @@ from matrix.models import (
     ValidationJob,
 )
 from matrix.submissions import kernel_submit
-from runners.models import RegistrationToken, Runner
-from runners.roles import ADMIN, KERNEL_AUTHOR, AuditedAdmin
 from tests.security.helpers import attack_source
 
 # Records whose changes are decisions, checked and audited by a service:

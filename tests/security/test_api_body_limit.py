@@ -12,8 +12,8 @@ from django.contrib.auth.models import Group
 from django.test import Client
 from django.urls import reverse
 
+from matrix.accounts.roles import KERNEL_AUTHOR
 from matrix.models import KernelRevision, Result
-from runners.roles import KERNEL_AUTHOR
 
 pytestmark = pytest.mark.django_db
 

@@ -21,8 +21,8 @@ from schemathesis.checks import (
     status_code_conformance,
 )
 
+from matrix.accounts.roles import KERNEL_AUTHOR, REVIEWER, VIEWER
 from matrix.wsgi import application
-from runners.roles import KERNEL_AUTHOR, REVIEWER, VIEWER
 
 EXAMPLES = 60
 schema = schemathesis.openapi.from_wsgi("/api/v1/openapi.json", application)

@@ -15,10 +15,11 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from django.contrib.auth.models import Group
 
+from matrix.accounts.roles import KERNEL_AUTHOR
+from matrix.fleet import services
 from matrix.models import Cell, Result, Shape
 from matrix.submissions import kernel_submit
-from runners import services, signing
-from runners.roles import KERNEL_AUTHOR
+from runners import signing
 from tests.runners.conftest import RunnerHand, cpu_inventory
 from tests.security.helpers import attack_source
 

@@ -13,9 +13,10 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from django.test import Client
 
+from matrix.fleet import services
+from matrix.fleet.models import Runner
 from matrix.models import Toolchain
-from runners import services, signing
-from runners.models import Runner
+from runners import signing
 from tests.runners.conftest import cpu_inventory
 
 

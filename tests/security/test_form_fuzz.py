@@ -13,9 +13,9 @@ from django.urls import reverse
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from matrix.accounts.roles import ADMIN, KERNEL_AUTHOR, REVIEWER, RUNNER_ADMIN
 from matrix.gate.forms import DecisionForm, ExceptionForm, PolicyForm, ProposalForm
 from matrix.views.submissions import ReviewForm, SubmissionForm
-from runners.roles import ADMIN, KERNEL_AUTHOR, REVIEWER, RUNNER_ADMIN
 from tests.security.helpers import SUPERUSER
 
 EXAMPLES = 40

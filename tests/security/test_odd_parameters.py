@@ -10,7 +10,7 @@ import pytest
 from django.test import Client
 from django.urls import reverse
 
-from runners.roles import ADMIN
+from matrix.accounts.roles import ADMIN
 from tests.security.helpers import NO_ROLE
 
 HUGE = "9" * 25
@@ -103,7 +103,7 @@ def test_a_huge_id_in_a_path_is_not_found(admin, objects):
 def test_a_control_character_in_a_form_post_is_a_400_and_changes_nothing(
     admin, objects
 ):
-    from matrix.gate.models import Policy
+    from matrix.models.gate import Policy
 
     before = Policy.objects.count()
     response = admin.post(

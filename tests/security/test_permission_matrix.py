@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from django.urls import URLPattern, URLResolver, get_resolver
 
-from runners.roles import ADMIN, KERNEL_AUTHOR, REVIEWER, RUNNER_ADMIN, VIEWER
+from matrix.accounts.roles import ADMIN, KERNEL_AUTHOR, REVIEWER, RUNNER_ADMIN, VIEWER
 from tests.security.helpers import ANONYMOUS, NO_ROLE, PERSONAS, SUPERUSER
 
 WITH_ROLE = frozenset(PERSONAS) - {ANONYMOUS, NO_ROLE}

@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 from django.urls import reverse
 
+from matrix.fleet import services
 from matrix.models import AuditEvent, Cell, DeviceType, Status
 from matrix.services import operator_sync_library
-from runners import services
 from tests.security.conftest import APPROVE
 from tests.ui.conftest import record
 

@@ -1,5 +1,5 @@
 """The role check every page makes, read with the signed-in user
-(runners.auth.RoleModelBackend): what it reads must be what holds now."""
+(matrix.accounts.auth.RoleModelBackend): what it reads must be what holds now."""
 
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ def test_a_deactivated_account_is_signed_out(client, reader):
 def test_the_user_is_read_as_the_orm_reads_it(client, reader):
     from django.utils import timezone
 
-    from runners.auth import RoleModelBackend
+    from matrix.accounts.auth import RoleModelBackend
 
     reader.last_login = timezone.now()
     reader.save()
@@ -58,7 +58,7 @@ def test_the_user_is_read_as_the_orm_reads_it(client, reader):
 
 
 def test_a_session_naming_no_user_signs_nobody_in(db):
-    from runners.auth import RoleModelBackend
+    from matrix.accounts.auth import RoleModelBackend
 
     backend = RoleModelBackend()
     assert backend.get_user("not-a-number") is None

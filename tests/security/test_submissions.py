@@ -12,15 +12,15 @@ from django.core.exceptions import PermissionDenied
 from django.test import Client
 from django.urls import reverse
 
+from matrix.accounts.roles import REVIEWER, VIEWER
+from matrix.fleet import services
 from matrix.models import (
     CurrentRevision,
     KernelRevision,
     ValidationJob,
 )
 from matrix.submissions import kernel_review
-from runners import services
 from runners.host import jobs_run
-from runners.roles import REVIEWER, VIEWER
 from tests.security.conftest import APPROVE, GOOD, _with_role
 
 

@@ -180,7 +180,7 @@ def results(toolchains, device_types):
 
 @pytest.fixture
 def cpu_runner(device_types, toolchains):
-    from runners.models import Runner, RunnerToolchain
+    from matrix.fleet.models import Runner, RunnerToolchain
 
     runner = Runner.objects.create(
         name="cpu-host",

@@ -217,7 +217,7 @@ def test_a_kept_cell_page_counts_a_new_cell_sharing_its_signature(
 
 
 def receipt_for(result, runner, issued_at: str):
-    from runners.models import Receipt
+    from matrix.fleet.models import Receipt
 
     return Receipt.objects.create(
         result=result,

@@ -32,7 +32,7 @@ pytestmark = pytest.mark.django_db
 @pytest.fixture(autouse=True)
 def no_broker():
     """Planning publishes on commit; these tests look at the plan only."""
-    with mock.patch("runners.services.planning.jobs_publish"):
+    with mock.patch("matrix.fleet.services.planning.jobs_publish"):
         yield
 
 

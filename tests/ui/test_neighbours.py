@@ -45,7 +45,7 @@ def test_a_neighbour_equal_to_its_shape_is_not_one():
 
 @pytest.fixture
 def no_broker():
-    with mock.patch("runners.services.planning.jobs_publish"):
+    with mock.patch("matrix.fleet.services.planning.jobs_publish"):
         yield
 
 

@@ -127,7 +127,7 @@ def test_a_kept_page_offers_a_new_host_in_its_filters(
     page, results, toolchains, viewer, monkeypatch
 ):
     from matrix import context_processors
-    from runners.models import Runner, RunnerToolchain
+    from matrix.fleet.models import Runner, RunnerToolchain
 
     # The filter choices are kept a few seconds for every page; here not at
     # all, so the page's key is all that could keep the old form.

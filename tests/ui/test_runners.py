@@ -8,8 +8,8 @@ from django.contrib.auth.models import Group
 from django.urls import reverse
 from django.utils import timezone
 
+from matrix.fleet.models import RegistrationToken, Runner, token_digest, validate_queue
 from matrix.models import AuditEvent, Shape, ValidationJob
-from runners.models import RegistrationToken, Runner, token_digest, validate_queue
 
 pytestmark = pytest.mark.django_db
 

@@ -6,8 +6,8 @@ import pytest
 from django.contrib.auth.models import Group
 from django.urls import reverse
 
+from matrix.accounts.roles import KERNEL_AUTHOR, VIEWER
 from matrix.models import KernelRevision, Operator
-from runners.roles import KERNEL_AUTHOR, VIEWER
 
 pytestmark = pytest.mark.django_db
 

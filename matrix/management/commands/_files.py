@@ -1,94 +1,30 @@
-"""The files management commands read and write, with bad paths and bad
-JSON as one-line command errors. (A leading underscore: Django takes every
-other module here for a command.)"""
+"""The files management commands read and write (``runners.files``), with
+bad paths and bad JSON as one-line command errors. (A leading underscore:
+Django takes every other module here for a command.)"""
 
 from __future__ import annotations
 
-import json
-import os
-import secrets
-import stat
-from pathlib import Path
+import functools
 
 from django.core.management.base import CommandError
 
-
-def read_json(path: str):
-    """The JSON document in a file, or a CommandError saying why not."""
-    try:
-        return json.loads(Path(path).read_text())
-    except OSError as exc:
-        raise CommandError(f"cannot read {path}: {exc.strerror or exc}") from None
-    except ValueError as exc:  # malformed JSON or text that is not UTF-8
-        raise CommandError(f"{path} is not JSON: {exc}") from None
-    except RecursionError:
-        raise CommandError(f"{path} nests its JSON too deeply to read") from None
+from runners import files
 
 
-SPECIAL_KINDS = (
-    (stat.S_ISLNK, "symbolic link"),
-    (stat.S_ISFIFO, "named pipe (FIFO)"),
-    (stat.S_ISCHR, "character device"),
-    (stat.S_ISBLK, "block device"),
-    (stat.S_ISSOCK, "socket"),
-)
-
-
-def special_kind(path: Path) -> str | None:
-    """What an existing non-regular file at ``path`` is (a directory is
-    told apart by its caller), or None for a regular file or none."""
-    try:
-        mode = path.lstat().st_mode
-    except OSError:
-        return None
-    return next((kind for is_kind, kind in SPECIAL_KINDS if is_kind(mode)), None)
-
-
-class OutputFile:
-    """The file a command will write. Checked when made, before the command
-    does any work, so a wrong --out (a directory, a missing folder, a pipe,
-    a device or a link) costs nothing. Written whole: a
-    temporary file beside it is renamed over it, so a failed write leaves
-    the old file (or none), never half of the new one."""
-
-    def __init__(self, path: str):
-        self.path = Path(path)
-        where = f"--out {path}"
-        kind = special_kind(self.path)
-        if kind:
-            # The rename would put a regular file in its place: the pipe or
-            # device would be gone, and a link replaced, not its target written.
-            raise CommandError(
-                f"{where} is a {kind}, not a regular file; name a file to write"
-            )
-        if self.path.is_dir():
-            raise CommandError(f"{where} is a directory; name a file")
-        if not self.path.parent.is_dir():
-            raise CommandError(f"{where}: there is no directory {self.path.parent}")
+def _command_error(call):
+    @functools.wraps(call)
+    def checked(*args, **kwargs):
         try:
-            self._temporary().unlink()
-        except OSError as exc:
-            raise CommandError(
-                f"{where}: cannot write in {self.path.parent}: {exc.strerror}"
-            ) from None
+            return call(*args, **kwargs)
+        except files.FileProblem as exc:
+            raise CommandError(str(exc)) from None
 
-    def _temporary(self) -> Path:
-        """A new empty file beside the target, created with the mode a plain
-        open() would give it."""
-        temporary = self.path.with_name(f".{self.path.name}.{secrets.token_hex(4)}")
-        os.close(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
-        return temporary
+    return checked
 
-    def write(self, text: str) -> None:
-        temporary = None
-        try:
-            temporary = self._temporary()
-            with temporary.open("w") as handle:
-                handle.write(text)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(temporary, self.path)
-        except OSError as exc:
-            if temporary is not None:
-                temporary.unlink(missing_ok=True)
-            raise CommandError(f"cannot write {self.path}: {exc.strerror}") from None
+
+read_json = _command_error(files.read_json)
+
+
+class OutputFile(files.OutputFile):
+    __init__ = _command_error(files.OutputFile.__init__)
+    write = _command_error(files.OutputFile.write)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 
 from matrix.models import ID_MAX
+from runners.cli import not_empty  # noqa: F401 (one rule for every command)
 
 
 def database_id(text: str) -> int:
@@ -20,11 +21,3 @@ def database_id(text: str) -> int:
             f"takes an id, a whole number from 1 to {ID_MAX}; got {text!r}"
         )
     return int(stripped)
-
-
-def not_empty(text: str) -> str:
-    """A value given but empty is refused: dropped, it would quietly widen a
-    filter to everything or fall back to a default nobody asked for."""
-    if not text.strip():
-        raise argparse.ArgumentTypeError("must not be empty")
-    return text

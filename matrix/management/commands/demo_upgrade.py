@@ -9,11 +9,11 @@ from django.contrib.auth.models import Group
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 
+from matrix.accounts.roles import VIEWER
 from matrix.gate.evidence import evidence_upgrades
-from matrix.gate.models import Policy, UpgradeProposal
 from matrix.gate.services import proposal_open
 from matrix.management.commands._files import read_json
-from runners.roles import VIEWER
+from matrix.models.gate import Policy, UpgradeProposal
 
 REVIEWERS = ("reviewer1", "reviewer2")
 

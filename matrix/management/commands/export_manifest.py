@@ -8,10 +8,10 @@ from django.core.management.base import BaseCommand, CommandError
 
 from matrix.api_manifest import device_named, toolchain_lookup
 from matrix.gate.manifest import manifest_for
-from matrix.gate.models import ManifestEntry, ProposalState
 from matrix.management.commands._files import OutputFile
 from matrix.management.commands._options import not_empty
 from matrix.models import DeviceType, Toolchain
+from matrix.models.gate import ManifestEntry, ProposalState
 
 
 class Command(BaseCommand):

@@ -19,18 +19,19 @@ from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import transaction
 from django.utils import timezone
 
-from matrix.models import Cell, JobState, Result, Status, ValidationJob
-from runners import bulk
-from runners.models import Receipt, Runner
-from runners.services.coherence import result_check, samples_check
-from runners.services.envelopes import (
+from matrix.events import results_stored
+from matrix.fleet import bulk
+from matrix.fleet.models import Receipt, Runner
+from matrix.fleet.services.coherence import result_check, samples_check
+from matrix.fleet.services.envelopes import (
     RESULT_MAX_AGE_S,
     envelope_runner,
     payload_verify,
     shown,
 )
-from runners.services.errors import Conflict
-from runners.services.planning import confirmations_plan
+from matrix.fleet.services.errors import Conflict
+from matrix.fleet.services.planning import confirmations_plan
+from matrix.models import Cell, JobState, Result, Status, ValidationJob
 
 ERROR_MESSAGE_CAP = 8 * 1024
 VERIFY_PARALLEL_FROM = 64
@@ -377,11 +378,9 @@ def _store(accepted: list[tuple[Result, Runner, dict]], jobs: dict) -> None:
     _cells_upsert([r for r in results if r.pk not in waiting], now, contradicted)
     if held:
         confirmations_plan(failures=[(r, jobs[r.job_id].runner_id) for r in held])
-    # The gate re-evaluates in the background once these are committed;
-    # ingest only marks the open proposals they touch.
-    from matrix.gate.services import proposals_reevaluation_request
-
-    proposals_reevaluation_request(results=results)
+    # The gate marks the open proposals they touch, and re-evaluates them
+    # in the background once these are committed.
+    results_stored.send(sender=Result, results=results)
 
 
 # An archived evidence file is replayed whatever its age: each result in it

@@ -24,7 +24,7 @@ ROUTES = {
 
 
 @shared_task(
-    name="gate.reevaluate",
+    name=services.REEVALUATE_TASK,
     autoretry_for=(DatabaseError,),
     retry_backoff=True,
     max_retries=5,

@@ -11,14 +11,9 @@ modules behind them are an arrangement, not an interface.
 
 from __future__ import annotations
 
-from runners.services.envelopes import (
-    heartbeat_envelope,
-    request_envelope,
-    result_envelope,
-)
-from runners.services.errors import Conflict
-from runners.services.ingest import result_ingest, results_ingest
-from runners.services.liveness import (
+from matrix.fleet.services.errors import Conflict
+from matrix.fleet.services.ingest import result_ingest, results_ingest
+from matrix.fleet.services.liveness import (
     bundle_abandon,
     heartbeat_interval_s,
     job_claim,
@@ -30,19 +25,18 @@ from runners.services.liveness import (
     runner_recover,
     silent_cutoff,
 )
-from runners.services.planning import (
+from matrix.fleet.services.planning import (
     Capabilities,
     bundle_plan,
     capabilities_online,
     cells_select,
-    job_budget_s,
     job_chunks,
     job_payload,
     jobs_envelope,
     jobs_publish,
     sweep_plan,
 )
-from runners.services.registration import (
+from matrix.fleet.services.registration import (
     hosted_toolchains,
     runner_approve,
     runner_evidence_adopt,
@@ -51,7 +45,7 @@ from runners.services.registration import (
     runner_revoke,
     token_create,
 )
-from runners.services.requests import (
+from matrix.fleet.services.requests import (
     jobs_claim,
     outbox_pending,
     runner_queues,
@@ -63,11 +57,9 @@ __all__ = [
     "Conflict",
     "bundle_abandon",
     "bundle_plan",
+    "heartbeat_interval_s",
     "capabilities_online",
     "cells_select",
-    "heartbeat_envelope",
-    "heartbeat_interval_s",
-    "job_budget_s",
     "job_chunks",
     "job_claim",
     "job_payload",
@@ -77,8 +69,6 @@ __all__ = [
     "jobs_requeue",
     "outbox_pending",
     "queued_republish",
-    "request_envelope",
-    "result_envelope",
     "result_ingest",
     "results_ingest",
     "hosted_toolchains",

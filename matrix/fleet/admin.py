@@ -3,7 +3,7 @@ from __future__ import annotations
 from django.contrib import admin
 
 from matrix.admin import ReadOnlyAdmin
-from runners import models
+from matrix.fleet import models
 
 
 @admin.register(models.Runner)

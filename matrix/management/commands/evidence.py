@@ -6,11 +6,11 @@ from pathlib import Path
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 
+from matrix.fleet.evidence import evidence_export, evidence_import
 from matrix.gate.sustained import sustained_import
 from matrix.management.commands._files import OutputFile, read_json
 from matrix.management.commands._options import database_id, not_empty
 from matrix.models import Sweep
-from runners.evidence import evidence_export, evidence_import
 
 
 class Command(BaseCommand):

@@ -26,6 +26,7 @@ import math
 
 from django.core.exceptions import ValidationError
 
+from matrix.fleet.services.envelopes import shown
 from runners import kernels
 from runners.harness.result import (
     FAILURES,
@@ -35,7 +36,6 @@ from runners.harness.result import (
 )
 from runners.harness.timing import SAMPLES_KEPT
 from runners.kernels import peaks
-from runners.services.envelopes import shown
 
 # The statuses a job of each stage can end in: its own rung of the ladder
 # or a failure. Only a validate job compares outputs, so only it can

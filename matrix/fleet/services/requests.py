@@ -15,15 +15,15 @@ from datetime import datetime, timedelta
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from matrix.models import JobState, ValidationJob
-from runners.models import Runner, SpentNonce
-from runners.services.envelopes import (
+from matrix.fleet.models import Runner, SpentNonce
+from matrix.fleet.services.envelopes import (
     REQUEST_MAX_AGE_S,
     envelope_runner,
     payload_verify,
 )
-from runners.services.errors import Conflict
-from runners.services.liveness import job_claim, queued_republish, runner_recover
+from matrix.fleet.services.errors import Conflict
+from matrix.fleet.services.liveness import job_claim, queued_republish, runner_recover
+from matrix.models import JobState, ValidationJob
 
 
 def request_verify(envelope, *, kind: str) -> tuple[Runner, dict]:

@@ -8,11 +8,11 @@ import time
 from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 
+from matrix.fleet import services
+from matrix.fleet.models import Runner
 from matrix.gaps import job_durations
 from matrix.management.commands._options import not_empty
 from matrix.models import Backend, DeviceType, Operator, Toolchain
-from runners import services
-from runners.models import Runner
 
 BAR_WIDTH = 30
 FILTERS = ("operator", "device_type", "toolchain", "served_only", "missing_only")

@@ -12,7 +12,7 @@ from django.db import connection
 from django.db.models import BooleanField
 from django.db.models.expressions import RawSQL
 
-from runners.roles import ROLES
+from matrix.accounts.roles import ROLES
 
 
 def _holds_grant() -> RawSQL:

@@ -10,7 +10,7 @@ import os
 from django.conf import settings
 from django.core.management.base import BaseCommand
 
-from runners.tasks import CONTROL, INGEST_BATCH_MESSAGES
+from matrix.fleet.tasks import CONTROL, INGEST_BATCH_MESSAGES
 
 
 def ingest_processes() -> int:

@@ -16,13 +16,13 @@ from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from matrix.fleet.models import RegistrationToken, Runner, RunnerToolchain, token_digest
+from matrix.fleet.services.errors import Conflict
+from matrix.fleet.services.liveness import bundle_jobs_lose
 from matrix.models import AuditEvent, Backend, DeviceType, Toolchain, fingerprint_of
 from matrix.services import toolchain_register
 from runners import signing
 from runners.harness.fingerprint import TOOLCHAIN_KEYS
-from runners.models import RegistrationToken, Runner, RunnerToolchain, token_digest
-from runners.services.errors import Conflict
-from runners.services.liveness import bundle_jobs_lose
 
 INVENTORY_MAX_BYTES = 64 * 1024
 # A petabyte: far above any device, far below what the database column holds.

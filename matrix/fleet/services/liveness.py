@@ -12,15 +12,15 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from matrix.models import AuditEvent, JobState, Result, Status, ValidationJob
-from runners.models import Runner
-from runners.services.envelopes import (
+from matrix.fleet.models import Runner
+from matrix.fleet.services.envelopes import (
     HEARTBEAT_MAX_AGE_S,
     envelope_runner,
     payload_verify,
 )
-from runners.services.errors import Conflict
-from runners.services.planning import jobs_publish
+from matrix.fleet.services.errors import Conflict
+from matrix.fleet.services.planning import jobs_publish
+from matrix.models import AuditEvent, JobState, Result, Status, ValidationJob
 
 MAX_ATTEMPTS = 3
 MISSED_HEARTBEATS = 3

@@ -533,7 +533,7 @@ class ValidationJob(models.Model):
         related_name="jobs",
     )
     # The failure this job reruns the cell to confirm, before a green cell
-    # turns red (see runners.services.ingest); null for every other job.
+    # turns red (see matrix.fleet.services.ingest); null for every other job.
     confirms = models.ForeignKey(
         "Result",
         null=True,
@@ -788,7 +788,7 @@ class AuditEvent(models.Model):
 
 
 # The upgrade gate's models live in their own module to keep this one short.
-from matrix.gate.models import (  # noqa: E402, F401
+from matrix.models.gate import (  # noqa: E402, F401
     Approval,
     BackendException,
     DiffRow,

@@ -4,7 +4,6 @@ sending them, signed, to the runners (or in a bundle for an offline lab)."""
 from __future__ import annotations
 
 import functools
-import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -13,6 +12,8 @@ from django.db import connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from matrix.fleet import bulk, keys  # noqa: F401 (bulk registers the __any lookup)
+from matrix.fleet.models import Runner, RunnerToolchain, compile_queue, validate_queue
 from matrix.models import (
     Backend,
     Cell,
@@ -27,8 +28,7 @@ from matrix.models import (
     Toolchain,
     ValidationJob,
 )
-from runners import bulk, signing  # noqa: F401 (bulk registers the __any lookup)
-from runners.models import Runner, RunnerToolchain, compile_queue, validate_queue
+from runners import config, protocol, signing
 
 JOBS_PER_MESSAGE_MIN = 5
 JOBS_PER_MESSAGE_MAX = 25
@@ -230,7 +230,7 @@ def _envelope(payloads: list[dict]) -> dict:
     return signing.envelope_sign(
         payload={"kind": "jobs", "jobs": payloads},
         signer=signing.SERVER_SIGNER,
-        key=signing.server_key(),
+        key=keys.server_key(),
     )
 
 
@@ -258,10 +258,6 @@ def job_chunks(jobs: list[ValidationJob]) -> list[tuple[str, list[ValidationJob]
     return _chunks([(job.queue, job) for job in jobs])
 
 
-def job_budget_s() -> float:
-    return float(os.environ.get("TILEMATRIX_JOB_TIMEOUT_S", 300))
-
-
 def jobs_publish(jobs: list[ValidationJob]) -> None:
     """Sign and enqueue jobs once the transaction that wrote them commits."""
     _messages_publish(
@@ -273,7 +269,6 @@ def _messages_publish(messages: list[tuple[str, list[dict]]]) -> None:
     """Sign each message of payloads now and enqueue them all once the
     transaction commits, over one broker connection, in one batch."""
     from matrix.celery import app
-    from runners.tasks import execute_job
 
     signed = [
         (queue, len(payloads), _envelope(payloads)) for queue, payloads in messages
@@ -284,8 +279,9 @@ def _messages_publish(messages: list[tuple[str, list[dict]]]) -> None:
         # (Redis: a pipeline), one per message elsewhere.
         with app.producer_or_acquire() as producer, producer.batch():
             for queue, count, envelope in signed:
-                soft = count * job_budget_s() + 60
-                execute_job.apply_async(
+                soft = count * config.job_budget_s() + 60
+                # By name: the task is the runner agent's (runners.jobs).
+                app.signature(protocol.EXECUTE_JOB).apply_async(
                     args=[envelope],
                     queue=queue,
                     producer=producer,
@@ -335,7 +331,7 @@ def _plannable(wanted: list[tuple[int, int, int]]) -> Plannable:
     revision. Rows and values only: a sweep of 10,000 cells spent most of
     its time building model instances."""
     shape_ids = {s for s, _, _ in wanted}
-    # Thousands of ids: one array parameter each (runners.bulk), not a
+    # Thousands of ids: one array parameter each (matrix.fleet.bulk), not a
     # placeholder per id.
     open_cells = set(
         ValidationJob.objects.open()

@@ -24,6 +24,10 @@ from django.core.management.color import no_style
 from django.db import connection, transaction
 from django.utils import timezone
 
+from matrix.fleet import services
+from matrix.fleet.models import Runner
+from matrix.fleet.services.envelopes import shown
+from matrix.fleet.services.ingest import ARCHIVED
 from matrix.models import (
     ID_MAX,
     AuditEvent,
@@ -39,10 +43,7 @@ from matrix.models import (
     dims_key,
 )
 from matrix.services import shape_clean, shape_import, weight_clean
-from runners import services, signing
-from runners.models import Runner
-from runners.services.envelopes import shown
-from runners.services.ingest import ARCHIVED
+from runners import signing
 
 FORMAT = "tilematrix-evidence/1"
 SHA256 = re.compile(r"^[0-9a-f]{64}$")

@@ -11,7 +11,7 @@ from django.core.exceptions import PermissionDenied, ValidationError
 from ninja import Body, Field, Router, Schema, Status
 
 from matrix.api_errors import Problem
-from runners import services, signing
+from matrix.fleet import keys, services
 
 router = Router(tags=["runners"])
 
@@ -121,7 +121,7 @@ def register(request, body: Registration):
             "key_fingerprint": runner.key_fingerprint,
             # Empty until a runner admin approves what it claims.
             "queues": [],
-            "server_public_key": signing.server_public_key(),
+            "server_public_key": keys.server_public_key(),
             "heartbeat_s": services.heartbeat_interval_s(),
             "toolchains": services.hosted_toolchains(runner),
         },

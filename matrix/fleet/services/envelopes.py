@@ -1,6 +1,6 @@
 """Signed envelopes from runners: who signed one, whether the signature and
 its age hold, whether the payload's fields have the types and ranges the
-server stores, and the envelopes a runner sends (its side of the protocol)."""
+server stores. A runner makes them with ``runners.protocol``."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import json
 
 from django.core.exceptions import PermissionDenied, ValidationError
 
+from matrix.fleet.models import Runner, RunnerState
 from matrix.models import ID_MAX
 from runners import signing
-from runners.models import Runner, RunnerState
 
 # Offline bundles travel by hand from labs without a network path, so a
 # result may be weeks old when it arrives; its nonce still makes it single-use.
@@ -22,7 +22,6 @@ HEARTBEAT_MAX_AGE_S = 300
 # answered at once: a few minutes cover clock skew, and their nonces are
 # remembered for that long (SpentNonce), so each is accepted once.
 REQUEST_MAX_AGE_S = 300
-REQUEST_KINDS = ("claim", "recover", "outbox", "queues")
 # A message carries at most 25 jobs; an outbox left by a long outage is
 # sent in slices of this size.
 REQUEST_MAX_JOBS = 500
@@ -141,42 +140,3 @@ def payload_verify(envelope, runner: Runner, *, kind: str, max_age_s: float) -> 
     for field, check in PAYLOAD_FIELDS[kind].items():
         check(field, payload.get(field, _ABSENT))
     return payload
-
-
-def result_envelope(*, job: dict, result: dict, runner_name: str, key) -> dict:
-    """A runner signs what its harness produced for one job attempt."""
-    return signing.envelope_sign(
-        payload={
-            "kind": "result",
-            "runner": runner_name,
-            "job": job["job"],
-            "attempt": job["attempt"],
-            "result": result,
-        },
-        signer=runner_name,
-        key=key,
-    )
-
-
-def heartbeat_envelope(*, runner_name: str, sequence: int, state: str, key) -> dict:
-    return signing.envelope_sign(
-        payload={
-            "kind": "heartbeat",
-            "runner": runner_name,
-            "sequence": sequence,
-            "state": state,
-        },
-        signer=runner_name,
-        key=key,
-    )
-
-
-def request_envelope(*, kind: str, runner_name: str, key, **fields) -> dict:
-    """A runner signs a request to the server's HTTP API."""
-    if kind not in REQUEST_KINDS:
-        raise ValueError(f"unknown request kind {kind!r}")
-    return signing.envelope_sign(
-        payload={"kind": kind, "runner": runner_name, **fields},
-        signer=runner_name,
-        key=key,
-    )

@@ -1,11 +1,10 @@
-"""Celery tasks: thin wrappers that take a JSON envelope and call a service.
-
-``runners.execute_job`` runs on a runner worker (queues from
-``Runner.queues()``); ``runners.ingest_result``, ``runners.heartbeat`` and
-``runners.reap`` run on the control worker (queue ``control``). A message
-that cannot be trusted or understood is dropped with a log line: raising
-would only make the broker deliver it again. A job message whose claim the
-server cannot answer (unreachable, timeout, 5xx) is retried.
+"""The control worker's tasks about runners: thin wrappers that take a JSON
+envelope and call a service. ``runners.ingest_result``,
+``runners.heartbeat`` and ``runners.reap`` run on the control worker (queue
+``control``); the runner's own task, ``runners.execute_job``, is the
+agent's (``runners.jobs``). A message that cannot be trusted or understood
+is dropped with a log line: raising would only make the broker deliver it
+again.
 """
 
 from __future__ import annotations
@@ -14,100 +13,19 @@ import logging
 from collections import Counter
 
 from celery import shared_task
-from celery.exceptions import Reject
 from celery.signals import task_received
 from celery_batches import Batches
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import DatabaseError
 
-from runners import client, host, services, signing
-from runners.worker import jobs_pause_from_task, jobs_stop_from_task
+from matrix.fleet import services
+from runners.protocol import CONTROL, HEARTBEAT, INGEST_RESULT, REAP
 
 log = logging.getLogger(__name__)
 
-CONTROL = "control"
 # Runner tasks carry their queue at send time (it depends on the cell);
 # control tasks always go to the control worker.
-ROUTES = {
-    "runners.ingest_result": {"queue": CONTROL},
-    "runners.heartbeat": {"queue": CONTROL},
-    "runners.reap": {"queue": CONTROL},
-}
-
-
-# While the server cannot answer a claim, the message is sent again to its
-# queue with a growing delay (up to a minute) for about two hours; after that
-# the job stays queued and the runner's next broker (re)connect republishes it.
-CLAIM_RETRIES = 120
-
-
-@shared_task(
-    name="runners.execute_job",
-    bind=True,
-    acks_late=True,
-    autoretry_for=(client.ServerUnavailable,),
-    retry_backoff=2,
-    retry_backoff_max=60,
-    max_retries=CLAIM_RETRIES,
-)
-def execute_job(self, envelope):
-    try:
-        config = host.HostConfig.load(host.runner_dir())
-    except host.HostError as exc:
-        log.error("dropped job message on a worker that is not a runner: %s", exc)
-        return
-    try:
-        outcome = host.jobs_execute(
-            envelope=envelope,
-            config=config,
-            # Inside the message's soft limit, so the harness reports a
-            # timeout itself.
-            timeout_s=services.job_budget_s(),
-            retried=bool(self.request.retries),
-        )
-    except signing.EnvelopeError as exc:
-        log.warning("dropped job message: %s", exc)
-        return
-    except client.ServerRefused as exc:
-        if exc.status == 403:
-            # The server no longer takes this runner (revoked, or a key it
-            # does not know): the job is not this runner's to drop. Its
-            # message goes back to the queue for the other runners, and the
-            # worker takes no more jobs rather than take it again.
-            log.error(
-                "runner %s is refused (%s): its job message goes back to the "
-                "queue and this worker takes no more jobs",
-                config.name,
-                exc.detail,
-            )
-            if not (self.request.called_directly or self.request.is_eager):
-                jobs_stop_from_task()
-            raise Reject(str(exc), requeue=True) from None
-        log.warning("dropped job message: claim %s", exc)
-        return
-    except host.RunnerPaused as health:
-        # Not this runner's job to drop either: the message goes back for
-        # the other runners on the queue, and this worker stops reading its
-        # runner queues until the server says the runner is active again
-        # (RunnerHost reads them again then).
-        log.warning(
-            "runner %s is in %s: its job message goes back to the queue and "
-            "this worker reads its runner queues again when that ends",
-            config.name,
-            health,
-        )
-        if not (self.request.called_directly or self.request.is_eager):
-            jobs_pause_from_task(self.app, self.request.hostname)
-        raise Reject(f"runner in {health}", requeue=True) from None
-    except client.ServerUnavailable as exc:
-        log.warning(
-            "claim not answered, message to be retried (retry %s of %s): %s",
-            self.request.retries + 1,
-            CLAIM_RETRIES,
-            exc,
-        )
-        raise
-    log.info("%s", outcome)
+ROUTES = {name: {"queue": CONTROL} for name in (INGEST_RESULT, HEARTBEAT, REAP)}
 
 
 # Result messages are stored several at a time: the messages a control
@@ -123,7 +41,7 @@ INGEST_RETRIES = 5
 
 
 @shared_task(
-    name="runners.ingest_result",
+    name=INGEST_RESULT,
     base=Batches,
     flush_every=INGEST_BATCH_MESSAGES,
     flush_interval=INGEST_FLUSH_S,
@@ -223,7 +141,7 @@ def ingest_messages(messages: list) -> Counter:
 
 
 @shared_task(
-    name="runners.heartbeat",
+    name=HEARTBEAT,
     autoretry_for=(DatabaseError,),
     retry_backoff=True,
     max_retries=3,
@@ -236,7 +154,7 @@ def heartbeat(envelope):
         log.warning("refused heartbeat from %r: %s", _signer(envelope), reason)
 
 
-@shared_task(name="runners.reap")
+@shared_task(name=REAP)
 def reap():
     counts = services.runner_reap()
     if any(counts.values()):

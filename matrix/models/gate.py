@@ -8,6 +8,27 @@ from django.db import models
 from django.db.models import F, Q
 
 
+# How a cell changed from the baseline toolchain to the candidate: a diff
+# row's ``change`` (matrix/gate/diff.py computes it).
+class Change:
+    GREEN_TO_RED = "green_to_red"
+    RED_TO_GREEN = "red_to_green"
+    NEW = "new"
+    MISSING = "missing"
+    STILL_GREEN = "still_green"
+    STILL_RED = "still_red"
+
+    LABELS = {
+        GREEN_TO_RED: "green → red",
+        RED_TO_GREEN: "red → green",
+        NEW: "new",
+        MISSING: "missing",
+        STILL_GREEN: "still green",
+        STILL_RED: "still red",
+    }
+    ORDER = [GREEN_TO_RED, MISSING, RED_TO_GREEN, NEW, STILL_RED, STILL_GREEN]
+
+
 class Policy(models.Model):
     """One version of the upgrade policy. Rows are never edited: an admin's
     change writes the next version, so every decision names the rules it was
@@ -329,10 +350,6 @@ class DiffRow(models.Model):
 
     @property
     def change_label(self) -> str:
-        # Imported here: the diff module reads the matrix models, which
-        # import these.
-        from matrix.gate.diff import Change
-
         return Change.LABELS[self.change]
 
 

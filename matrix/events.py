@@ -1,0 +1,15 @@
+"""What one part of the server tells the others, without importing them.
+
+The fleet stores results; the gate (and whatever else cares) reacts. The
+sender knows nothing of its receivers, so imports run one way: down, from
+the gate to the fleet and the catalogue (docs/layout.md). Receivers run in
+the sender's transaction, as a call would.
+"""
+
+from __future__ import annotations
+
+from django.dispatch import Signal
+
+# Sent by ingest once a batch of results and their cells is written, inside
+# its transaction; ``results`` are the stored Result rows.
+results_stored = Signal()
