@@ -13,3 +13,8 @@ from django.dispatch import Signal
 # Sent by ingest once a batch of results and their cells is written, inside
 # its transaction; ``results`` are the stored Result rows.
 results_stored = Signal()
+
+# Sent by ingest for every batch it checked, inside its transaction (after
+# ``results_stored`` where any were stored); ``outcomes`` are its Outcome
+# rows (``status``: stored, duplicate or refused; ``reason``; ``code``).
+results_checked = Signal()

@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 from matrix import config
+from matrix.observability import logs
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = config.private_dir(
@@ -56,10 +57,15 @@ INSTALLED_APPS = [
     "template_partials",
     "matrix",
     "matrix.fleet",
+    "matrix.observability",
     "axes",
 ]
 
 MIDDLEWARE = [
+    # First: the request id covers every line logged below, and the probes
+    # and /metrics answer before the host, HTTPS and role checks.
+    "matrix.observability.middleware.RequestIdMiddleware",
+    "matrix.observability.middleware.OperatorEndpointsMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "matrix.security.SecurityHeadersMiddleware",
     "matrix.api_errors.ApiJsonErrorsMiddleware",
@@ -176,10 +182,24 @@ TILEMATRIX_REAP_S = config.parse_seconds(
     "TILEMATRIX_REAP_S", os.environ.get("TILEMATRIX_REAP_S"), 30.0
 )
 
+# /metrics answers a bearer token equal to this; unset, it answers only
+# with DEBUG on (docs/deploy.md#metrics).
+TILEMATRIX_METRICS_TOKEN = os.environ.get("TILEMATRIX_METRICS_TOKEN", "")
+# "json": one JSON object a log line, with the request id (docs/deploy.md).
+TILEMATRIX_LOG_FORMAT = logs.log_format(os.environ.get("TILEMATRIX_LOG_FORMAT"))
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "filters": {"context": {"()": "matrix.observability.logs.ContextFilter"}},
+    "formatters": {"json": {"()": "matrix.observability.logs.JsonFormatter"}},
+    "handlers": {
+        "console": {
+            "class": "logging.StreamHandler",
+            "filters": ["context"],
+            **({"formatter": "json"} if TILEMATRIX_LOG_FORMAT == "json" else {}),
+        }
+    },
     "root": {"handlers": ["console"], "level": "INFO"},
     "loggers": {"django": {"level": "INFO"}, "axes": {"level": "WARNING"}},
 }

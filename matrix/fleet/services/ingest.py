@@ -19,7 +19,7 @@ from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import transaction
 from django.utils import timezone
 
-from matrix.events import results_stored
+from matrix.events import results_checked, results_stored
 from matrix.fleet import bulk
 from matrix.fleet.models import Receipt, Runner
 from matrix.fleet.services.coherence import result_check, samples_check
@@ -495,6 +495,9 @@ def results_ingest(
                 outcomes[i] = Outcome("stored", result=result)
         if accepted:
             _store(accepted, jobs)
+        # Inside the transaction: a batch rolled back and tried again
+        # message by message is heard of once.
+        results_checked.send(sender=Result, outcomes=outcomes)
     return outcomes
 
 
