@@ -89,6 +89,7 @@ ROUTED_OPERATORS = (
 )
 # The torch device a target's kernels take their tensors on.
 TORCH_DEVICE = {"c": "cpu", "cuda": "cuda", "hip": "cuda", "metal": "mps"}
+PLAIN_TENSORS = frozenset({torch.Tensor, torch.nn.Parameter})
 CAPTURE_REASON = (
     "first met during CUDA-graph capture, where nothing compiles: "
     "run this shape once before capturing"
@@ -255,6 +256,7 @@ class Router(TorchFunctionMode):
         self._kernels: dict[tuple, Callable | None] = {}
         self._reasons: dict[tuple, str] = {}
         self._logged: set[tuple] = set()
+        self._depth = 0
         self._handlers = {
             F.linear: self._linear,
             F.rms_norm: self._rms_norm,
@@ -323,10 +325,26 @@ class Router(TorchFunctionMode):
 
     # The mode ----------------------------------------------------------------
 
+    def __enter__(self):
+        # Re-entered (``prepare`` inside ``with router``), it stays one mode
+        # on the stack: twice, each call would be routed through it twice.
+        self._depth += 1
+        if self._depth == 1:
+            super().__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self._depth -= 1
+        if self._depth == 0:
+            return super().__exit__(*exc)
+        return None
+
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         handler = self._handlers.get(func)
-        if handler is None:
+        # Tensor subclasses (fake, distributed, quantized) are not what the
+        # kernels take: they pass through.
+        if handler is None or not PLAIN_TENSORS.issuperset(types):
             return func(*args, **kwargs)
         return handler(func, *args, **kwargs)
 
@@ -394,7 +412,8 @@ class Router(TorchFunctionMode):
         dims = {"M": input.numel() // max(N, 1), "N": N}
         refusal = self._refusal(input) or self._contiguity(input)
         if refusal is None:
-            if dim is None or input.dim() == 0 or dim % input.dim() != input.dim() - 1:
+            last = input.dim() - 1
+            if not isinstance(dim, int) or last < 0 or dim % input.dim() != last:
                 refusal = "softmax over a dim other than the last"
             elif dtype is not None and dtype != input.dtype:
                 refusal = f"softmax into {dtype_name(dtype)}"
