@@ -284,3 +284,13 @@ def test_calls_no_kernel_takes_stay_on_pytorch(served):
         "non-contiguous operands: copying them would cost more than the kernel",
         "autograd is recording: the kernels have no backward",
     }
+
+
+def test_a_router_entered_twice_routes_each_call_once(served):
+    router, model = served["router"], served["model"]
+    router.report.clear_counts()
+    with torch.no_grad(), router, router:
+        model(inputs())
+    # One forward: 5 norms, 9 linears, 2 attentions, 4 adds and a softmax.
+    assert router.report.calls() == 21
+    assert router.report.calls(TILELANG) == 14
