@@ -441,6 +441,11 @@ def table_row(model: str, row: dict) -> str:
     )
 
 
+# The GPU run's defaults, and --smoke's (tiny, on this CPU's 2 cores).
+DEFAULTS = dict(batches="1,4,16", context=512, prefill=512, rounds=10, reps=20)
+SMOKE_DEFAULTS = dict(batches="1,4", context=16, prefill=16, rounds=5, reps=10)
+
+
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--manifest", help="tilematrix-manifest/1 file")
@@ -448,19 +453,18 @@ def parse_args(argv=None):
     parser.add_argument("--device-type", help="as the manifest names this host's")
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--batches", default="1,4,16")
-    parser.add_argument("--context", type=int, default=512)
-    parser.add_argument("--prefill", type=int, default=512)
-    parser.add_argument("--rounds", type=int, default=10)
-    parser.add_argument("--reps", type=int, default=20)
+    parser.add_argument("--batches", help=f"default {DEFAULTS['batches']}")
+    for name in ("context", "prefill", "rounds", "reps"):
+        parser.add_argument(f"--{name}", type=int, help=f"default {DEFAULTS[name]}")
     parser.add_argument("--compile-workers", type=int, default=8)
     parser.add_argument("--smoke", action="store_true", help="tiny widths, CPU")
     parser.add_argument("--out")
     ns = parser.parse_args(argv)
     if ns.smoke:
         ns.device = "cpu"
-        ns.batches, ns.context, ns.prefill = "1,4", 16, 16
-        ns.rounds, ns.reps, ns.compile_workers = 3, 2, 2
+    for name, value in (SMOKE_DEFAULTS if ns.smoke else DEFAULTS).items():
+        if getattr(ns, name) is None:
+            setattr(ns, name, value)
     ns.batches = [int(b) for b in ns.batches.split(",")]
     ns.models = ns.models.split(",")
     return ns
@@ -472,6 +476,11 @@ def main(argv=None) -> int:
     if cuda and not torch.cuda.is_available():
         print("no CUDA device: use --smoke on the CPU", file=sys.stderr)
         return 2
+    if not cuda:
+        # The c kernels run on one thread; so does the reference (as the
+        # harness times it): on a shared host its idle threads took longer
+        # to wake than a tiny step takes.
+        torch.set_num_threads(1)
     target, host_type = host_device("cuda" if cuda else "c")
     dtype = torch.bfloat16 if cuda else torch.float32
     fingerprint = host_toolchain_fingerprint()

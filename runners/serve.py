@@ -96,6 +96,17 @@ CAPTURE_REASON = (
 )
 
 
+_DTYPE_NAMES: dict[torch.dtype, str] = {}
+
+
+def short_name(dtype: torch.dtype) -> str:
+    """``runners.capture.dtype_name``, kept: every routed call asks."""
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = dtype_name(dtype)
+    return name
+
+
 def host_device(kind: str = "cuda", index: int = 0) -> tuple[dict, str]:
     """(TileLang target, device type name) of this host's device of a backend
     kind ("cuda" or "c"), named as a runner's inventory names it."""
@@ -245,6 +256,7 @@ class Router(TorchFunctionMode):
         self.dispatcher = dispatcher
         self.target = dict(target)
         self.device = TORCH_DEVICE[target["kind"]]
+        self._on_device = f"is_{self.device}"  # a bool property: no device object
         # Per-call timing: CUDA events on the GPU (settled when read), the
         # wall clock on the CPU. Off, a call costs only its count.
         self.timed = timed
@@ -534,7 +546,7 @@ class Router(TorchFunctionMode):
         for t in tensors:
             if t is None:
                 continue
-            if t.device.type != self.device:
+            if not getattr(t, self._on_device):
                 return f"a tensor on {t.device.type}, not {self.device}"
             if t.requires_grad and torch.is_grad_enabled():
                 return "autograd is recording: the kernels have no backward"
@@ -552,7 +564,7 @@ class Router(TorchFunctionMode):
         """(the compiled kernel, None), or (None, why the reference runs)."""
         if refusal is not None:
             return None, refusal
-        key = (operator, dtype_name(dtype), tuple(sorted(dims.items())))
+        key = (operator, short_name(dtype), tuple(sorted(dims.items())))
         kernel = self._kernels.get(key)
         if kernel is not None:
             return kernel, None
@@ -623,7 +635,8 @@ class Router(TorchFunctionMode):
     def _reference(
         self, operator: str, dims: dict, dtype: torch.dtype, reason: str, call
     ):
-        key = (operator, dtype_name(dtype), tuple(sorted(dims.items())), reason)
+        # The handlers build dims in the operator's own order: no sort.
+        key = (operator, short_name(dtype), tuple(dims.items()), reason)
         self.report.fallbacks[key] = self.report.fallbacks.get(key, 0) + 1
         if key not in self._logged:
             self._logged.add(key)
@@ -640,7 +653,7 @@ class Router(TorchFunctionMode):
     def _tilelang(self, operator: str, dims: dict, dtype: torch.dtype, run, reference):
         out = self._timed(operator, TILELANG, run)
         if self.checked and not self._capturing():
-            self._check(operator, dims, dtype_name(dtype), out, reference())
+            self._check(operator, dims, short_name(dtype), out, reference())
         return out
 
     def _check(self, operator: str, dims: dict, dtype: str, out, expected) -> None:

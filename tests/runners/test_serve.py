@@ -228,7 +228,7 @@ def test_each_other_call_falls_back_with_its_reason_logged_once(host, manifest, 
         assert reason in line
     assert (
         router.report.fallbacks[
-            ("gemm", "float32", (("K", 32), ("M", 8), ("N", 96)), SLOW)
+            ("gemm", "float32", (("M", 8), ("N", 96), ("K", 32)), SLOW)
         ]
         == 4
     )
