@@ -42,8 +42,9 @@ written by hand as ``w * x * rsqrt(mean(x^2) + eps)`` (call ``nn.RMSNorm`` or
 ``F.rms_norm``); attention with a mask, dropout, another scale, or queries
 and keys of different lengths (decode against a KV cache); memory-bound
 calls on non-contiguous tensors (a copy would cost more than the kernel
-saves); in-place adds; anything while autograd records. The module must be
-in inference (``torch.no_grad`` or ``torch.inference_mode``) for the first.
+saves); in-place adds; tensor subclasses; any call autograd records (the
+kernels have no backward: serve under ``torch.no_grad`` or
+``torch.inference_mode``).
 """
 
 from __future__ import annotations
