@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 from matrix import config
-from matrix.observability import logs
+from runners import logs
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = config.private_dir(
@@ -191,8 +191,8 @@ TILEMATRIX_LOG_FORMAT = logs.log_format(os.environ.get("TILEMATRIX_LOG_FORMAT"))
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "filters": {"context": {"()": "matrix.observability.logs.ContextFilter"}},
-    "formatters": {"json": {"()": "matrix.observability.logs.JsonFormatter"}},
+    "filters": {"context": {"()": "runners.logs.ContextFilter"}},
+    "formatters": {"json": {"()": "runners.logs.JsonFormatter"}},
     "handlers": {
         "console": {
             "class": "logging.StreamHandler",

@@ -13,7 +13,7 @@ import os
 
 from celery import Celery
 
-from runners import config
+from runners import config, logs  # noqa: F401 (logs: JSON lines, request ids)
 from runners.worker import RunnerHost
 
 app = Celery("runners", include=["runners.jobs"])

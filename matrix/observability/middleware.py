@@ -7,7 +7,8 @@ over plain HTTP, and need no account."""
 
 from __future__ import annotations
 
-from matrix.observability import logs, metrics, probes
+from matrix.observability import metrics, probes
+from runners import logs
 
 
 class RequestIdMiddleware:

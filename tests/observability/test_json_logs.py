@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from celery import shared_task
 
-from matrix.observability import logs
 from matrix.observability.queues import broker_connection
+from runners import logs
 
 ROOT = Path(__file__).resolve().parents[2]
 

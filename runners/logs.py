@@ -10,12 +10,14 @@ request that pressed "Run missing" is on the runner's lines for those
 jobs and on the control worker's lines storing their results. A line
 that knows its job or sweep says so with ``extra={"job_id": ...}``.
 
-Imported by the settings: nothing here may import a model."""
+The server's settings and the runner agent's app both load it (the same
+variable, read alike on both sides): nothing here may import Django."""
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import uuid
 from contextvars import ContextVar
@@ -29,7 +31,7 @@ from celery.signals import (
     task_prerun,
 )
 
-from matrix import config
+from runners import config
 
 FORMATS = ("text", "json")
 HEADER = "request_id"
@@ -50,7 +52,9 @@ _PLAIN = (str, int, float, bool, type(None), list, dict)
 def log_format(raw: str | None) -> str:
     value = (raw or "text").strip().lower()
     if value not in FORMATS:
-        raise config.bad("TILEMATRIX_LOG_FORMAT", f"expected text or json, got {raw!r}")
+        raise config.SettingError(
+            f"TILEMATRIX_LOG_FORMAT: expected text or json, got {raw!r}"
+        )
     return value
 
 
@@ -111,9 +115,7 @@ class JsonFormatter(logging.Formatter):
 
 
 def _json_logging() -> bool:
-    from django.conf import settings
-
-    return getattr(settings, "TILEMATRIX_LOG_FORMAT", "text") == "json"
+    return log_format(os.environ.get("TILEMATRIX_LOG_FORMAT")) == "json"
 
 
 @after_setup_logger.connect
