@@ -49,6 +49,28 @@ def pids(cluster, name: str) -> list[int]:
     return [int(pid) for pid in found]
 
 
+def group(pgid: int) -> set[int]:
+    """The processes of a process group, from /proc."""
+    members = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if os.getpgid(int(entry)) == pgid:
+                    members.add(int(entry))
+            except ProcessLookupError:
+                pass
+    return members
+
+
+def running(pid: int) -> bool:
+    """Alive and not a zombie (one only its parent's wait would clear)."""
+    try:
+        stat = open(f"/proc/{pid}/stat").read()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
 def alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -69,7 +91,13 @@ def test_a_dead_process_is_named_and_started_again_and_ctrl_c_stops_all(demo):
         what="the local runner online",
     )
     (control,) = pids(demo, "control")
-    os.killpg(control, signal.SIGKILL)
+    # Its beat and pool: children in its process group.
+    demo.wait(
+        lambda: len(group(control)) > 1, timeout=30, what="the control worker's pool"
+    )
+    left = group(control) - {control}
+    # The main process alone, as an OOM kill takes it: its children live on.
+    os.kill(control, signal.SIGKILL)
     demo.wait(
         lambda: (
             "control died after" in demo.log("run-dev")
@@ -80,6 +108,8 @@ def test_a_dead_process_is_named_and_started_again_and_ctrl_c_stops_all(demo):
     )
     said = demo.log("run-dev")
     assert "(killed by SIGKILL); its last lines:" in said
+    # Nothing of the dead worker outlives it: no second beat beside the new one.
+    assert left and not [pid for pid in left if running(pid)], group(control)
     assert "starting control again in 1 s" in said
     # The restarted control worker stores the runner's work.
     sweep = demo.plan(smoke_cells("backend='c'", limit=2))
