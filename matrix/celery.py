@@ -6,12 +6,14 @@ from celery import Celery
 from celery.signals import task_postrun, task_prerun
 
 from runners.config import CELERY_DELIVERY
+from runners.messages import limits_install
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "matrix.settings")
 
 app = Celery("matrix")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.conf.update(CELERY_DELIVERY)
+limits_install()
 app.autodiscover_tasks()
 
 

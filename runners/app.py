@@ -14,6 +14,7 @@ import os
 from celery import Celery
 
 from runners import config, logs  # noqa: F401 (logs: JSON lines, request ids)
+from runners.messages import limits_install
 from runners.worker import RunnerHost
 
 app = Celery("runners", include=["runners.jobs"])
@@ -29,3 +30,4 @@ app.conf.update(
     broker_transport=config.broker_transport(_broker_url),
 )
 app.steps["consumer"].add(RunnerHost)
+limits_install()

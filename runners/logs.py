@@ -74,11 +74,21 @@ def _current_task_id() -> str | None:
     return task.request.id
 
 
+# A line longer than this is cut: a message quoting what a sender sent (a
+# refused payload, a task's arguments) must not write hundreds of megabytes.
+LINE_MAX = 8192
+
+
 class ContextFilter(logging.Filter):
     """Puts the current request id and Celery task id on every record (the
-    text format ignores them; the JSON one writes them)."""
+    text format ignores them; the JSON one writes them), and cuts a message
+    longer than LINE_MAX."""
 
     def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if len(message) > LINE_MAX:
+            record.msg = f"{message[:LINE_MAX]}... ({len(message)} characters, cut)"
+            record.args = None
         if getattr(record, "request_id", None) is None:
             # Django logs a 4xx or 5xx answer after the middleware is left,
             # with the request beside the record.
@@ -122,12 +132,13 @@ def _json_logging() -> bool:
 @after_setup_task_logger.connect
 def celery_handlers_in_json(logger=None, **_) -> None:
     """A Celery worker sets up its own handlers over Django's LOGGING: they
-    write JSON too when asked."""
-    if logger is None or not _json_logging():
+    cut long lines too, and write JSON when asked."""
+    if logger is None:
         return
     for handler in logger.handlers:
-        handler.setFormatter(JsonFormatter())
         handler.addFilter(ContextFilter())
+        if _json_logging():
+            handler.setFormatter(JsonFormatter())
 
 
 @before_task_publish.connect

@@ -9,6 +9,7 @@ import os
 import re
 import signal
 import time
+import zlib
 
 import pytest
 
@@ -142,6 +143,20 @@ def test_a_malformed_message_is_dropped_and_the_worker_carries_on(cluster, cpu_b
         sender.send_task(
             "runners.no_such_task", args=[], queue="runner.cpu-b", producer=producer
         )
+        # A zlib bomb for the control worker: 300 MB of zeros in about 300 KB.
+        bomb = zlib.compress(b"[" + b"0," * (150 * 2**20) + b"0]", 9)
+        producer.publish(
+            bomb,
+            routing_key="control",
+            exchange="",
+            content_type="application/json",
+            content_encoding="utf-8",
+            headers={
+                "task": "runners.ingest_result",
+                "id": "bomb",
+                "compression": "application/x-gzip",
+            },
+        )
     sweep = cluster.plan(smoke_cells("backend='c'", limit=1))
     cluster.wait_finished(sweep, timeout=120)
     # The runner queue and the validation queue are consumed side by side:
@@ -155,6 +170,17 @@ def test_a_malformed_message_is_dropped_and_the_worker_carries_on(cluster, cpu_b
         what="the bad messages dropped",
     )
     assert cluster.procs["runner:cpu-b"].poll() is None
+    # The bomb was refused before it was inflated: the control worker stored
+    # the good result, stayed small, and said so in one short line.
+    cluster.wait(
+        lambda: "over 16777216 bytes: refused" in cluster.log("control"),
+        timeout=30,
+        what="the bomb refused",
+    )
+    control = cluster.procs["control"]
+    assert control.poll() is None
+    assert peak_rss_mb(control.pid) < 500
+    assert max(map(len, cluster.log("control").splitlines())) < 10_000
 
 
 def test_results_are_stored_after_the_database_cut_the_workers_connections(
@@ -344,3 +370,11 @@ def test_a_control_worker_killed_mid_ingest_loses_no_result(cluster, stop_runner
     # What was left to run and a few heartbeats, not a broker's visibility
     # timeout.
     assert took < 60, took
+
+
+def peak_rss_mb(pid: int) -> float:
+    """A process's peak resident memory (VmHWM), in MB."""
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError(f"no VmHWM for {pid}")
