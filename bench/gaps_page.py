@@ -167,7 +167,7 @@ def fill(cat: dict, results: int, cells_per_toolchain: int) -> dict:
     newest result; then an open sweep of 2,000 jobs and an online runner."""
     from django.db import connection
 
-    from matrix.models import Cell, Result, Sweep, ValidationJob
+    from matrix.models import Blob, Cell, Result, Sweep, ValidationJob
 
     rng = random.Random(11)
     served = [(s, op) for s, op, is_served in cat["shapes"] if is_served]
@@ -188,8 +188,12 @@ def fill(cat: dict, results: int, cells_per_toolchain: int) -> dict:
     result_cols = (
         "id, job_id, attempt, revision_id, shape_id, device_type_id, toolchain_id, "
         "status, stage_reached, compile_s, wall_s, kernel_ms, reference_ms, "
-        "error_signature, error_message, fingerprint, details, created_at"
+        "error_signature, source_id, error_id, fingerprint, details, created_at"
     )
+    # Every result's generated source is one text, stored once, as are the
+    # 40 errors' messages.
+    source = Blob.stored("x" * 5000)
+    errors = {f"sig{n:02d}": Blob.stored(f"error sig{n:02d}") for n in range(40)}
     latest = {}
     t0 = time.perf_counter()
     raw = connection.connection
@@ -226,8 +230,8 @@ def fill(cat: dict, results: int, cells_per_toolchain: int) -> dict:
                 copy.write_row(
                     (
                         pk, pk, 1, rev, shape, dt, tc, status, stage, seconds,
-                        seconds, 0.1, 0.13, sig, sig and f"error {sig}", "b" * 64,
-                        json.dumps({"kernel_source": "x" * 5000}), when,
+                        seconds, 0.1, 0.13, sig, source.pk,
+                        errors[sig].pk if sig else None, "b" * 64, "{}", when,
                     )
                 )  # fmt: skip
                 latest[shape, dt, tc] = (pk, rev, status, sig, when)

@@ -900,7 +900,9 @@ def print_table(report: dict) -> None:
         print(
             f"{size}: {seed['results']:,} results, {seed['cells']:,} cells, "
             f"longest history {seed['longest_history']}, "
-            f"{seed['database_bytes'] / 2**30:.2f} GiB; seeding took {seed['seed_s']} s"
+            f"{seed['database_bytes'] / 2**30:.2f} GiB "
+            f"({seed['database_bytes'] / seed['results']:,.0f} bytes a result); "
+            f"seeding took {seed['seed_s']} s"
             f"{' (this run)' if seed.get('seeded_now') else ' (earlier)'}"
         )
 

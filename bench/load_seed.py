@@ -9,9 +9,9 @@ rolled out, its manifest a row per served cell). Results grow the matrix as they
 do in use: 0.377 cells per result, spread over the toolchains, each cell
 with its history (a few cells re-run hundreds of times), and every result
 carries what ingest stores: a real generated kernel source (the library
-kernels lowered once for cuda, hip, metal and c, about 5 KB each), its
-tolerance, target and fingerprint components, a receipt signed by a
-runner, a job. On top: open jobs and one upgrade proposal (the current
+kernels lowered once for cuda, hip, metal and c, about 5 KB each) and its
+error message, each stored once per text (``Blob``), its tolerance, target
+and fingerprint components, a receipt signed by a runner, a job. On top: open jobs and one upgrade proposal (the current
 toolchain to the candidate on every device type), opened through the gate's
 own service.
 
@@ -49,7 +49,8 @@ from load_catalogue import (  # noqa: E402
 )
 
 ROOT = Path(__file__).resolve().parent.parent
-SEED_VERSION = 3
+# 4: kernel sources and error messages in blobs (matrix/models/blobs.py).
+SEED_VERSION = 4
 SIZES = {"10k": 10_000, "100k": 100_000, "1m": 1_000_000}
 DEFAULT_SERVER = "postgres://postgres@127.0.0.1:5432/"
 CELLS_PER_RESULT = 377_000 / 1_000_000
@@ -272,6 +273,7 @@ def fill(size: int, ids: dict, sources: dict[str, str]) -> dict:
 
     from matrix.fleet.models import Receipt
     from matrix.models import (
+        Blob,
         Cell,
         DeviceType,
         KernelRevision,
@@ -374,24 +376,36 @@ def fill(size: int, ids: dict, sources: dict[str, str]) -> dict:
         "float32": {"rtol": 1e-5, "atol": 1e-5, "reason": "fp32 reference"},
     }
     details_cache: dict[tuple, str] = {}
+    # Each text once, as ingest stores it: the generated sources and every
+    # distinct error message, numbered here.
+    blob_ids: dict[str, int] = {}
+    for text in [*sources.values(), *(p[4] for p in planned)]:
+        if text:
+            blob_ids.setdefault(text, len(blob_ids) + 1)
+
+    def compiled(status: str) -> bool:
+        return status not in ("compile_error", "unsupported", "infra_error")
+
+    def source_id(shape, dt, status: str) -> int | None:
+        """The blob of the generated source a result of this kind carries."""
+        if not compiled(status):
+            return None
+        op = shape.operator.name
+        text = sources.get(f"{op}/{dt.backend}") or sources.get(f"{op}/c") or ""
+        return blob_ids.get(text)
 
     def details(shape, dt, k: int, status: str) -> str:
         """The details JSON a result of this kind stores, built once per kind."""
-        compiled = status not in ("compile_error", "unsupported", "infra_error")
-        key = (shape.operator_id, dt.pk, shape.dtype, k, compiled, status)
+        key = (shape.operator_id, dt.pk, shape.dtype, k, compiled(status), status)
         text = details_cache.get(key)
         if text is None:
-            op = shape.operator.name
             value = {
                 "target": dt.target,
                 "stage": stage_of.get(status, "validate"),
                 "seed": 0,
                 "fingerprint_components": toolchains[k].components,
             }
-            if compiled:
-                value["kernel_source"] = (
-                    sources.get(f"{op}/{dt.backend}") or sources.get(f"{op}/c") or ""
-                )
+            if compiled(status):
                 value["tolerance"] = tolerance[shape.dtype]
             text = details_cache[key] = json.dumps(value)
         return text
@@ -405,7 +419,7 @@ def fill(size: int, ids: dict, sources: dict[str, str]) -> dict:
         "id", "job_id", "attempt", "revision_id", "shape_id", "device_type_id",
         "toolchain_id", "status", "stage_reached", "rel_err", "max_abs_err",
         "mismatch_ratio", "compile_s", "kernel_ms", "reference_ms", "error_signature",
-        "error_message", "fingerprint", "details", "created_at",
+        "source_id", "error_id", "fingerprint", "details", "created_at",
     ]  # fmt: skip
     receipt_columns = [
         "result_id", "runner_id", "nonce", "signature", "issued_at", "received_at",
@@ -440,7 +454,8 @@ def fill(size: int, ids: dict, sources: dict[str, str]) -> dict:
                 1e-4 * rng.random() if passed else None,
                 1e-3 * rng.random() if passed else None,
                 0.0 if passed else None, round(0.5 + rng.random() * 20, 3),
-                kms, rms, signature, message, fingerprints[toolchain_ids[k]],
+                kms, rms, signature, source_id(shape, dt, status),
+                blob_ids.get(message), fingerprints[toolchain_ids[k]],
                 details(shape, dt, k, status), when,
             )  # fmt: skip
 
@@ -457,6 +472,15 @@ def fill(size: int, ids: dict, sources: dict[str, str]) -> dict:
     # Each table after those it refers to.
     with raw.cursor() as cursor:
         cursor.execute("SET synchronous_commit = off")
+        copy_rows(
+            cursor,
+            Blob,
+            ["id", "sha256", "text"],
+            (
+                (n, hashlib.sha256(text.encode()).hexdigest(), text)
+                for text, n in blob_ids.items()
+            ),
+        )
         copy_rows(cursor, ValidationJob, job_columns, job_rows())
         copy_rows(cursor, Result, result_columns, result_rows())
         copy_rows(cursor, Receipt, receipt_columns, receipt_rows())
@@ -474,7 +498,7 @@ def fill(size: int, ids: dict, sources: dict[str, str]) -> dict:
             "status", "error_signature", "kernel_ms", "reference_ms", "updated_at",
         ]  # fmt: skip
         copy_rows(cursor, Cell, cell_columns, cell_rows)
-        for model in (ValidationJob, Result, Receipt, Cell):
+        for model in (Blob, ValidationJob, Result, Receipt, Cell):
             sequence_reset(cursor, model)
     raw.commit()
     return {
@@ -483,6 +507,7 @@ def fill(size: int, ids: dict, sources: dict[str, str]) -> dict:
         "cells_per_toolchain": per_toolchain,
         "longest_history": max(counts),
         "error_signatures": len({signature_of(p[4]) for p in planned if p[4]}),
+        "blobs": len(blob_ids),
         "copy_s": round(time.perf_counter() - started, 1),
     }
 
@@ -607,6 +632,7 @@ def seed(server: str, size_name: str) -> dict:
         cursor.execute("VACUUM ANALYZE")
         cursor.execute("CHECKPOINT")
         info["database_bytes"] = database_bytes(cursor)
+        info["storage_bytes"] = storage_bytes(cursor)
         info["seed_s"] = round(time.perf_counter() - started, 1)
         cursor.execute("CREATE TABLE bench_seed (info text)")
         cursor.execute("INSERT INTO bench_seed VALUES (%s)", [json.dumps(info)])
@@ -621,6 +647,21 @@ def say(text: str) -> None:
 def database_bytes(cursor) -> int:
     cursor.execute("SELECT pg_database_size(current_database())")
     return cursor.fetchone()[0]
+
+
+def storage_bytes(cursor) -> dict:
+    """Where the results' bytes are: the results table (its rows, their
+    TOAST, its indexes) and the blob table (texts stored once), whole."""
+    cursor.execute(
+        """
+        SELECT pg_relation_size(c.oid), pg_total_relation_size(c.reltoastrelid),
+               pg_indexes_size(c.oid), pg_total_relation_size(c.oid),
+               pg_total_relation_size('matrix_blob')
+        FROM pg_class c WHERE c.oid = 'matrix_result'::regclass
+        """
+    )
+    names = ("result_heap", "result_toast", "result_indexes", "result_total", "blob")
+    return dict(zip(names, cursor.fetchone(), strict=True))
 
 
 def django_setup(url: str) -> None:

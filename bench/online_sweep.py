@@ -157,6 +157,8 @@ def wait(predicate, timeout: float, what: str, deployment: Deployment) -> None:
 def sweep(deployment: Deployment, device_type: str, timeout: float) -> dict:
     """Plan the served cells on the device type with the runner's toolchain
     and wait for the last result; what happened, timed from the plan."""
+    from django.db.models import F
+
     from matrix import gaps
     from matrix.fleet.models import Runner
     from matrix.models import JobState, Result, Sweep
@@ -232,7 +234,9 @@ def sweep(deployment: Deployment, device_type: str, timeout: float) -> dict:
                 "status": r.status,
                 "message": r.error_message[:300],
             }
-            for r in results.exclude(status="pass").select_related("shape__operator")
+            for r in results.exclude(status="pass").select_related(
+                "shape__operator", "error"
+            )
         ],
         # Every pass's timings and samples, and its generated code's hash:
         # the recorded samples the gate's speed statistics are tested on
@@ -244,9 +248,11 @@ def sweep(deployment: Deployment, device_type: str, timeout: float) -> dict:
                 "reference_ms": r.reference_ms,
                 "kernel_ms_samples": r.details.get("kernel_ms_samples"),
                 "reference_ms_samples": r.details.get("reference_ms_samples"),
-                "kernel_source_sha256": r.details.get("kernel_source_sha256"),
+                "kernel_source_sha256": r.source_sha256,
             }
-            for r in results.filter(status="pass").select_related("shape__operator")
+            for r in results.filter(status="pass")
+            .select_related("shape__operator")
+            .annotate(source_sha256=F("source__sha256"))
         ],
     }
 

@@ -7,8 +7,9 @@ background re-evaluation, its page, and ingest while it is open.
 The database NAME is emptied (its public schema dropped) and filled: the
 demo's device types and 11 more (15), ``--shapes`` shapes (a quarter served),
 two toolchains with a result for every cell and ``--history`` results a cell
-(each with a 5 KB kernel source, as the harness stores it; each operator's
-revision with 20 KB of source), 1% of the candidate's served cells failing;
+(each pointing at one 5 KB kernel source, stored once as ingest stores it;
+each operator's revision with 20 KB of source), 1% of the candidate's served
+cells failing;
 then one proposal over every device type. Timed: opening it (the diff
 computed and stored at once), the background re-evaluation with nothing new
 and after 1,000 new results, the proposal page (p50/p95 of 30 requests, its
@@ -160,6 +161,7 @@ def fill(shape_count: int, history: int) -> dict:
 
     from matrix.fleet import services
     from matrix.models import (
+        Blob,
         Cell,
         DeviceType,
         KernelRevision,
@@ -219,8 +221,13 @@ def fill(shape_count: int, history: int) -> dict:
             ],
         },
     )
+    # A registered runner is pending: its toolchain is a row once approved.
+    runner = services.runner_approve(name=runner.name)
     new = runner.toolchains.get()
-    source = "// kernel\n" + "x" * 5_000
+    # One generated source for every result and one error message, each
+    # stored once, as ingest stores them.
+    source = Blob.stored("// kernel\n" + "x" * 5_000)
+    error = Blob.stored("error: no")
     now = timezone.now()
     results = cells = 0
     for toolchain in (old, new):
@@ -245,8 +252,8 @@ def fill(shape_count: int, history: int) -> dict:
                             status=status,
                             kernel_ms=None if failing else 1.0 + 0.01 * h,
                             reference_ms=None if failing else 1.1,
-                            error_message="error: no" if failing else "",
-                            details={"kernel_source": source},
+                            error=error if failing else None,
+                            source=source,
                         )
                     )
             if len(batch_jobs) >= 6000 or i == len(shapes) - 1:

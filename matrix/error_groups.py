@@ -203,11 +203,11 @@ def _fill(cells, groups: dict[tuple[bool, str], ErrorGroup], per_group: int) -> 
         )
     }
     messages = dict(
-        Result.objects.filter(pk__in=sample.values()).values_list("pk", "error_message")
+        Result.objects.filter(pk__in=sample.values()).values_list("pk", "error__text")
     )
     for key, group in groups.items():
         group.operators.sort()
         group.statuses.sort()
-        group.message = messages.get(sample.get(key), "")
+        group.message = messages.get(sample.get(key)) or ""
         for cell in group.cells:
             cell.device_type = names.get(cell.device_type_id, "")

@@ -273,8 +273,9 @@ def measure(row: CellDiff, base: dict, cand: dict, history) -> None:
         )
         if measured:
             row.ratio, row.band = measured
-    code = base["kernel_source_sha256"]
-    if code and code == cand["kernel_source_sha256"] and row.ratio is not None:
+    # The same source id is the same SHA-256 of the generated code.
+    code = base["source_id"]
+    if code and code == cand["source_id"] and row.ratio is not None:
         # Any difference is the device's or the host's, not the release's.
         row.speed_verdict = significance.SAME_CODE
 
@@ -344,16 +345,17 @@ CELL_COLUMNS = (
     "error",
     "revision_origin",
     "sandbox",
+    "source_id",
     "kernel_ms_samples",
     "reference_ms_samples",
-    "kernel_source_sha256",
 )
 
 
 def _cells(baseline, candidate, dt_ids) -> list[dict]:
     """The cells of both toolchains on the device types, with only the
-    columns the diff reads: the first 300 characters of a result's error
-    and the key of its details that may hold repeat timings."""
+    columns the diff reads: the first 300 characters of a result's error,
+    the id of its generated source (never the text) and the keys of its
+    details that may hold repeat timings."""
     return list(
         Cell.objects.filter(
             device_type_id__in=dt_ids, toolchain__in=[baseline, candidate]
@@ -362,8 +364,9 @@ def _cells(baseline, candidate, dt_ids) -> list[dict]:
             revision_sha256=F("revision__source_sha256"),
             revision_origin=F("revision__origin"),
             sandbox=KeyTransform("sandbox", "result__details"),
-            error=Substr("result__error_message", 1, ERROR_SHOWN),
-            **{key: KeyTransform(key, "result__details") for key in CELL_COLUMNS[-3:]},
+            error=Substr("result__error__text", 1, ERROR_SHOWN),
+            source_id=F("result__source_id"),
+            **{key: KeyTransform(key, "result__details") for key in CELL_COLUMNS[-2:]},
         )
         .order_by()
         .values(*CELL_COLUMNS)

@@ -17,6 +17,7 @@ from django.core.exceptions import ValidationError
 from django.db import models
 from django.db.models import Q
 
+from matrix.models.blobs import Blob
 from runners.harness.fingerprint import canonical_sha256
 
 
@@ -615,12 +616,21 @@ class Result(models.Model):
     tflops = models.FloatField(null=True, blank=True)
     gbps = models.FloatField(null=True, blank=True)
     error_signature = models.CharField(max_length=64, blank=True)
-    error_message = models.TextField(blank=True)
+    # The generated kernel source and the error message, each stored once
+    # per SHA-256 (matrix/models/blobs.py): the same id is the same text.
+    # No index: no query finds results by their text, and a blob is never
+    # deleted.
+    source = models.ForeignKey(
+        Blob, models.PROTECT, null=True, blank=True, related_name="+", db_index=False
+    )
+    error = models.ForeignKey(
+        Blob, models.PROTECT, null=True, blank=True, related_name="+", db_index=False
+    )
     fingerprint = models.CharField(max_length=64, blank=True)
     details = models.JSONField(
         default=dict,
         blank=True,
-        help_text="tolerance, kernel source, fingerprint components",
+        help_text="tolerance, target, timing samples, fingerprint components",
     )
     created_at = models.DateTimeField(auto_now_add=True)
 
@@ -653,6 +663,16 @@ class Result(models.Model):
 
     def __str__(self) -> str:
         return f"{self.shape} on {self.device_type}: {self.status}"
+
+    # A page showing these selects ``source`` or ``error`` with the result,
+    # else each is a query.
+    @property
+    def kernel_source(self) -> str:
+        return self.source.text if self.source_id else ""
+
+    @property
+    def error_message(self) -> str:
+        return self.error.text if self.error_id else ""
 
 
 class CellQuerySet(models.QuerySet):

@@ -51,7 +51,9 @@ def _cell_of(shape: Shape, device_type: DeviceType, filters) -> Cell | None:
     if filters.toolchain is None:
         return None
     return (
-        Cell.objects.select_related("result__job", "revision", "toolchain")
+        Cell.objects.select_related(
+            "result__job", "result__source", "result__error", "revision", "toolchain"
+        )
         .defer("revision__source")
         .filter(shape=shape, device_type=device_type, toolchain=filters.toolchain)
         .first()
@@ -114,12 +116,13 @@ def cell_page(request, shape_id: int, device_type_id: int):
 
 def cell_context(shape, device_type, filters, toolchains) -> dict:
     cell = _cell_of(shape, device_type, filters)
-    # A revision's source is 11-27 KB and a result's details hold its
-    # generated kernel: neither is shown per row of the history.
+    # A revision's source is 11-27 KB: not shown per row of the history, nor
+    # are a result's details and texts (its generated kernel is a blob the
+    # rows do not join).
     history = list(
         Result.objects.filter(shape=shape, device_type=device_type)
         .select_related("toolchain", "revision", "receipt__runner")
-        .defer("details", "error_message", "revision__source")
+        .defer("details", "revision__source")
         .order_by("-id")[:HISTORY]
     )
     for r in history:
@@ -164,7 +167,7 @@ def cell_context(shape, device_type, filters, toolchains) -> dict:
         "time_chart": _time_chart(history),
         "error_chart": _error_chart(history),
         "shape_chart": _shape_chart(shape, device_type, filters, floor),
-        "kernel_source": details.get("kernel_source") or "",
+        "kernel_source": result.kernel_source if result else "",
         "tolerance": details.get("tolerance") or {},
         "distributions": details.get("distributions") or [],
         "sandbox": details.get("sandbox") or "",
@@ -182,7 +185,8 @@ def _since_previous(result):
     """The cell's pass against the pass before it on the same toolchain and
     revision, by the gate's rank test on their timing samples (see
     matrix/gate/significance.py), and whether the generated code is the
-    same; None where either has no samples."""
+    same (the same source id: the same SHA-256); None where either has no
+    samples."""
     details = result.details or {}
     previous = (
         Result.objects.filter(
@@ -194,9 +198,7 @@ def _since_previous(result):
             id__lt=result.pk,
         )
         .order_by("-id")
-        .values_list(
-            "pk", "details__kernel_ms_samples", "details__kernel_source_sha256"
-        )
+        .values_list("pk", "details__kernel_ms_samples", "source_id")
         .first()
     )
     if previous is None:
@@ -205,7 +207,7 @@ def _since_previous(result):
     change = significance.compare(samples or [], details.get("kernel_ms_samples") or [])
     if change is None:
         return None
-    same_code = bool(code) and code == details.get("kernel_source_sha256")
+    same_code = bool(code) and code == result.source_id
     return {"result_id": pk, "change": change, "same_code": same_code}
 
 

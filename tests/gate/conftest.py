@@ -16,6 +16,7 @@ from django.utils import timezone
 from matrix.fleet.models import Runner, RunnerToolchain
 from matrix.models import (
     Backend,
+    Blob,
     Cell,
     DeviceType,
     KernelRevision,
@@ -165,8 +166,8 @@ def record_result(
     reference_ms=1.0,
     code=None,
 ):
-    """``samples``: the kernel's timing samples; ``code``: the SHA-256 of
-    its generated source, as ingest keeps them."""
+    """``samples``: the kernel's timing samples; ``code``: its generated
+    source, stored once per text as ingest stores it."""
     revision = shape.operator.current_revision(device_type.backend)
     job = ValidationJob.objects.create(
         revision=revision,
@@ -187,12 +188,10 @@ def record_result(
         status=status,
         kernel_ms=kernel_ms if passed else None,
         reference_ms=reference_ms if passed else None,
-        error_message="" if passed else f"{status} in the kernel",
+        error=Blob.stored("" if passed else f"{status} in the kernel"),
+        source=Blob.stored(code),
         fingerprint=toolchain.fingerprint,
-        details={
-            **({"kernel_ms_samples": samples} if samples else {}),
-            **({"kernel_source_sha256": code} if code else {}),
-        },
+        details={"kernel_ms_samples": samples} if samples else {},
     )
     Cell.objects.update_or_create(
         shape=shape,

@@ -79,7 +79,9 @@ def side(timed: dict, *, slower: float = 1.0, code: str | None = None) -> dict:
         "pk": 0,
         "kernel_ms": timed["kernel_ms"] * slower,
         "kernel_ms_samples": [s * slower for s in timed["kernel_ms_samples"]],
-        "kernel_source_sha256": code or timed["kernel_source_sha256"],
+        # The recorded hash stands for the source's id: the same id is the
+        # same SHA-256.
+        "source_id": code or timed["kernel_source_sha256"],
     }
 
 
@@ -168,3 +170,33 @@ def test_the_proposal_diff_gives_no_speed_change_where_the_code_is_identical(wor
     assert rows["gemm"].perf_step == 5
     assert rows["gemm"].confidence > 0.999
     assert rows["gemm"].slower_than(0.05)
+
+
+def test_the_same_code_verdict_follows_the_stored_sources_ids(world):
+    """The same text is one stored source whatever result it came with;
+    one character more is another, even where a details key (as results
+    kept before sources were shared) says the hashes match."""
+    same, base, changed = "void k() {}", "void g() {}", "void g() { }"
+    results = {}
+    for toolchain, ms in ((world.old, 1.0), (world.new, 1.25)):
+        for shape in ("softmax", "gemm"):
+            code = same if shape == "softmax" else base
+            if shape == "gemm" and toolchain == world.new:
+                code = changed
+            results[toolchain.name, shape] = world.record(
+                shape, world.cpu, toolchain, Status.PASS,
+                kernel_ms=ms, samples=spread(ms, 0.01), code=code,
+            )  # fmt: skip
+    for result in results.values():
+        result.details["kernel_source_sha256"] = "a" * 64
+        result.save(update_fields=["details"])
+    old, new = world.old.name, world.new.name
+    assert results[old, "softmax"].source_id == results[new, "softmax"].source_id
+    assert results[old, "gemm"].source_id != results[new, "gemm"].source_id
+
+    diff = matrix_diff(
+        baseline=world.old, candidate=world.new, device_types=[world.cpu]
+    )
+    rows = {row.operator: row for row in diff.rows}
+    assert rows["softmax"].speed_verdict == significance.SAME_CODE
+    assert rows["gemm"].speed_verdict == significance.SLOWER

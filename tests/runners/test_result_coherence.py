@@ -376,7 +376,9 @@ def test_a_pass_keeps_its_timing_samples_and_the_hash_of_its_code(cpu_runner):
     details = outcome.result.details
     assert details["kernel_ms_samples"] == samples["kernel_ms"]
     assert details["reference_ms_samples"] == samples["reference_ms"]
-    assert details["kernel_source_sha256"] == hashlib.sha256(b"void k() {}").hexdigest()
+    stored = Result.objects.select_related("source").get(pk=outcome.result.pk)
+    assert stored.source.sha256 == hashlib.sha256(b"void k() {}").hexdigest()
+    assert stored.kernel_source == "void k() {}"
 
 
 def test_an_unstable_validate_result_is_stored_and_shown_and_a_build_cannot_be(

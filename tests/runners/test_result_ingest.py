@@ -1,15 +1,21 @@
 from __future__ import annotations
 
 import copy
+import hashlib
+import threading
+import time
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from django.core.exceptions import PermissionDenied, ValidationError
+from django.db import connection, transaction
+from django.test.utils import CaptureQueriesContext
 
 from matrix.fleet import services
 from matrix.fleet.models import Receipt
 from matrix.fleet.services import ingest
 from matrix.models import (
+    Blob,
     Cell,
     DeviceType,
     JobState,
@@ -311,6 +317,102 @@ def test_text_no_database_column_holds_costs_only_itself(cpu_runner):
     stored = Result.objects.get(job=jobs[0])
     assert stored.error_message == "failed at \ufffd byte"
     assert stored.error_signature == "ab\ufffdcd"
-    assert stored.details["kernel_source"] == "int main() {\ufffd}"
+    assert stored.kernel_source == "int main() {\ufffd}"
     assert stored.details["target"] == {"kind": "c\ufffd"}
     assert sweep.progress()["done"] == 3
+
+
+def test_identical_texts_are_stored_once_across_results_and_batches(cpu_runner):
+    _, jobs = _claimed_jobs(cpu_runner, 5)
+    source, other = "void k(float* A) { /* generated */ }", "void k2() {}"
+    failed = {"signature": "", "message": "error: tile shape does not divide M"}
+
+    services.results_ingest(
+        envelopes=[
+            cpu_runner.result(jobs[0], kernel_source=source),
+            cpu_runner.result(jobs[1], kernel_source=source),
+            cpu_runner.result(jobs[2], "compile_error", error=failed),
+        ]
+    )
+    services.results_ingest(
+        envelopes=[
+            cpu_runner.result(jobs[3], kernel_source=source),
+            cpu_runner.result(
+                jobs[4], "compile_error", error=failed, kernel_source=other
+            ),
+        ]
+    )
+
+    assert Blob.objects.count() == 3
+    stored = [
+        Result.objects.select_related("source", "error").get(job=job) for job in jobs
+    ]
+    assert [(r.kernel_source, r.error_message) for r in stored] == [
+        (source, ""),
+        (source, ""),
+        ("", failed["message"]),
+        (source, ""),
+        (other, failed["message"]),
+    ]
+    assert len({stored[i].source_id for i in (0, 1, 3)}) == 1
+    assert stored[2].error_id == stored[4].error_id
+    # Named by the SHA-256 the gate compared before texts were shared.
+    assert stored[0].source.sha256 == hashlib.sha256(source.encode()).hexdigest()
+    assert "kernel_source" not in stored[0].details
+    assert "kernel_source_sha256" not in stored[0].details
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_text_another_worker_is_storing_at_once_is_shared_not_refused(cpu_runner):
+    """Two control workers meet the same new source: the second's insert
+    waits for the first's transaction, then finds its row. PostgreSQL only:
+    SQLite has one writer at a time."""
+    if connection.vendor != "postgresql":
+        pytest.skip("needs concurrent writers (PostgreSQL)")
+    _, (job,) = _claimed_jobs(cpu_runner, 1)
+    source = "void k_shared() {}"
+    inserted = threading.Event()
+
+    def other_worker_still_in_flight():
+        with transaction.atomic():
+            Blob.objects.resolve([Blob.of(source)])
+            inserted.set()
+            time.sleep(1.0)  # this ingest's insert of the text waits on it
+        connection.close()
+
+    other = threading.Thread(target=other_worker_still_in_flight)
+    other.start()
+    assert inserted.wait(10)
+    try:
+        (outcome,) = services.results_ingest(
+            envelopes=[cpu_runner.result(job, kernel_source=source)]
+        )
+    finally:
+        other.join()
+    assert outcome.status == "stored", outcome.reason
+    assert Blob.objects.get().text == source
+    assert Result.objects.get().source_id == Blob.objects.get().pk
+
+
+def test_a_batch_stores_its_texts_in_as_many_queries_whatever_its_size(cpu_runner):
+    """No query a result: two new texts or twelve, the same statements."""
+    _, jobs = _claimed_jobs(cpu_runner, 8)
+    failed = {"signature": "", "message": "error: {}"}
+
+    def ingest_counting(batch) -> int:
+        envelopes = [
+            cpu_runner.result(
+                job,
+                "compile_error",
+                error={**failed, "message": failed["message"].format(job.pk)},
+                kernel_source=f"void k{job.pk}() {{}}",
+            )
+            for job in batch
+        ]
+        with CaptureQueriesContext(connection) as queries:
+            outcomes = services.results_ingest(envelopes=envelopes)
+        assert [o.status for o in outcomes] == ["stored"] * len(batch)
+        return len(queries.captured_queries)
+
+    assert ingest_counting(jobs[:2]) == ingest_counting(jobs[2:])
+    assert Blob.objects.count() == 16

@@ -64,7 +64,8 @@ def test_register_sweep_and_real_results(cluster, stop_runners):
     sweep = cluster.plan(smoke_cells("backend__in=['c', 'cuda']", limit=2))
     cluster.wait_finished(sweep, timeout=300)
     rows = cluster.sql(
-        "SELECT d.backend, j.stage, r.status, r.error_message FROM matrix_result r "
+        "SELECT d.backend, j.stage, r.status, e.text FROM matrix_result r "
+        "LEFT JOIN matrix_blob e ON e.id = r.error_id "
         "JOIN matrix_validationjob j ON j.id = r.job_id "
         "JOIN matrix_devicetype d ON d.id = r.device_type_id WHERE j.sweep_id = ?",
         (sweep,),

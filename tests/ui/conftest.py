@@ -11,6 +11,7 @@ from django.utils import timezone
 
 from matrix.models import (
     Backend,
+    Blob,
     Cell,
     DeviceType,
     KernelRevision,
@@ -24,12 +25,23 @@ from matrix.revisions import make_current
 from matrix.services import DEMO_DEVICE_TYPES, toolchain_register
 
 SIGNATURE = "sig-shared-compile"
+KERNEL_SOURCE = "__global__ void k_main(float* A) { /* generated */ }"
 
 
 def record(
-    shape, device_type, toolchain, status, *, revision=None, when=None, **fields
+    shape,
+    device_type,
+    toolchain,
+    status,
+    *,
+    revision=None,
+    when=None,
+    error_message="",
+    kernel_source="",
+    **fields,
 ):
-    """A job, its result and the cell pointing at it, as ingest leaves them."""
+    """A job, its result and the cell pointing at it, as ingest leaves them:
+    the texts stored once each (``Blob``)."""
     revision = revision or shape.operator.current_revision(device_type.backend)
     job = ValidationJob.objects.create(
         revision=revision,
@@ -46,6 +58,8 @@ def record(
         device_type=device_type,
         toolchain=toolchain,
         status=status,
+        error=Blob.stored(error_message),
+        source=Blob.stored(kernel_source),
         **fields,
     )
     if when is not None:
@@ -134,7 +148,6 @@ def results(toolchains, device_types):
     cpu, cuda, hip = device_types["c"], device_types["cuda"], device_types["hip"]
     now = timezone.now()
     details = {
-        "kernel_source": "__global__ void k_main(float* A) { /* generated */ }",
         "tolerance": {
             "rel_err": 1e-2,
             "atol": 1e-2,
@@ -155,6 +168,7 @@ def results(toolchains, device_types):
             rel_err=1e-4 * (i + 1),
             fingerprint="f" * 64,
             details=details,
+            kernel_source=KERNEL_SOURCE,
             when=now - timedelta(hours=3 - i),
         )
     record(top, cuda, current, Status.BUILT)

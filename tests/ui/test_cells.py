@@ -144,6 +144,27 @@ def test_a_cell_page_stays_within_thirteen_queries(
         client.get(cell_url(results["second"], "cuda", device_types))
 
 
+def test_a_failing_result_shows_its_source_and_error_within_the_same_queries(
+    client, results, toolchains, device_types, django_assert_max_num_queries
+):
+    """Both texts, stored once each, are read with the cell's result."""
+    _, current = toolchains
+    record(
+        results["fourth"],
+        device_types["cuda"],
+        current,
+        Status.MISMATCH,
+        error_signature="sig-mismatch",
+        error_message="mismatch: 12 of 4096 elements outside tolerance",
+        kernel_source="__global__ void k(float* A) { if (i < n) A[i] = 0; }",
+    )
+    with django_assert_max_num_queries(13):
+        response = client.get(cell_url(results["fourth"], "cuda", device_types))
+    body = response.content.decode()
+    assert "mismatch: 12 of 4096 elements outside tolerance" in body
+    assert "if (i &lt; n) A[i] = 0;" in body
+
+
 def test_a_cell_page_is_rendered_once_per_data_version_and_a_new_result_shows(
     client, results, toolchains, device_types, django_assert_max_num_queries
 ):
@@ -316,8 +337,9 @@ def test_production_is_said_to_keep_the_reference_for_a_slow_pass(
 def test_the_cell_page_reads_one_kernel_source_and_no_revision_source(
     client, results, device_types
 ):
-    """The latest result's details hold the kernel shown; the history's
-    rows and the revision (11-27 KB of library source) are not read whole."""
+    """The latest result's kernel source is read with its cell, once; the
+    history's rows and the revision (11-27 KB of library source) are not
+    read whole."""
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
@@ -331,3 +353,7 @@ def test_the_cell_page_reads_one_kernel_source_and_no_revision_source(
     # timing samples and code hash, for "since the pass before").
     whole = re.compile(r'"matrix_result"\."details"(,\s*"|\s+FROM)')
     assert len([s for s in sql if whole.search(s)]) == 1
+    # The texts (source and error) are joined to the cell's own result, in
+    # its one query: no query a text, none for the history's rows.
+    texts = [s for s in sql if "matrix_blob" in s]
+    assert len(texts) == 1 and 'FROM "matrix_cell"' in texts[0]

@@ -20,7 +20,14 @@ from matrix.fleet.services.envelopes import (
 )
 from matrix.fleet.services.errors import Conflict
 from matrix.fleet.services.planning import jobs_publish
-from matrix.models import AuditEvent, JobState, Result, Status, ValidationJob
+from matrix.models import (
+    AuditEvent,
+    Blob,
+    JobState,
+    Result,
+    Status,
+    ValidationJob,
+)
 
 MAX_ATTEMPTS = 3
 MISSED_HEARTBEATS = 3
@@ -92,7 +99,7 @@ def job_claim(
     return claimed
 
 
-def _infra_result(job: ValidationJob, message: str) -> Result:
+def _infra_result(job: ValidationJob, message: Blob) -> Result:
     return Result(
         job=job,
         attempt=job.attempt,
@@ -102,19 +109,22 @@ def _infra_result(job: ValidationJob, message: str) -> Result:
         toolchain_id=job.toolchain_id,
         status=Status.INFRA_ERROR,
         stage_reached="",
-        error_signature=hashlib.sha256(message.encode()).hexdigest()[:16],
-        error_message=message,
+        error_signature=hashlib.sha256(message.text.encode()).hexdigest()[:16],
+        error=message,
     )
 
 
 def jobs_lose(*, jobs: list[ValidationJob], reason: str) -> int:
     """End running jobs `lost`, each with an infra_error result."""
+    if not jobs:
+        return 0
     now = timezone.now()
     for job in jobs:
         job.state, job.finished_at = JobState.LOST, now
     ValidationJob.objects.bulk_update(jobs, ["state", "finished_at"])
+    message = Blob.stored(reason)
     Result.objects.bulk_create(
-        [_infra_result(job, reason) for job in jobs], ignore_conflicts=True
+        [_infra_result(job, message) for job in jobs], ignore_conflicts=True
     )
     return len(jobs)
 
