@@ -8,10 +8,18 @@ class MatrixConfig(AppConfig):
     verbose_name = "TileMatrix"
 
     def ready(self):
+        from django.db.models.signals import post_migrate
+
+        from matrix.accounts.roles import roles_create
         from matrix.celery import app
         from matrix.gate import receivers  # noqa: F401 (connects them)
         from matrix.gate.tasks import RESEND_AFTER_S, ROUTES
 
+        # After every app's migrations, not only this one's: the admin role
+        # holds the permissions of apps migrated after it (axes). Connected
+        # here, after django.contrib.auth's ready, so that it runs after
+        # auth has created each app's permissions.
+        post_migrate.connect(roles_create, dispatch_uid="roles_create")
         app.conf.task_routes = {**(app.conf.task_routes or {}), **ROUTES}
         app.conf.beat_schedule = {
             **(app.conf.beat_schedule or {}),
