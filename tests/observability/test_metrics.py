@@ -20,6 +20,7 @@ from matrix.observability.queues import broker_connection
 from runners import signing
 
 from ..runners.conftest import resigned
+from ..runners.test_result_ingest import _claimed_jobs
 from .conftest import TOKEN
 
 pytestmark = pytest.mark.django_db
@@ -171,9 +172,11 @@ def test_each_refusal_of_ingest_is_filed_under_its_own_reason(
     good = cpu_runner.result(running_job)
     altered = copy.deepcopy(good)
     altered["payload"]["result"]["status"] = "mismatch"
+    # Refused for good, it ends its job's attempt: on a job of its own.
+    _, (other_job,) = _claimed_jobs(cpu_runner, 1)
     envelopes = {
         "bad_signature": altered,
-        "invalid_result": cpu_runner.result(running_job, status="great"),
+        "invalid_result": cpu_runner.result(other_job, status="great"),
         "not_assigned": register(name="cpu-2").result(running_job),
         "no_job": resigned(
             good, cpu_runner.key, payload={**good["payload"], "job": 10**9}

@@ -23,6 +23,7 @@ from matrix.models import (
     Status,
     ValidationJob,
 )
+from runners import protocol
 from runners.kernels import gemm, softmax
 
 from .test_api import post
@@ -164,11 +165,59 @@ def test_an_incoherent_result_is_refused_naming_the_field_and_the_batch_stored(
     assert reply["stored"] == 1
     [refusal] = reply["refused"]
     assert refusal["index"] == 0 and refusal["reason"].startswith(field)
-    assert not Result.objects.filter(job=jobs[0]).exists()
     assert Result.objects.get(job=jobs[1]).status == Status.PASS
-    # The refused job still awaits a result (its runner may send a sane one).
+    # Sent again it would be refused again: the attempt ends failed, with
+    # the server's own infra_error result saying why.
     jobs[0].refresh_from_db()
-    assert jobs[0].state == "running"
+    assert jobs[0].state == "failed"
+    ended = Result.objects.get(job=jobs[0])
+    assert ended.status == Status.INFRA_ERROR
+    assert ended.error_message.endswith(refusal["reason"])
+
+
+def test_a_result_refused_for_good_ends_its_job_frees_its_cell_and_leaves_the_outbox(
+    cpu_runner,
+):
+    """Re-sent from the runner's outbox every heartbeat, it kept its job
+    running forever, its cell unplannable and its sweep's ETA never met."""
+    sweep, (job,) = _claimed_jobs(cpu_runner, 1)
+    envelope = cpu_runner.result(job, **_pass(metrics={"rel_err": 0.5}))
+
+    (refused,) = services.results_ingest(envelopes=[envelope])
+    (again,) = services.results_ingest(envelopes=[envelope])
+
+    assert refused.status == "refused" and refused.code == 400
+    assert again.status == "duplicate"  # the outbox's copy changes nothing
+    job.refresh_from_db()
+    assert job.state == "failed"
+    asked = protocol.request_envelope(
+        kind="outbox",
+        runner_name=cpu_runner.runner.name,
+        key=cpu_runner.key,
+        jobs=[{"job": job.pk, "attempt": job.attempt}],
+    )
+    assert services.outbox_pending(envelope=asked) == {"running": []}
+    replanned = services.sweep_plan(
+        cells=[(job.shape_id, job.device_type_id, job.toolchain_id)]
+    )
+    assert replanned.total == 1
+
+
+def test_a_refused_result_signed_by_another_runner_leaves_the_job_running(
+    cpu_runner, register
+):
+    """Only the job's own runner can end it: a key holder of another runner
+    cannot fail someone else's job with an incoherent result."""
+    sweep, (job,) = _claimed_jobs(cpu_runner, 1)
+    other = register("cpu-other")
+    forged = other.result(job, **_pass(metrics={"rel_err": 0.5}))
+
+    (refused,) = services.results_ingest(envelopes=[forged])
+
+    assert refused.status == "refused" and refused.code == 403
+    job.refresh_from_db()
+    assert job.state == "running"
+    assert not Result.objects.filter(job=job).exists()
 
 
 def _staged(cpu_runner, stage: str) -> ValidationJob:
@@ -190,7 +239,8 @@ def test_a_pass_for_a_build_job_is_refused(client, cpu_runner):
         "result.status 'pass' cannot come from a build job (it ends built, "
         "compile_error, infra_error, runtime_error, timeout, unsupported)"
     )
-    assert not Cell.objects.exists()
+    # Never a pass: the cell, empty before, shows the runner's trouble.
+    assert list(Cell.objects.values_list("status", flat=True)) == [Status.INFRA_ERROR]
 
 
 @pytest.mark.parametrize(
@@ -328,7 +378,8 @@ def test_a_pass_faster_than_its_device_can_run_is_refused_naming_both_figures(
     # A signed pass at 1e-9 ms was stored and served at 8.6e16x.
     job = _job_on(cpu_runner, "gemm", {"M": 512, "N": 512, "K": 512}, "float32")
     forged = cpu_runner.result(job, **_pass(timings={"kernel_ms": 1e-9}))
-    honest = cpu_runner.result(job, **_pass(timings={"kernel_ms": 0.5}))
+    twin = _job_on(cpu_runner, "gemm", {"M": 512, "N": 512, "K": 256}, "float32")
+    honest = cpu_runner.result(twin, **_pass(timings={"kernel_ms": 0.5}))
 
     (refused,) = services.results_ingest(envelopes=[forged])
     (stored,) = services.results_ingest(envelopes=[honest])

@@ -202,7 +202,8 @@ def test_every_api_operation_answers_strict_json(client, world, admin_user):
         None,
         None,
     )
-    # The forged Infinity in an upload is refused, the sane result stored.
+    # The forged Infinity in an upload is refused for good: it ends the job's
+    # attempt, so the second result for that attempt changes nothing.
     status, upload = answers["runners_api_results_upload"]
-    assert (status, upload["stored"]) == (200, 1)
+    assert (status, upload["stored"], upload["duplicate"]) == (200, 0, 1)
     assert upload["refused"][0]["reason"].startswith("result.timings.kernel_ms")

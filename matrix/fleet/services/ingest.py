@@ -120,6 +120,30 @@ def _harness_evidence(raw: dict) -> dict:
     return kept
 
 
+# What the server stores for a result it refused for good (a pass beyond its
+# tolerance, an impossible timing, a status the stage cannot reach).
+REFUSED_FOR_GOOD = "the server refused this result, and would refuse it sent again: "
+
+
+def _refused_result(job: SimpleNamespace, attempt: int, reason: str) -> Result:
+    """The server's own infra_error result for a job attempt whose signed
+    result it refused for good: the job ends failed, with the reason."""
+    message = _text(REFUSED_FOR_GOOD + reason, 2000)
+    return Result(
+        job_id=job.pk,
+        attempt=attempt,
+        revision_id=job.revision_id,
+        shape_id=job.shape_id,
+        device_type_id=job.device_type_id,
+        toolchain_id=job.toolchain_id,
+        status=Status.INFRA_ERROR,
+        stage_reached="",
+        error_signature=hashlib.sha256(REFUSED_FOR_GOOD.encode()).hexdigest()[:16],
+        error=Blob.of(message),
+        details={"refused": True},
+    )
+
+
 def _result_from(job: SimpleNamespace, attempt: int, raw: dict) -> Result:
     status = raw.get("status")
     # A list or an object is no status either (and is not hashable).
@@ -487,14 +511,21 @@ def results_ingest(
                 try:
                     result = _result_from(job, payload["attempt"], raw)
                 except ValidationError as exc:
+                    # The job's own runner signed it for the running attempt:
+                    # sent again it would be refused again. The attempt ends
+                    # failed with the reason (the cell can be planned again),
+                    # and the job no longer waits, so the runner's outbox
+                    # stops sending it.
+                    reason = "; ".join(exc.messages)
+                    result = _refused_result(job, payload["attempt"], reason)
                     outcomes[i] = Outcome(
-                        "refused", reason="; ".join(exc.messages), code=400
+                        "refused", reason=reason, code=400, result=result
                     )
-                    continue
+                else:
+                    outcomes[i] = Outcome("stored", result=result)
                 stored[key] = result
                 spent[envelope["nonce"]] = (envelope["signature"], runner.pk, result)
                 accepted.append((result, runner, envelope))
-                outcomes[i] = Outcome("stored", result=result)
         if accepted:
             _store(accepted, jobs)
         # Inside the transaction: a batch rolled back and tried again
