@@ -336,4 +336,8 @@ def test_a_result_whose_parts_are_not_objects_is_refused(
     assert (
         response.json()["detail"] == f'result.{part} must be an object or null, got "x"'
     )
-    assert not Result.objects.exists()
+    # Nothing of what it said is stored: its attempt ends with the server's
+    # own infra_error, quoting the refusal.
+    (ended,) = Result.objects.all()
+    assert ended.status == "infra_error"
+    assert ended.error_message.endswith(response.json()["detail"])
