@@ -18,3 +18,12 @@ results_stored = Signal()
 # ``results_stored`` where any were stored); ``outcomes`` are its Outcome
 # rows (``status``: stored, duplicate or refused; ``reason``; ``code``).
 results_checked = Signal()
+
+# Sent by the alerts once alerts open or reopen, inside the transaction that
+# opened them; ``opened`` and ``reopened`` are Alert rows.
+alerts_changed = Signal()
+
+# Sent by the gate when a proposal's state changes (an evaluation, a
+# decision, a rollout), inside its transaction; ``proposal``, ``before``
+# (the state it left) and ``actor`` (a user or None).
+proposal_state_changed = Signal()

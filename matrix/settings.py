@@ -203,3 +203,38 @@ LOGGING = {
     "root": {"handlers": ["console"], "level": "INFO"},
     "loggers": {"django": {"level": "INFO"}, "axes": {"level": "WARNING"}},
 }
+
+# Notifications (docs/alerts.md). Mail goes through Django's mail framework:
+# SMTP where DJANGO_EMAIL_BACKEND says so (EMAIL_HOST and the rest from the
+# environment), otherwise each message is a file under var/mail, which the
+# demo can show without a mail server.
+EMAIL_BACKEND = os.environ.get(
+    "DJANGO_EMAIL_BACKEND", "django.core.mail.backends.filebased.EmailBackend"
+)
+EMAIL_FILE_PATH = VAR_DIR / "mail"
+EMAIL_HOST = os.environ.get("EMAIL_HOST", "localhost")
+EMAIL_PORT = int(os.environ.get("EMAIL_PORT", "25"))
+EMAIL_HOST_USER = os.environ.get("EMAIL_HOST_USER", "")
+EMAIL_HOST_PASSWORD = os.environ.get("EMAIL_HOST_PASSWORD", "")
+EMAIL_USE_TLS = config.parse_bool(
+    "EMAIL_USE_TLS", os.environ.get("EMAIL_USE_TLS"), False
+)
+EMAIL_TIMEOUT = 10
+DEFAULT_FROM_EMAIL = os.environ.get("DEFAULT_FROM_EMAIL", "tilematrix@localhost")
+# Links in messages start with this.
+TILEMATRIX_BASE_URL = os.environ.get("TILEMATRIX_BASE_URL", "http://localhost:8000")
+TILEMATRIX_NOTIFY_RETRY_BASE_S = config.parse_seconds(
+    "TILEMATRIX_NOTIFY_RETRY_BASE_S",
+    os.environ.get("TILEMATRIX_NOTIFY_RETRY_BASE_S"),
+    30.0,
+)
+TILEMATRIX_NOTIFY_RUNNER_OFFLINE_S = config.parse_seconds(
+    "TILEMATRIX_NOTIFY_RUNNER_OFFLINE_S",
+    os.environ.get("TILEMATRIX_NOTIFY_RUNNER_OFFLINE_S"),
+    900.0,
+)
+TILEMATRIX_NOTIFY_RUNNER_PENDING_S = config.parse_seconds(
+    "TILEMATRIX_NOTIFY_RUNNER_PENDING_S",
+    os.environ.get("TILEMATRIX_NOTIFY_RUNNER_PENDING_S"),
+    3600.0,
+)

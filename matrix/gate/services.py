@@ -15,6 +15,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from matrix import revisions
+from matrix.events import proposal_state_changed
 from matrix.gate.diff import CellDiff, Change, Diff, matrix_diff
 from matrix.gate.evaluation import (
     Evaluation,
@@ -477,6 +478,12 @@ def _evaluation_apply(
             before=before,
             after=proposal.snapshot(),
         )
+        proposal_state_changed.send(
+            sender=UpgradeProposal,
+            proposal=proposal,
+            before=before["state"],
+            actor=actor,
+        )
     return proposal
 
 
@@ -799,6 +806,9 @@ def proposal_rollout(
     proposal.state = ProposalState.ROLLED_OUT
     proposal.rolled_out_at = timezone.now()
     proposal.save(update_fields=["state", "rolled_out_at"])
+    proposal_state_changed.send(
+        sender=UpgradeProposal, proposal=proposal, before=before["state"], actor=by
+    )
     AuditEvent.record(
         actor=by,
         verb="proposal.rollout",

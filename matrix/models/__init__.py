@@ -808,6 +808,7 @@ class AuditEvent(models.Model):
 
 
 # The upgrade gate's models live in their own module to keep this one short.
+from matrix.models.alerts import Alert, AlertCell  # noqa: E402, F401
 from matrix.models.gate import (  # noqa: E402, F401
     Approval,
     BackendException,
@@ -816,4 +817,10 @@ from matrix.models.gate import (  # noqa: E402, F401
     Policy,
     SustainedSpeed,
     UpgradeProposal,
+)
+from matrix.models.notifications import (  # noqa: E402, F401
+    Delivery,
+    DeliveryAttempt,
+    Notification,
+    Subscription,
 )

@@ -1,0 +1,183 @@
+"""Alert fixtures: a CPU runner and its cells, served shapes that pass, and
+helpers that play the runner's side through real ingest (signed results),
+so alerts are opened exactly as in production. A real SMTP server
+(aiosmtpd) and a real HTTP receiver on localhost take the messages."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from django.utils import timezone
+
+from matrix.fleet import services
+from matrix.models import (
+    DeviceType,
+    JobState,
+    KernelRevision,
+    Shape,
+    Toolchain,
+    ValidationJob,
+)
+from matrix.revisions import make_current
+from matrix.services import shape_import
+from tests.runners.conftest import (  # noqa: F401 (fixtures)
+    cpu_runner,
+    register,
+    server_key_file,
+)
+
+COMPILE_ERROR = {
+    "error": {"message": "LLVM ERROR: cannot select fadd", "signature": "sig-release"}
+}
+
+
+def served_shapes(count: int, profile: str = "alert-flood") -> list[Shape]:
+    """``count`` served elementwise_add shapes, of weight 1 each."""
+    shape_import(
+        rows=[
+            ("elementwise_add", {"M": m, "N": 16}, "float32", 1.0)
+            for m in range(1, count + 1)
+        ],
+        source_profile=profile,
+        served=True,
+    )
+    return list(Shape.objects.filter(source_profile=profile).order_by("pk"))
+
+
+def claimed(runner, shapes) -> list[ValidationJob]:
+    """One validate job per shape on the CPU, claimed by ``runner``. All
+    at once, as a runner's many workers would: one claim a job costs a
+    second at 500 jobs and tells nothing more here."""
+    cpu = DeviceType.objects.get(backend="c")
+    toolchain = Toolchain.objects.get(name="tilelang-0.1.15-cpu")
+    sweep = services.sweep_plan(cells=[(s, cpu, toolchain) for s in shapes])
+    ValidationJob.objects.filter(sweep=sweep).update(
+        state=JobState.RUNNING, runner=runner.runner, started_at=timezone.now()
+    )
+    return list(sweep.jobs.order_by("pk"))
+
+
+def ingest(runner, jobs, status=None, **fields):
+    outcomes = services.results_ingest(
+        envelopes=[runner.result(job, status=status, **fields) for job in jobs]
+    )
+    assert {o.status for o in outcomes} == {"stored"}, {o.reason for o in outcomes}
+    return [o.result for o in outcomes]
+
+
+def new_revision(operator_name: str = "elementwise_add", backend: str = "c"):
+    """A new revision of the operator, made current on ``backend``."""
+    current = KernelRevision.objects.filter(operator__name=operator_name).first()
+    revision = KernelRevision.objects.create(
+        operator=current.operator,
+        source_sha256=hashlib.sha256(
+            f"{operator_name} {timezone.now().isoformat()}".encode()
+        ).hexdigest(),
+        origin="library",
+        review_state="approved",
+    )
+    make_current(revision, [backend])
+    return revision
+
+
+@pytest.fixture
+def green(cpu_runner):
+    """``green(n)``: n served CPU cells that passed; their shapes."""
+
+    def make(count: int, profile: str = "alert-flood"):
+        shapes = served_shapes(count, profile)
+        ingest(cpu_runner, claimed(cpu_runner, shapes))
+        return shapes
+
+    return make
+
+
+@pytest.fixture
+def deliveries_run(django_capture_on_commit_callbacks):
+    """Run what commits enqueue, the deliveries among them, in place (the
+    Celery app eager), as the control worker would."""
+    from matrix.celery import app
+
+    app.conf.task_always_eager = True
+
+    def run(fn, *args, **kwargs):
+        with django_capture_on_commit_callbacks(execute=True):
+            return fn(*args, **kwargs)
+
+    yield run
+    app.conf.task_always_eager = False
+
+
+class Inbox:
+    """Messages a real SMTP server on localhost took."""
+
+    def __init__(self):
+        self.messages = []
+
+    async def handle_DATA(self, server, session, envelope):
+        self.messages.append(
+            {
+                "to": envelope.rcpt_tos,
+                "body": envelope.content.decode("utf-8", "replace"),
+            }
+        )
+        return "250 OK"
+
+
+@pytest.fixture
+def smtp(settings):
+    """An SMTP server on a free localhost port, Django's mail pointed at it."""
+    from aiosmtpd.controller import Controller
+
+    inbox = Inbox()
+    controller = Controller(inbox, hostname="127.0.0.1", port=0)
+    controller.start()
+    settings.EMAIL_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
+    settings.EMAIL_HOST = "127.0.0.1"
+    settings.EMAIL_PORT = controller.server.sockets[0].getsockname()[1]
+    settings.EMAIL_USE_TLS = False
+    yield inbox
+    controller.stop()
+
+
+class Hooks:
+    """What a real HTTP server on localhost received, and what it answers."""
+
+    def __init__(self):
+        self.requests = []
+        self.answers = []  # status codes to answer first, then 200
+
+    def url(self, server) -> str:
+        host, port = server.server_address[:2]
+        return f"http://{host}:{port}/hook"
+
+
+@pytest.fixture
+def hooks():
+    received = Hooks()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self):
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            received.requests.append(
+                {"headers": dict(self.headers), "body": body, "json": json.loads(body)}
+            )
+            status = received.answers.pop(0) if received.answers else 200
+            self.send_response(status)
+            self.end_headers()
+            self.wfile.write(b"ok")
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    received.address = received.url(server)
+    yield received
+    server.shutdown()
+    server.server_close()
