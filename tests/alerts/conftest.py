@@ -85,7 +85,7 @@ def new_revision(operator_name: str = "elementwise_add", backend: str = "c"):
 
 
 @pytest.fixture
-def green(cpu_runner):
+def green(cpu_runner):  # noqa: F811 (the fixture imported above)
     """``green(n)``: n served CPU cells that passed; their shapes."""
 
     def make(count: int, profile: str = "alert-flood"):
