@@ -79,7 +79,9 @@ def deliveries_enqueue(ids: list[int]) -> None:
 
     def send():
         for pk in ids:
-            app.send_task(DELIVER_TASK, args=[pk], queue="control")
+            # A signature, not send_task: it runs in place where the app is
+            # eager (the tests' control worker).
+            app.signature(DELIVER_TASK).apply_async(args=[pk], queue="control")
 
     transaction.on_commit(send)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -134,11 +135,16 @@ def smtp(settings):
     from aiosmtpd.controller import Controller
 
     inbox = Inbox()
-    controller = Controller(inbox, hostname="127.0.0.1", port=0)
+    # aiosmtpd checks its server by connecting to the port it was given: a
+    # free one is found first (port 0 would be connected to as such).
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    controller = Controller(inbox, hostname="127.0.0.1", port=port)
     controller.start()
     settings.EMAIL_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
     settings.EMAIL_HOST = "127.0.0.1"
-    settings.EMAIL_PORT = controller.server.sockets[0].getsockname()[1]
+    settings.EMAIL_PORT = port
     settings.EMAIL_USE_TLS = False
     yield inbox
     controller.stop()
@@ -163,8 +169,9 @@ def hooks():
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self):
             body = self.rfile.read(int(self.headers["Content-Length"]))
+            # Headers as HTTP has them: case-insensitive.
             received.requests.append(
-                {"headers": dict(self.headers), "body": body, "json": json.loads(body)}
+                {"headers": self.headers, "body": body, "json": json.loads(body)}
             )
             status = received.answers.pop(0) if received.answers else 200
             self.send_response(status)

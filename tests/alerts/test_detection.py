@@ -17,37 +17,6 @@ from .conftest import COMPILE_ERROR, claimed, ingest, new_revision
 pytestmark = pytest.mark.django_db
 
 
-def test_500_cells_broken_by_one_revision_make_one_alert(cpu_runner, green):
-    shapes = green(500)
-    revision = new_revision()
-    jobs = claimed(cpu_runner, shapes)
-
-    with CaptureQueriesContext(connection) as queries:
-        ingest(cpu_runner, jobs, status="compile_error", **COMPILE_ERROR)
-
-    (alert,) = Alert.objects.all()
-    assert (alert.kind, alert.status, alert.signature) == (
-        CauseKind.REVISION,
-        Status.COMPILE_ERROR,
-        "sig-release",
-    )
-    assert alert.revision == revision
-    assert (alert.cell_count, alert.open_cells) == (500, 500)
-    assert alert.served_weight == pytest.approx(500.0)
-    assert alert.state == AlertState.NEW
-    assert AlertCell.objects.filter(alert=alert).count() == 500
-    assert AuditEvent.objects.filter(verb="alert.open").count() == 1
-    # Set-based: besides inserting the cells (in as few statements as the
-    # database takes rows at once), the statements on the alerts' tables do
-    # not grow with the cells.
-    on_alerts = [
-        q["sql"][:60]
-        for q in queries.captured_queries
-        if "matrix_alert" in q["sql"] and 'INTO "matrix_alertcell"' not in q["sql"]
-    ]
-    assert len(on_alerts) <= 10, on_alerts
-
-
 def test_a_cell_that_never_passed_opens_no_alert(cpu_runner):
     from .conftest import served_shapes
 
