@@ -218,8 +218,10 @@ def gap_rows_html(rows: list[gaps.Gap], query: str) -> SafeString:
                 if proposal
                 else ""
             )
+            # The toolchain of an open proposal from here: its candidate.
+            where = "fixed on candidate" if proposal else "passes on"
             why += (
-                f'<br><span class="passes-on">passes on {escape(name)}{upgrade}: '
+                f'<br><span class="passes-on">{where} {escape(name)}{upgrade}: '
                 "a run here fails the same way</span>"
             )
         parts.append(

@@ -974,6 +974,6 @@ def test_a_gap_failing_here_that_passes_on_a_proposed_toolchain_says_so(
     client.force_login(sweeper)
     body = client.get(reverse("gaps"), {"backend": "c"}).content.decode()
     assert (
-        f'passes on tl-0.1.13 (<a href="/upgrades/{proposal.pk}/">upgrade '
+        f'fixed on candidate tl-0.1.13 (<a href="/upgrades/{proposal.pk}/">upgrade '
         f"#{proposal.pk}</a>): a run here fails the same way"
     ) in body

@@ -322,7 +322,7 @@ def test_a_cell_failing_here_that_passes_on_a_proposed_toolchain_says_so(
     assert [p.shape for p in alpha.rerunnable] == [served["norm_big"]]
     body = response.content.decode()
     assert (
-        f'passes on tl-0.1.13 (<a href="/upgrades/{proposal.pk}/">upgrade '
+        f'fixed on candidate tl-0.1.13 (<a href="/upgrades/{proposal.pk}/">upgrade '
         f"#{proposal.pk}</a>): a run here fails the same way"
     ) in body
     assert "Run missing for this cell" in body
