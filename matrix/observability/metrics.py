@@ -33,6 +33,7 @@ from prometheus_client.utils import floatToGoString
 
 from matrix.models import DeviceType, JobState, Result, Sweep, ValidationJob
 from matrix.models.gate import ProposalState, UpgradeProposal
+from matrix.models.notifications import Channel, DeliveryAttempt
 from matrix.observability import fleet
 from matrix.observability.ingest import refusals_counted
 from matrix.observability.queues import queue_depths
@@ -66,6 +67,7 @@ class ApplicationCollector:
             ("jobs", lambda now: self.jobs(now, job_queues)),
             ("runners", self.runners),
             ("manifests", self.manifests),
+            ("notifications", self.notifications),
         ):
             try:
                 families = list(compute(now))
@@ -241,6 +243,33 @@ class ApplicationCollector:
         for (state, health), n in sorted(tally.items()):
             states.add_metric([state, health], n)
         yield from (age, states)
+
+    def notifications(self, now):
+        """Delivery attempts by channel and outcome, read off their log (the
+        control worker sends; a scrape reaches a web process). An indexed
+        count over a table that grows by one row per message per channel."""
+        sent = CounterMetricFamily(
+            "tilematrix_notifications_sent",
+            "Notification delivery attempts that the channel took, by channel",
+            labels=["channel"],
+        )
+        failed = CounterMetricFamily(
+            "tilematrix_notifications_failed",
+            "Notification delivery attempts that failed (each retry counts), "
+            "by channel",
+            labels=["channel"],
+        )
+        counts = {
+            (channel, ok): n
+            for channel, ok, n in DeliveryAttempt.objects.values_list("channel", "ok")
+            .annotate(n=Count("pk"))
+            .order_by()
+        }
+        for channel in Channel.values:
+            sent.add_metric([channel], counts.get((channel, True), 0))
+            failed.add_metric([channel], counts.get((channel, False), 0))
+        yield sent
+        yield failed
 
     def manifests(self, now):
         ages = GaugeMetricFamily(

@@ -6,6 +6,7 @@ from __future__ import annotations
 from django import forms
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_http_methods, require_POST
 
@@ -28,6 +29,9 @@ class SubscriptionForm(forms.ModelForm):
         widget=forms.CheckboxSelectMultiple,
     )
     model = forms.ChoiceField(required=False, label="Served model")
+    url = forms.URLField(
+        required=False, max_length=500, assume_scheme="https", label="Webhook URL"
+    )
 
     class Meta:
         model = Subscription
@@ -76,8 +80,6 @@ def _subscription_for_user(user, pk: int) -> Subscription:
     """A subscription is its owner's (and an admin's) to test or remove."""
     subscription = get_object_or_404(Subscription, pk=pk)
     if subscription.user_id != user.pk and not has_role(user, ADMIN):
-        from django.core.exceptions import PermissionDenied
-
         raise PermissionDenied("this subscription is someone else's")
     return subscription
 

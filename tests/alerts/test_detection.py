@@ -5,12 +5,10 @@ again. Results arrive through real ingest, signed by a registered runner."""
 from __future__ import annotations
 
 import pytest
-from django.db import connection
-from django.test.utils import CaptureQueriesContext
 
 from matrix.fleet import services
 from matrix.models import AuditEvent, Cell, Status, ValidationJob
-from matrix.models.alerts import Alert, AlertCell, AlertState, CauseKind
+from matrix.models.alerts import Alert, AlertState, CauseKind
 
 from .conftest import COMPILE_ERROR, claimed, ingest, new_revision
 
