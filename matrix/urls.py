@@ -73,9 +73,9 @@ urlpatterns = [
         name="subscription-test",
     ),
     path(
-        "notifications/<id:pk>/remove/",
-        notifications.subscription_delete,
-        name="subscription-delete",
+        "notifications/<id:pk>/stop/",
+        notifications.subscription_stop,
+        name="subscription-stop",
     ),
     path("runners/", runners.runners_page, name="runners"),
     path("runners/tokens/", runners.runner_token_create, name="runner-token"),

@@ -93,7 +93,9 @@ def notifications_page(request):
         messages.success(request, "Subscribed.")
         return redirect("notifications")
     everyone = has_role(request.user, ADMIN)
-    subscriptions = Subscription.objects.select_related("device_type", "operator")
+    subscriptions = Subscription.objects.filter(active=True).select_related(
+        "device_type", "operator", "user"
+    )
     attempts = DeliveryAttempt.objects.select_related(
         "delivery__notification", "delivery__subscription__user"
     )
@@ -128,8 +130,10 @@ def subscription_test(request, pk: int):
 
 @login_required
 @require_POST
-def subscription_delete(request, pk: int):
+def subscription_stop(request, pk: int):
+    """Stop a subscription. Its row stays, so the delivery log keeps saying
+    where each attempt went."""
     subscription = _subscription_for_user(request.user, pk)
-    subscription.delete()
-    messages.success(request, "Subscription removed.")
+    Subscription.objects.filter(pk=subscription.pk).update(active=False)
+    messages.success(request, f"Stopped: nothing more goes to {subscription.address}.")
     return redirect("notifications")

@@ -265,7 +265,7 @@ def test_an_email_subscription_needs_an_address(client, outsider):
     assert not Subscription.objects.exists()
 
 
-def test_someone_elses_subscription_cannot_be_tested_or_removed(
+def test_someone_elses_subscription_cannot_be_tested_or_stopped(
     client, outsider, owner
 ):
     theirs = Subscription.objects.create(
@@ -276,7 +276,8 @@ def test_someone_elses_subscription_cannot_be_tested_or_removed(
         client.post(reverse("subscription-test", args=[theirs.pk])).status_code == 403
     )
     assert (
-        client.post(reverse("subscription-delete", args=[theirs.pk])).status_code == 403
+        client.post(reverse("subscription-stop", args=[theirs.pk])).status_code == 403
     )
     assert client.get(reverse("subscription-test", args=[theirs.pk])).status_code == 405
-    assert Subscription.objects.filter(pk=theirs.pk).exists()
+    theirs.refresh_from_db()
+    assert theirs.active

@@ -9,7 +9,16 @@ from django.contrib.auth.models import Group
 from matrix.accounts.roles import ADMIN, KERNEL_AUTHOR, REVIEWER, RUNNER_ADMIN, VIEWER
 from matrix.fleet.models import Runner
 from matrix.gate import services as gate
-from matrix.models import DeviceType, Operator, Shape, Sweep
+from matrix.models import (
+    Alert,
+    DeviceType,
+    Operator,
+    Result,
+    Shape,
+    Subscription,
+    Sweep,
+    ValidationJob,
+)
 from matrix.services import toolchain_register
 from matrix.submissions import kernel_submit
 from tests.security.helpers import PERSONAS, SUPERUSER, attack_source
@@ -66,7 +75,15 @@ def objects(catalog, people):
     )
     pending = Runner.objects.create(name="perm-pending", public_key="ef" * 32)
     sweep = Sweep.objects.create(created_by=people[ADMIN])
+    alert = _alert(shape, device_type, baseline)
+    subscription = Subscription.objects.create(
+        user=people[VIEWER], channel="email", email="v@x.org", topics=["alert"]
+    )
     return {
+        "alert": alert.pk,
+        "alert-triage": alert.pk,
+        "subscription-test": subscription.pk,
+        "subscription-stop": subscription.pk,
         "sweep": sweep.pk,
         "runner-health": runner.pk,
         "runner-revoke": runner.pk,
@@ -83,6 +100,31 @@ def objects(catalog, people):
         "upgrade": proposal.pk,
         "name": shape.operator.name,
     }
+
+
+def _alert(shape, device_type, toolchain) -> Alert:
+    """An alert of one compile error, as detection leaves it."""
+    revision = shape.operator.current_revision(device_type.backend)
+    job = ValidationJob.objects.create(
+        revision=revision, shape=shape, device_type=device_type, toolchain=toolchain
+    )
+    result = Result.objects.create(
+        job=job,
+        attempt=1,
+        revision=revision,
+        shape=shape,
+        device_type=device_type,
+        toolchain=toolchain,
+        status="compile_error",
+    )
+    return Alert.objects.create(
+        cause="toolchain:perm",
+        kind="toolchain",
+        status="compile_error",
+        toolchain=toolchain,
+        revision=revision,
+        first_bad_result=result,
+    )
 
 
 # Kernel submissions: an author, a second reviewer and a pending submission

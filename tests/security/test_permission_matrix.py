@@ -69,6 +69,16 @@ EXPECTED = {
     "upgrade-rollout": page(post={REVIEWER, SUPERUSER}),
     "upgrade-exception": page(post={REVIEWER}),
     "upgrade-exception-sign-off": page(post=NOBODY),
+    "alerts": READ,
+    "alert": READ,
+    # Reviewers triage (the admin role holds every role); nobody here owns a
+    # backend in the policy.
+    "alert-triage": page(post={REVIEWER, ADMIN, SUPERUSER}),
+    # Everyone with a role subscribes; a subscription (the viewer's here) is
+    # its owner's and the admins' to test or stop.
+    "notifications": page(get=WITH_ROLE, post=WITH_ROLE),
+    "subscription-test": page(post={VIEWER, ADMIN, SUPERUSER}),
+    "subscription-stop": page(post={VIEWER, ADMIN, SUPERUSER}),
     "submissions": READ,
     "submission-new": page(get=AUTHORS, post=AUTHORS),
     "submission": page(get=SUBMISSION_READERS, hidden_from={VIEWER, RUNNER_ADMIN}),
@@ -96,6 +106,7 @@ EXPECTED = {
     "api:coverage_matrix": page(get=WITH_ROLE),
     "api:coverage_gaps": page(get=WITH_ROLE),
     "api:coverage_models": page(get=WITH_ROLE),
+    "api:alerts_list": page(get=WITH_ROLE),
     "api:kernel_create": page(post=AUTHORS),
     "api:kernel_read": page(
         get=SUBMISSION_READERS, hidden_from=WITH_ROLE - SUBMISSION_READERS | {NO_ROLE}
