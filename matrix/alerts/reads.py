@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
+from django.db.models import Exists, OuterRef
+
 from matrix import revisions
 from matrix.models import AuditEvent, Backend, Cell, Status
 from matrix.models.alerts import Alert, AlertCell, AlertState
@@ -24,7 +26,13 @@ def alert_list(*, state: str = "", backend: str = ""):
     elif state:
         alerts = alerts.filter(state=state)
     if backend:
-        alerts = alerts.filter(backends__contains=[backend])
+        alerts = alerts.filter(
+            Exists(
+                AlertCell.objects.filter(
+                    alert=OuterRef("pk"), device_type__backend=backend
+                )
+            )
+        )
     return alerts.by_weight()
 
 

@@ -193,6 +193,8 @@ def test_the_api_lists_alerts_by_served_weight(client, outsider, two_alerts):
     assert first["url"].endswith(f"/alerts/{heavy.pk}/")
     assert first["bisection"] is None
     assert client.get("/api/v1/alerts", {"state": "fixed"}).json()["count"] == 0
+    assert client.get("/api/v1/alerts", {"backend": "c"}).json()["count"] == 2
+    assert client.get("/api/v1/alerts", {"backend": "cuda"}).json()["count"] == 0
     refused = client.get("/api/v1/alerts", {"backend": "tpu"})
     assert refused.status_code == 400
     assert "backend must be one of" in refused.json()["detail"]
