@@ -347,17 +347,31 @@ def share_cores(processes: int) -> None:
     )
 
 
-def short_of_disk(job: dict, result: dict) -> dict:
-    """A job that failed because a write found the disk full (its build,
-    a temporary file) ends as the runner's trouble, an infra_error, never
-    as a verdict on its kernel."""
-    if result.get("status") in SUCCESSES or not disk.says_disk_full(result):
+SUCCESSES = ("pass", "lowered", "built")
+# What a full disk makes of a job: a build whose output could not be
+# written (TileLang's "Compilation Failed!" does not quote the compiler's
+# "No space left on device"), a kernel library that could not be loaded.
+DISK_CAUSED = ("compile_error", "runtime_error", "infra_error")
+
+
+def short_of_disk(job: dict, result: dict, disk_short=None) -> dict:
+    """A job that failed because a write found the disk full ends as the
+    runner's trouble, an infra_error, never as a verdict on its kernel:
+    its error says so, or it failed as a full disk makes jobs fail while
+    ``disk_short()`` finds the disk short."""
+    if result.get("status") in SUCCESSES:
         return result
     message = (result.get("error") or {}).get("message") or ""
-    return infra_result(job, f"{disk.SHORT_OF_DISK}: {message}"[:2000])
-
-
-SUCCESSES = ("pass", "lowered", "built")
+    if disk.says_disk_full(result):
+        reason = disk.SHORT_OF_DISK
+    elif result.get("status") in DISK_CAUSED and disk_short is not None:
+        reason = disk_short()
+        if reason is None:
+            return result
+    else:
+        return result
+    said = f"; the job ended {result.get('status')}: {message}"
+    return infra_result(job, (reason + said)[:2000])
 
 
 def jobs_run(
@@ -368,12 +382,13 @@ def jobs_run(
     timeout_s: float,
     on_result=None,
     make_room=None,
+    disk_short=None,
 ) -> list[dict]:
     """Run jobs of one toolchain in the sandboxed harness, library jobs
     sharing children. Jobs that end in infra_error (the sandbox's trouble,
-    never the kernel's, a full disk included) are run again with backoff,
-    after ``make_room()`` where the disk was full; any other status is an
-    answer. ``on_result(index, result)`` hears of each job's answer as soon
+    never the kernel's, a full disk included: ``short_of_disk``) are run
+    again with backoff, after ``make_room()`` where the disk was full; any
+    other status is an answer. ``on_result(index, result)`` hears of each job's answer as soon
     as it is one, while the others still run."""
     run_batch = harness_batch()
     results: list[dict | None] = [None] * len(jobs)
@@ -392,7 +407,7 @@ def jobs_run(
         disk_full.clear()
 
         def ended(k: int, result: dict, pending=pending, last=last) -> None:
-            checked = short_of_disk(jobs[pending[k]], result)
+            checked = short_of_disk(jobs[pending[k]], result, disk_short)
             if checked is not result:
                 disk_full.append(True)
             if last or checked.get("status") != "infra_error":
@@ -441,7 +456,7 @@ def jobs_run(
                         )
                 break
         for i, result in zip(pending, results_now or (), strict=True):
-            result = short_of_disk(jobs[i], result)
+            result = short_of_disk(jobs[i], result, disk_short)
             results[i] = result
             if i not in answered and (last or result.get("status") != "infra_error"):
                 answer(i, result)
@@ -635,6 +650,7 @@ def results_for(
             timeout_s=timeout_s,
             on_result=lambda i, result, group=group: sign(group[i], result),
             make_room=lambda: kernel_cache_keep(config, urgent=True),
+            disk_short=lambda: disk_short_now(config),
         )
     return [signed[job["job"]] for job in jobs]
 
@@ -647,17 +663,23 @@ def kernel_cache_keep(config: HostConfig, *, urgent: bool = False) -> None:
     kernel_cache.cache_keep(kernel_cache_root(config), urgent=urgent)
 
 
+def disk_short_now(config: HostConfig) -> str | None:
+    """Why this host has too little free space now, where it keeps its
+    outbox and kernel cache or where its harness children write (under
+    TILEMATRIX_RUNNER_DISK_FREE_MB); None when it has enough."""
+    return disk.disk_short(
+        (config.directory, Path(tempfile.gettempdir())),
+        agent_config.disk_free_min_bytes(),
+    )
+
+
 def disk_check(config: HostConfig) -> str | None:
-    """Why this host should take no job now (too little free space where
-    it keeps its outbox and kernel cache, or where its harness children
-    write), after the kernel cache has given back what it can; None when
-    there is room."""
-    paths = (config.directory, Path(tempfile.gettempdir()))
-    minimum = agent_config.disk_free_min_bytes()
-    if disk.disk_short(paths, minimum) is None:
+    """``disk_short_now``, after the kernel cache has given back what it
+    can: why this host should take no job now."""
+    if disk_short_now(config) is None:
         return None
     kernel_cache_keep(config, urgent=True)
-    return disk.disk_short(paths, minimum)
+    return disk_short_now(config)
 
 
 CLAIM_TIMEOUT_S = 30

@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,8 +68,11 @@ def _measure(path: Path) -> tuple[int, float]:
         except FileNotFoundError:
             continue
         size += info.st_blocks * 512
-        newest = max(newest, info.st_mtime, info.st_atime)
-        if current.is_dir() and not current.is_symlink():
+        is_dir = stat.S_ISDIR(info.st_mode)
+        # A directory's access time moves when it is listed, by this walk
+        # too: only a file's says it was read (loaded).
+        newest = max(newest, info.st_mtime, 0.0 if is_dir else info.st_atime)
+        if is_dir:
             try:
                 stack.extend(current.iterdir())
             except (FileNotFoundError, NotADirectoryError):

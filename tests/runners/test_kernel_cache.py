@@ -22,7 +22,9 @@ HOUR = 3600.0
 MB = 2**20
 
 
-def kernel(root: Path, key: str, *, megabytes: float, used_ago: float) -> Path:
+def kernel(
+    root: Path, key: str, *, megabytes: float, used_ago: float, now: float = NOW
+) -> Path:
     """A compiled kernel where TileLang 0.1.13 and 0.1.15 keep one."""
     entry = root / "tc0" / "0.1.15" / "linux-x86_64" / "kernels" / key
     entry.mkdir(parents=True)
@@ -30,7 +32,7 @@ def kernel(root: Path, key: str, *, megabytes: float, used_ago: float) -> Path:
     library.write_bytes(os.urandom(int(megabytes * MB)))
     (entry / "params.json").write_text("{}")
     for path in (library, entry / "params.json", entry):
-        os.utime(path, (NOW - used_ago, NOW - used_ago))
+        os.utime(path, (now - used_ago, now - used_ago))
     return entry
 
 
