@@ -455,7 +455,8 @@ def jobs_run(
                             infra_result(jobs[i], f"harness refused the job: {reason}"),
                         )
                 break
-        for i, result in zip(pending, results_now or (), strict=True):
+        answers = zip(pending, results_now, strict=True) if results_now else ()
+        for i, result in answers:
             result = short_of_disk(jobs[i], result, disk_short)
             results[i] = result
             if i not in answered and (last or result.get("status") != "infra_error"):

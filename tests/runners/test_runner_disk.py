@@ -85,11 +85,16 @@ def test_a_real_build_that_finds_the_disk_full_is_the_runners_trouble(
     assert "the job ended compile_error" in message
 
 
+@pytest.mark.parametrize(
+    "left",
+    [0, BUILD_CANNOT_WRITE],
+    ids=["the-sandbox-cannot-be-written", "the-build-cannot-write"],
+)
 def test_once_room_is_made_the_job_is_run_again_and_passes(
-    short_disk, harness_temp_on, cache_dir, monkeypatch
+    short_disk, harness_temp_on, cache_dir, monkeypatch, left
 ):
     harness_temp_on(short_disk)
-    filler = fill(short_disk, leave_bytes=BUILD_CANNOT_WRITE)
+    filler = fill(short_disk, leave_bytes=left)
     monkeypatch.setattr(host, "INFRA_BACKOFF_S", 0.1)
     made_room = []
 
