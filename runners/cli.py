@@ -294,6 +294,11 @@ class HostCommands:
         from runners.app import app
 
         config = self._config(key_dir)
+        try:  # read in the worker's children; a bad value stops it here
+            agent_config.kernel_cache_limit_bytes()
+            agent_config.disk_free_min_bytes()
+        except agent_config.SettingError as exc:
+            raise Refused(str(exc)) from None
         os.environ[host.RUNNER_DIR_ENV] = str(config.directory)
         queues = self._approved_queues(config)
         concurrency = concurrency or host.work_processes()

@@ -19,6 +19,10 @@ BROKER_SCHEMES = {"redis", "rediss", "amqp", "amqps", "pyamqp", "filesystem"}
 # A job's harness budget; its message's soft limit is the sum of its jobs'.
 JOB_TIMEOUT_S_DEFAULT = 300.0
 HEARTBEAT_S_DEFAULT = 30.0
+# The kernel cache's limit, every toolchain's together; and the free space
+# under which a runner takes no job (its disk or its temp folder's).
+KERNEL_CACHE_MB_DEFAULT = 10240
+DISK_FREE_MB_DEFAULT = 1024
 
 
 # Celery: long GPU jobs are acked late, one at a time, and re-delivered when
@@ -69,6 +73,22 @@ def parse_seconds(variable: str, raw: str | None, default: float) -> float:
     if not 0 < value < float("inf"):
         raise SettingError(f"{variable}: expected more than 0 seconds, got {raw!r}")
     return value
+
+
+def parse_megabytes(variable: str, raw: str | None, default: int) -> int:
+    """A whole number of megabytes (0 allowed), in bytes; unset or empty is
+    the default."""
+    if raw is None or raw.strip() == "":
+        return default * 2**20
+    try:
+        value = int(raw)
+    except ValueError:
+        raise SettingError(
+            f"{variable}: expected a whole number of megabytes, got {raw!r}"
+        ) from None
+    if value < 0:
+        raise SettingError(f"{variable}: expected 0 or more megabytes, got {raw!r}")
+    return value * 2**20
 
 
 def parse_broker(
@@ -147,4 +167,20 @@ def job_budget_s() -> float:
         "TILEMATRIX_JOB_TIMEOUT_S",
         os.environ.get("TILEMATRIX_JOB_TIMEOUT_S"),
         JOB_TIMEOUT_S_DEFAULT,
+    )
+
+
+def kernel_cache_limit_bytes() -> int:
+    return parse_megabytes(
+        "TILEMATRIX_RUNNER_KERNEL_CACHE_MB",
+        os.environ.get("TILEMATRIX_RUNNER_KERNEL_CACHE_MB"),
+        KERNEL_CACHE_MB_DEFAULT,
+    )
+
+
+def disk_free_min_bytes() -> int:
+    return parse_megabytes(
+        "TILEMATRIX_RUNNER_DISK_FREE_MB",
+        os.environ.get("TILEMATRIX_RUNNER_DISK_FREE_MB"),
+        DISK_FREE_MB_DEFAULT,
     )

@@ -19,12 +19,13 @@ import queue
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from runners import client, protocol, signing
+from runners import client, disk, kernel_cache, protocol, signing
 from runners import config as agent_config
 from runners.harness import isolation
 from runners.harness.fingerprint import matrix_fingerprint
@@ -49,6 +50,11 @@ class HostError(RuntimeError):
 class RunnerPaused(Exception):
     """The server gives this runner no work for now (its health, such as
     ``maintenance``, is the message)."""
+
+
+class RunnerShortOfDisk(Exception):
+    """This host has too little disk to run a job now; the message says
+    where and how much."""
 
 
 def runner_dir(explicit: str | os.PathLike | None = None) -> Path:
@@ -341,6 +347,33 @@ def share_cores(processes: int) -> None:
     )
 
 
+SUCCESSES = ("pass", "lowered", "built")
+# What a full disk makes of a job: a build whose output could not be
+# written (TileLang's "Compilation Failed!" does not quote the compiler's
+# "No space left on device"), a kernel library that could not be loaded.
+DISK_CAUSED = ("compile_error", "runtime_error", "infra_error")
+
+
+def short_of_disk(job: dict, result: dict, disk_short=None) -> dict:
+    """A job that failed because a write found the disk full ends as the
+    runner's trouble, an infra_error, never as a verdict on its kernel:
+    its error says so, or it failed as a full disk makes jobs fail while
+    ``disk_short()`` finds the disk short."""
+    if result.get("status") in SUCCESSES:
+        return result
+    message = (result.get("error") or {}).get("message") or ""
+    if disk.says_disk_full(result):
+        reason = disk.SHORT_OF_DISK
+    elif result.get("status") in DISK_CAUSED and disk_short is not None:
+        reason = disk_short()
+        if reason is None:
+            return result
+    else:
+        return result
+    said = f"; the job ended {result.get('status')}: {message}"
+    return infra_result(job, (reason + said)[:2000])
+
+
 def jobs_run(
     *,
     jobs: list[dict],
@@ -348,15 +381,19 @@ def jobs_run(
     cache_dir: Path,
     timeout_s: float,
     on_result=None,
+    make_room=None,
+    disk_short=None,
 ) -> list[dict]:
     """Run jobs of one toolchain in the sandboxed harness, library jobs
     sharing children. Jobs that end in infra_error (the sandbox's trouble,
-    never the kernel's) are run again with backoff; any other status is an
-    answer. ``on_result(index, result)`` hears of each job's answer as soon
+    never the kernel's, a full disk included: ``short_of_disk``) are run
+    again with backoff, after ``make_room()`` where the disk was full; any
+    other status is an answer. ``on_result(index, result)`` hears of each job's answer as soon
     as it is one, while the others still run."""
     run_batch = harness_batch()
     results: list[dict | None] = [None] * len(jobs)
     answered: set[int] = set()
+    disk_full: list[bool] = []
 
     def answer(i: int, result: dict) -> None:
         results[i] = result
@@ -367,10 +404,14 @@ def jobs_run(
     pending = list(range(len(jobs)))
     for attempt in range(INFRA_RETRIES):
         last = attempt == INFRA_RETRIES - 1
+        disk_full.clear()
 
         def ended(k: int, result: dict, pending=pending, last=last) -> None:
-            if last or result.get("status") != "infra_error":
-                answer(pending[k], result)
+            checked = short_of_disk(jobs[pending[k]], result, disk_short)
+            if checked is not result:
+                disk_full.append(True)
+            if last or checked.get("status") != "infra_error":
+                answer(pending[k], checked)
 
         batch = [jobs[i] for i in pending]
         try:
@@ -384,22 +425,47 @@ def jobs_run(
                 keep_warm=True,
             )
         except Exception as exc:  # the harness must not take the worker down
-            # A batch the harness refuses is refused again on retry: report it.
-            log.exception("harness refused jobs %s", [jobs[i]["job"] for i in pending])
             reason = (str(exc).splitlines() or [exc.__class__.__name__])[0][:500]
-            for i in pending:
-                if i not in answered:
-                    answer(
-                        i, infra_result(jobs[i], f"harness refused the job: {reason}")
-                    )
-            break
-        for i, result in zip(pending, results_now, strict=True):
+            if disk.is_disk_full(exc):
+                # Its sandbox could not be written: tried again once there
+                # may be room.
+                log.warning("harness could not start: %s: %s", disk.SHORT_OF_DISK, exc)
+                disk_full.append(True)
+                if last:
+                    for i in pending:
+                        if i not in answered:
+                            answer(
+                                i,
+                                infra_result(
+                                    jobs[i], f"{disk.SHORT_OF_DISK}: {reason}"
+                                ),
+                            )
+                    break
+                results_now = None
+            else:
+                # A batch the harness refuses is refused again on retry:
+                # report it.
+                log.exception(
+                    "harness refused jobs %s", [jobs[i]["job"] for i in pending]
+                )
+                for i in pending:
+                    if i not in answered:
+                        answer(
+                            i,
+                            infra_result(jobs[i], f"harness refused the job: {reason}"),
+                        )
+                break
+        answers = zip(pending, results_now, strict=True) if results_now else ()
+        for i, result in answers:
+            result = short_of_disk(jobs[i], result, disk_short)
             results[i] = result
             if i not in answered and (last or result.get("status") != "infra_error"):
                 answer(i, result)
         pending = [i for i in pending if i not in answered]
         if not pending:
             break
+        if disk_full and make_room is not None:
+            make_room()
         time.sleep(INFRA_BACKOFF_S * 2**attempt)
     return results
 
@@ -445,6 +511,48 @@ def outbox_keep(outbox: Path, job: dict, envelope: dict) -> None:
     temporary = outbox / f".{path.name}.{os.getpid()}.tmp"
     temporary.write_text(json.dumps(envelope))
     os.replace(temporary, path)
+
+
+# How long a job message waits for room to keep the results the outbox
+# could not hold, and how often it tries.
+OUTBOX_CATCH_UP_S = 120.0
+OUTBOX_CATCH_UP_EVERY_S = 5.0
+
+
+def outbox_catch_up(
+    outbox: Path,
+    unkept: list[tuple[dict, dict]],
+    *,
+    make_room,
+    wait_s: float = OUTBOX_CATCH_UP_S,
+    every_s: float = OUTBOX_CATCH_UP_EVERY_S,
+) -> int:
+    """Keep in the outbox the results it could not hold when their jobs
+    ended, once there is room. They were sent, but only the outbox sends a
+    result again should the control worker lose it: without it, its job
+    would wait for it until this runner restarts. Tries every ``every_s``
+    for up to ``wait_s`` (the message holds its place in the worker
+    meanwhile: a runner short of disk has no room for another job either).
+    Returns how many could not be kept."""
+    deadline = time.monotonic() + wait_s
+    while unkept:
+        make_room()
+        try:
+            outbox_keep(outbox, *unkept[0])
+        except OSError as exc:
+            if time.monotonic() >= deadline:
+                log.error(
+                    "%d results sent but not kept in the outbox (%s): should the "
+                    "control worker lose them, their jobs wait until this "
+                    "runner restarts",
+                    len(unkept),
+                    exc,
+                )
+                return len(unkept)
+            time.sleep(every_s)
+            continue
+        unkept.pop(0)
+    return 0
 
 
 def results_send(envelopes: list[dict]) -> None:
@@ -533,16 +641,46 @@ def results_for(
         else:
             runnable.setdefault(interpreter, []).append(job)
     for interpreter, group in runnable.items():
-        cache_dir = config.directory / "kernel-cache" / group[0]["toolchain"][:16]
+        cache_dir = kernel_cache_root(config) / group[0]["toolchain"][:16]
         cache_dir.mkdir(parents=True, exist_ok=True)
+        kernel_cache_keep(config)
         jobs_run(
             jobs=group,
             interpreter=interpreter,
             cache_dir=cache_dir,
             timeout_s=timeout_s,
             on_result=lambda i, result, group=group: sign(group[i], result),
+            make_room=lambda: kernel_cache_keep(config, urgent=True),
+            disk_short=lambda: disk_short_now(config),
         )
     return [signed[job["job"]] for job in jobs]
+
+
+def kernel_cache_root(config: HostConfig) -> Path:
+    return config.directory / "kernel-cache"
+
+
+def kernel_cache_keep(config: HostConfig, *, urgent: bool = False) -> None:
+    kernel_cache.cache_keep(kernel_cache_root(config), urgent=urgent)
+
+
+def disk_short_now(config: HostConfig) -> str | None:
+    """Why this host has too little free space now, where it keeps its
+    outbox and kernel cache or where its harness children write (under
+    TILEMATRIX_RUNNER_DISK_FREE_MB); None when it has enough."""
+    return disk.disk_short(
+        (config.directory, Path(tempfile.gettempdir())),
+        agent_config.disk_free_min_bytes(),
+    )
+
+
+def disk_check(config: HostConfig) -> str | None:
+    """``disk_short_now``, after the kernel cache has given back what it
+    can: why this host should take no job now."""
+    if disk_short_now(config) is None:
+        return None
+    kernel_cache_keep(config, urgent=True)
+    return disk_short_now(config)
 
 
 CLAIM_TIMEOUT_S = 30
@@ -598,6 +736,10 @@ def jobs_execute(
     hosted = [j for j in jobs if python_for(config, j["toolchain"])]
     if not hosted:
         return f"jobs {[j['job'] for j in jobs]}: toolchain not hosted here"
+    # Before the claim: a runner that would fail every job for want of
+    # disk leaves them to the others.
+    if short := disk_check(config):
+        raise RunnerShortOfDisk(short)
     mine = jobs_claim(jobs=hosted, config=config, retried=retried)
     if not mine:
         return f"jobs {[j['job'] for j in jobs]}: already taken or superseded"
@@ -606,9 +748,15 @@ def jobs_execute(
     # it in the outbox.
     outbox = outbox_dir(config)
     ended: queue.SimpleQueue = queue.SimpleQueue()
+    unkept: list[tuple[dict, dict]] = []
 
     def kept(job: dict, envelope_: dict) -> None:
-        outbox_keep(outbox, job, envelope_)
+        # A result the outbox cannot hold (a full disk) is sent all the same.
+        try:
+            outbox_keep(outbox, job, envelope_)
+        except OSError as exc:
+            log.warning("result of job %s not kept in the outbox: %s", job["job"], exc)
+            unkept.append((job, envelope_))
         ended.put(envelope_)
 
     with ThreadPoolExecutor(1, thread_name_prefix="jobs") as pool:
@@ -617,6 +765,10 @@ def jobs_execute(
         )
         results_stream(ended, running)
         signed = running.result()
+    if unkept:
+        outbox_catch_up(
+            outbox, unkept, make_room=lambda: kernel_cache_keep(config, urgent=True)
+        )
     statuses = ", ".join(
         f"{e['payload']['job']}:{e['payload']['result'].get('status')}" for e in signed
     )

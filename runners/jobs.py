@@ -82,6 +82,19 @@ def execute_job(self, envelope):
         if not (self.request.called_directly or self.request.is_eager):
             jobs_pause_from_task(self.app, self.request.hostname)
         raise Reject(f"runner in {health}", requeue=True) from None
+    except host.RunnerShortOfDisk as short:
+        # As in maintenance: its jobs go back for the other runners, and
+        # this worker reads its runner queues again once there is room
+        # (RunnerHost looks on each heartbeat).
+        log.warning(
+            "runner %s: %s; its job message goes back to the queue and this "
+            "worker reads its runner queues again once there is room",
+            config.name,
+            short,
+        )
+        if not (self.request.called_directly or self.request.is_eager):
+            jobs_pause_from_task(self.app, self.request.hostname)
+        raise Reject(str(short), requeue=True) from None
     except client.ServerUnavailable as exc:
         log.warning(
             "claim not answered, message to be retried (retry %s of %s): %s",

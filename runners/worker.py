@@ -7,7 +7,9 @@ runs. A runner in maintenance gives its job messages back and stops reading
 its runner queues; on each heartbeat the step asks the server whether it is
 active again and, once it is, reads them again. On each heartbeat too, the
 results the server has not stored within OUTBOX_RESEND_BEATS heartbeats are
-sent again: a control worker killed mid-ingest may have lost them."""
+sent again: a control worker killed mid-ingest may have lost them. A runner
+short of disk pauses the same way as one in maintenance, and reads its queues
+again once a heartbeat finds room."""
 
 from __future__ import annotations
 
@@ -103,6 +105,10 @@ class RunnerHost(bootsteps.StartStopStep):
         paused = [q for q in self.runner_queues if q not in reading]
         if not paused:
             return
+        # A pause for want of disk ends once there is room again.
+        if short := host.disk_check(config):
+            log.info("runner %s still waits for room: %s", config.name, short)
+            return
         try:
             health = client.signed_request(
                 config, "queues", timeout=RESUME_TIMEOUT_S
@@ -187,6 +193,9 @@ class RunnerHost(bootsteps.StartStopStep):
 
 
 def outbox_resend(config: host.HostConfig) -> None:
+    # Here too, not only before a batch: a worker given no job for a while
+    # still keeps its kernel cache within its limit.
+    host.kernel_cache_keep(config)
     settled_s = OUTBOX_RESEND_BEATS * agent_config.heartbeat_interval_s()
     try:
         resent = host.outbox_flush(config=config, settled_s=settled_s)

@@ -141,7 +141,20 @@ def compile_program(job: dict, make_program, result: dict, on_stage, *, declines
         lowering = func is None or job["stage"] == "lower" or failing_pass(exc)
         raise CompileFailure("lower" if lowering else "build", exc) from exc
     result["stage_reached"] = "build"
+    _stamp_used(kernel)
     return kernel, kernel.get_kernel_source()
+
+
+def _stamp_used(kernel) -> None:
+    """Mark the kernel's cache entry as used now: the runner evicts the
+    least recently used entries (runners.kernel_cache), and loading one
+    from the cache changes no time the filesystem keeps (relatime)."""
+    path = getattr(kernel, "_tilelang_cache_path", None)
+    if path:
+        try:
+            os.utime(path)
+        except OSError:
+            pass  # gone meanwhile, or a throwaway cache: nothing to keep
 
 
 def _validate(job: dict, operator, kernel, tolerance, result: dict) -> dict:

@@ -29,6 +29,8 @@ import uuid
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
+from ..deploy import proxy
+
 REPO = Path(__file__).resolve().parents[2]
 PY = sys.executable
 # Away from the index CI uses; deployments also prefix their keys.
@@ -109,6 +111,7 @@ class Cluster:
                 configured if configured.startswith("redis") else None
             )
         self.pg_admin = None
+        self.nginx: proxy.Nginx | None = None
         database_url = os.environ.get("DATABASE_URL", "")
         if database == "default" and database_url.startswith(("postgres", "pgsql")):
             name = f"tm_e2e_{uuid.uuid4().hex[:10]}"
@@ -191,6 +194,8 @@ class Cluster:
         for name in list(self.procs):
             sig = signal.SIGKILL if name.startswith("runner:") else signal.SIGTERM
             self.kill(name, sig, grace=5)
+        if self.nginx is not None:
+            self.nginx.stop()
         if self.pg_admin:
             self._pg_execute(f'DROP DATABASE IF EXISTS "{self.pg_name}" WITH (FORCE)')
         if os.environ.get("KEEP_CLUSTER_LOGS"):
@@ -200,17 +205,23 @@ class Cluster:
 
     # The deployment -------------------------------------------------------
 
-    def start_web(self) -> None:
-        self.start(
-            "web",
-            [
-                PY,
-                "manage.py",
-                "runserver",
-                f"{self.web_host}:{self.port}",
-                "--noreload",
-            ],
-        )
+    def start_web(self, *, proxied: bool = False) -> None:
+        """The web server: Django's own, or (``proxied``) the documented
+        deployment, gunicorn behind nginx with deploy/nginx/tilematrix.conf,
+        where ``self.server`` is nginx and ``self.gunicorn`` gunicorn."""
+        if proxied:
+            self._start_proxied()
+        else:
+            self.start(
+                "web",
+                [
+                    PY,
+                    "manage.py",
+                    "runserver",
+                    f"{self.web_host}:{self.port}",
+                    "--noreload",
+                ],
+            )
 
         def up():
             try:
@@ -221,7 +232,23 @@ class Cluster:
             except OSError:
                 return False
 
-        wait_for(up, timeout=60, what="the web server")
+        wait_for(up, timeout=90, what="the web server")
+
+    def _start_proxied(self) -> None:
+        gunicorn_port = free_port()
+        self.gunicorn = f"http://127.0.0.1:{gunicorn_port}"
+        # nginx on this host is the proxy the app reads X-Forwarded-For from.
+        self.start(
+            "web",
+            proxy.gunicorn_argv(gunicorn_port),
+            env={"TILEMATRIX_TRUSTED_PROXIES": "127.0.0.1"},
+        )
+        proxy.wait_answering(
+            self.gunicorn + "/livez", timeout=90, what="gunicorn (docs/deploy.md)"
+        )
+        self.nginx = proxy.Nginx(
+            listen_port=self.port, upstream_port=gunicorn_port, static=REPO / "static"
+        )
 
     def start_control(self) -> None:
         self.start("control", [PY, "manage.py", "control", "work"])

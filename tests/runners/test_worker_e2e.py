@@ -1,6 +1,6 @@
-"""A deployment in subprocesses (web server, control worker with beat, runner
-workers) against the configured database and broker kinds: what a lab admin
-and a user do, and what must survive a crash."""
+"""A deployment in subprocesses (gunicorn behind nginx, control worker with
+beat, runner workers) against the configured database and broker kinds:
+what a lab admin and a user do, and what must survive a crash."""
 
 from __future__ import annotations
 
@@ -30,7 +30,9 @@ def smoke_cells(device_filter: str, limit: int | None = None) -> str:
 def cluster():
     cluster = Cluster()
     try:
-        cluster.start_web()
+        # As docs/deploy.md deploys it: gunicorn behind nginx. Runners
+        # register, claim, recover and ask for their outbox through it.
+        cluster.start_web(proxied=True)
         cluster.start_control()
         yield cluster
     finally:
