@@ -43,6 +43,7 @@ from urllib.parse import quote, unquote, urlsplit
 
 from django.conf import settings
 from django.utils.crypto import salted_hmac
+from kombu import Connection
 
 from runners.broker_login import mailbox
 from runners.protocol import CONTROL
@@ -160,7 +161,9 @@ def queues_declare(runner) -> None:
     arguments): the runner's worker only reads them."""
     from matrix.celery import app
 
-    with app.connection_for_write() as connection:
+    with Connection(
+        settings.CELERY_BROKER_URL, connect_timeout=ADMIN_TIMEOUT_S
+    ) as connection:
         try:
             channel = connection.default_channel
             for name in [CONTROL, *runner.queues()]:
@@ -203,13 +206,14 @@ def access_revoke(runner_name: str) -> int:
 
 
 def _connections_close(user: str) -> int:
-    listed = _admin("GET", "connections?columns=name,user") or []
-    closed = 0
-    for connection in listed:
-        if connection.get("user") == user:
-            _admin("DELETE", f"connections/{_q(connection['name'])}")
-            closed += 1
-    return closed
+    # By user: RabbitMQ's connection tracking (what enforces the
+    # max-connections limit) lists a connection as soon as it is open,
+    # where GET /api/connections waits for the next statistics interval.
+    path = f"connections/username/{_q(user)}"
+    listed = _admin("GET", path) or []
+    if listed:
+        _admin("DELETE", path)
+    return len(listed)
 
 
 def users_prune(*, keep: set[str]) -> int:
