@@ -20,6 +20,7 @@ The host, port and TLS of the broker stay the runner's own
 
 from __future__ import annotations
 
+import os
 from urllib.parse import quote, urlsplit, urlunsplit
 
 from kombu import Exchange, Queue
@@ -66,10 +67,15 @@ def app_isolate(
     app, *, runner_name: str, queues: list[str], login: dict, base_url: str | None
 ) -> None:
     """Set ``app`` (the agent's, before its worker starts) to work on the
-    runner's own login and inside its permissions."""
+    runner's own login and inside its permissions; the login goes into this
+    process's CELERY_BROKER_URL too (a harness child's environment is an
+    allow-list without it)."""
     own = f"runner.{runner_name}"
+    url = url_with_login(base_url, login)
+    # Celery reads CELERY_BROKER_URL from the environment over its setting.
+    os.environ["CELERY_BROKER_URL"] = url
     app.conf.update(
-        broker_url=url_with_login(base_url, login),
+        broker_url=url,
         task_queues=[
             Queue(name, Exchange(name, no_declare=True), name, no_declare=True)
             for name in dict.fromkeys([*queues, CONTROL])
