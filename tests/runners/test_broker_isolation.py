@@ -239,3 +239,24 @@ def test_approval_is_refused_when_the_broker_user_cannot_be_made(rabbit, registe
     ):
         services.runner_approve(name=pending.name)
     assert Runner.objects.get(name=pending.name).health == Runner.Health.PENDING
+
+
+LOGIN = {"username": "runner.h200-a@lab", "password": "p/w:1", "vhost": "lab"}
+
+
+def test_the_runner_keeps_its_broker_address_and_takes_the_servers_login():
+    url = broker_login.url_with_login("amqps://old:creds@rabbit.lab:5671//", LOGIN)
+    assert url == "amqps://runner.h200-a%40lab:p%2Fw%3A1@rabbit.lab:5671/lab"
+    connection = Connection(url)
+    assert (connection.userid, connection.password) == ("runner.h200-a@lab", "p/w:1")
+    assert (connection.hostname, connection.port, connection.virtual_host) == (
+        "rabbit.lab",
+        5671,
+        "lab",
+    )
+
+
+@pytest.mark.parametrize("base", [None, "", "redis://r:6379/0", "filesystem://"])
+def test_a_login_on_a_runner_without_a_rabbitmq_url_is_refused_with_the_fix(base):
+    with pytest.raises(broker_login.LoginUnusable, match="CELERY_BROKER_URL"):
+        broker_login.url_with_login(base, LOGIN)
