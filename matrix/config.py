@@ -11,6 +11,7 @@ import functools
 import ipaddress
 import os
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import environ
 from django.core.exceptions import ImproperlyConfigured
@@ -19,6 +20,7 @@ from runners import config as agent
 
 DATABASE_SCHEMES = {"postgres", "postgresql", "pgsql", "sqlite"}
 CACHE_SCHEMES = {"redis", "rediss"}
+AMQP_SCHEMES = {"amqp", "amqps", "pyamqp"}
 TRUE = {"1", "true", "yes", "on"}
 FALSE = {"0", "false", "no", "off", ""}
 
@@ -74,6 +76,27 @@ def parse_bool(variable: str, raw: str | None, default: bool) -> bool:
     if value in FALSE:
         return False
     raise bad(variable, f"expected one of 1/0/true/false/yes/no, got {raw!r}")
+
+
+def parse_broker_admin(raw: str | None, broker_url: str) -> str:
+    """RabbitMQ's management API (``http://USER:PASS@HOST:15672/``), through
+    which each approved runner gets a broker user of its own
+    (``matrix/fleet/broker_access.py``); unset or empty: every runner keeps
+    the broker URL it was configured with. Only RabbitMQ has users."""
+    variable = "TILEMATRIX_BROKER_ADMIN_URL"
+    if raw is None or raw.strip() == "":
+        return ""
+    url_scheme(variable, raw, {"http", "https"}, "http://USER:PASSWORD@HOST:15672/")
+    parts = urlsplit(raw)
+    if not parts.hostname or not parts.username:
+        raise bad(variable, "needs a host and the management user's name")
+    if urlsplit(broker_url).scheme not in AMQP_SCHEMES:
+        raise bad(
+            variable,
+            "per-runner broker users need RabbitMQ: CELERY_BROKER_URL must be "
+            "amqp://... (Redis and the embedded broker have no users; unset it)",
+        )
+    return raw
 
 
 def private_dir(path: Path) -> Path:

@@ -33,6 +33,12 @@ CELERY_BROKER_URL, CELERY_BROKER_TRANSPORT_OPTIONS = config.parse_broker(
     keyprefix=os.environ.get("TILEMATRIX_BROKER_KEYPREFIX"),
 )
 CELERY_BROKER_TRANSPORT = config.broker_transport(CELERY_BROKER_URL)
+# RabbitMQ's management API: each approved runner gets a broker user of its
+# own, limited to its queues (docs/security.md); unset, runners share the
+# broker URL they are configured with.
+TILEMATRIX_BROKER_ADMIN_URL = config.parse_broker_admin(
+    os.environ.get("TILEMATRIX_BROKER_ADMIN_URL"), CELERY_BROKER_URL
+)
 CACHES = config.parse_cache(
     os.environ.get("TILEMATRIX_SESSION_CACHE_URL"),
     os.environ.get("TILEMATRIX_CACHE_URL"),

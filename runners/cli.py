@@ -18,7 +18,7 @@ from pathlib import Path
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from runners import client, host, signing
+from runners import broker_login, client, host, signing
 from runners import config as agent_config
 from runners.files import FileProblem, OutputFile, read_json
 from runners.protocol import PENDING
@@ -242,6 +242,12 @@ class HostCommands:
 
     def _queues(self, config: host.HostConfig) -> tuple[list[str], str]:
         """The runner's queues and health, as the server sees them now."""
+        reply = self._queues_reply(config)
+        return reply["queues"], reply.get("health", host.ACTIVE)
+
+    def _queues_reply(self, config: host.HostConfig) -> dict:
+        """The server's queues reply: queues, health and, where the server
+        gives each runner a broker user, its login (``broker``)."""
         # The server's view wins: device types or toolchains may have changed.
         # Asked over HTTP: a runner host holds no database credentials.
         try:
@@ -261,27 +267,27 @@ class HostCommands:
             raise Refused(f"queues {exc}") from None
         except client.ServerUnavailable as exc:
             raise Refused(str(exc)) from None
-        return reply["queues"], reply.get("health", host.ACTIVE)
+        return reply
 
-    def _approved_queues(self, config: host.HostConfig) -> list[str]:
-        """The runner's queues once a runner admin has approved it: a pending
+    def _approved(self, config: host.HostConfig) -> dict:
+        """The queues reply once a runner admin has approved it: a pending
         runner waits here, asking every heartbeat interval, so that a worker
         started right after `register` (by hand or by systemd) begins work
         as soon as it is approved, and a refused one stops with the reason."""
-        queues, health = self._queues(config)
-        if health != PENDING:
-            return queues
+        reply = self._queues_reply(config)
+        if reply.get("health") != PENDING:
+            return reply
         poll_s = agent_config.heartbeat_interval_s()
         self.say(
             awaiting_approval(config.name, config.server)
             + f"; asking again every {poll_s:g} s (Ctrl-C stops)"
         )
         self.out.flush()
-        while health == PENDING:
+        while reply.get("health") == PENDING:
             time.sleep(poll_s)
-            queues, health = self._queues(config)
+            reply = self._queues_reply(config)
         self.say(f"runner {config.name} approved: starting its worker")
-        return queues
+        return reply
 
     def do_queues(self, *, key_dir, **_):
         config = self._config(key_dir)
@@ -300,7 +306,23 @@ class HostCommands:
         except agent_config.SettingError as exc:
             raise Refused(str(exc)) from None
         os.environ[host.RUNNER_DIR_ENV] = str(config.directory)
-        queues = self._approved_queues(config)
+        reply = self._approved(config)
+        queues = reply["queues"]
+        if reply.get("broker"):
+            try:
+                broker_login.app_isolate(
+                    app,
+                    runner_name=config.name,
+                    queues=queues,
+                    login=reply["broker"],
+                    base_url=os.environ.get("CELERY_BROKER_URL"),
+                )
+            except broker_login.LoginUnusable as exc:
+                raise Refused(str(exc)) from None
+            self.say(
+                f"runner {config.name} connects as broker user "
+                f"{reply['broker']['username']}, limited to its own queues"
+            )
         concurrency = concurrency or host.work_processes()
         host.share_cores(concurrency)
         app.worker_main(
@@ -312,6 +334,11 @@ class HostCommands:
                 f"--loglevel={loglevel}",
                 "--without-gossip",
                 "--without-mingle",
+                # Worker heartbeats are events on the shared celeryev
+                # exchange, which no monitor here reads and a runner's own
+                # broker user may not publish to; the runner's signed
+                # heartbeats go to the control queue.
+                "--without-heartbeat",
             ]
         )
 

@@ -9,9 +9,11 @@ import logging
 
 from celery import shared_task
 from celery.exceptions import Reject
+from celery.utils.time import get_exponential_backoff_interval
 
 from runners import client, host, signing
 from runners import config as agent_config
+from runners.broker_login import RETRY_ROUTE
 from runners.protocol import EXECUTE_JOB
 from runners.worker import jobs_pause_from_task, jobs_stop_from_task
 
@@ -22,15 +24,14 @@ log = logging.getLogger(__name__)
 # queue with a growing delay (up to a minute) for about two hours; after that
 # the job stays queued and the runner's next broker (re)connect republishes it.
 CLAIM_RETRIES = 120
+RETRY_BACKOFF_S = 2
+RETRY_BACKOFF_MAX_S = 60
 
 
 @shared_task(
     name=EXECUTE_JOB,
     bind=True,
     acks_late=True,
-    autoretry_for=(client.ServerUnavailable,),
-    retry_backoff=2,
-    retry_backoff_max=60,
     max_retries=CLAIM_RETRIES,
 )
 def execute_job(self, envelope):
@@ -102,5 +103,17 @@ def execute_job(self, envelope):
             CLAIM_RETRIES,
             exc,
         )
-        raise
+        # On a runner's own broker login it may publish only to its own
+        # queue's exchange: the retried message comes back to it there
+        # (runners.broker_login); elsewhere to the queue it came from.
+        raise self.retry(
+            exc=exc,
+            countdown=get_exponential_backoff_interval(
+                factor=RETRY_BACKOFF_S,
+                retries=self.request.retries,
+                maximum=RETRY_BACKOFF_MAX_S,
+                full_jitter=True,
+            ),
+            **(self.app.conf.get(RETRY_ROUTE) or {}),
+        ) from None
     log.info("%s", outcome)

@@ -69,5 +69,9 @@ def control_send(task: str, message, **options) -> None:
     """Send ``message`` to the control worker's ``task``, by its wire name:
     the agent holds no server code. Where a process holds that task too (the
     test suite runs the whole chain in one process), the send runs it as the
-    app says, in place when eager."""
-    current_app.signature(task).apply_async(args=[message], queue=CONTROL, **options)
+    app says, in place when eager. On a runner's own broker login it goes
+    to the control exchange by name (``runners.broker_login``)."""
+    route = current_app.conf.get("tilematrix_control_route") or {}
+    current_app.signature(task).apply_async(
+        args=[message], queue=CONTROL, **route, **options
+    )

@@ -75,10 +75,21 @@ class OutboxReply(Schema):
     running: list[JobKey]
 
 
+class BrokerLogin(Schema):
+    username: str
+    password: str
+    vhost: str
+
+
 class QueuesReply(Schema):
     name: str
     queues: list[str]
     health: str
+    broker: BrokerLogin | None = Field(
+        None,
+        description="the runner's own RabbitMQ login, limited to its queues; "
+        "null where runners keep the broker URL they were configured with",
+    )
 
 
 class UploadReply(Schema):
@@ -192,9 +203,10 @@ def outbox_pending(request, envelope: Body[Any]):
     "/runners/queues", response={200: QueuesReply, **SIGNED_REPLIES}, auth=None
 )
 def runner_queues(request, envelope: Body[Any]):
-    """The queues the runner's worker consumes and the runner's health
-    (signed request, payload ``{"kind": "queues", "runner"}``); a pending
-    runner has none until it is approved."""
+    """The queues the runner's worker consumes, the runner's health and,
+    where the server gives each runner a broker user of its own, that
+    user's login (signed request, payload ``{"kind": "queues", "runner"}``);
+    a pending runner has none until it is approved."""
     return _signed(services.runner_queues, envelope)
 
 

@@ -19,6 +19,7 @@ from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import DatabaseError
 
 from matrix.fleet import services
+from matrix.fleet.broker_access import BrokerAdminError
 from runners.protocol import CONTROL, HEARTBEAT, INGEST_RESULT, REAP
 
 log = logging.getLogger(__name__)
@@ -159,6 +160,13 @@ def reap():
     counts = services.runner_reap()
     if any(counts.values()):
         log.info("reaper: %s", counts)
+    try:
+        pruned = services.broker_users_prune()
+    except BrokerAdminError as exc:
+        log.warning("reaper: broker users not checked: %s", exc)
+    else:
+        if pruned:
+            log.warning("reaper: deleted %d broker users of revoked runners", pruned)
 
 
 def _signer(envelope) -> str:

@@ -88,6 +88,28 @@ def test_redis_and_rabbitmq_brokers_are_taken_by_url(raw, tmp_path):
     assert config.parse_broker(raw, tmp_path)[0] == raw
 
 
+def test_per_runner_broker_users_are_off_unless_the_admin_url_is_set():
+    assert config.parse_broker_admin(None, "redis://127.0.0.1:6379/0") == ""
+    assert config.parse_broker_admin("", "amqp://127.0.0.1//") == ""
+    url = "http://admin:secret@rabbit:15672/"
+    assert config.parse_broker_admin(url, "amqp://tm:pw@rabbit:5672//") == url
+
+
+@pytest.mark.parametrize(
+    ("raw", "broker", "says"),
+    [
+        ("rabbit:15672", "amqp://rabbit//", "expected http://USER:PASSWORD@HOST"),
+        ("http://rabbit:15672/", "amqp://rabbit//", "the management user's name"),
+        ("http://a:b@rabbit:15672/", "redis://r:6379/0", "need RabbitMQ"),
+        ("http://a:b@rabbit:15672/", "filesystem://localhost/", "need RabbitMQ"),
+    ],
+)
+def test_a_broker_admin_url_that_cannot_work_stops_the_server(raw, broker, says):
+    with pytest.raises(ImproperlyConfigured, match="TILEMATRIX_BROKER_ADMIN_URL") as e:
+        config.parse_broker_admin(raw, broker)
+    assert says in str(e.value)
+
+
 def test_deployments_sharing_a_redis_keep_to_their_own_keys(tmp_path):
     """Queues of two deployments on one Redis (or two test clusters) would
     cross without a key prefix; a message sent with one prefix is seen only

@@ -26,8 +26,9 @@ import tempfile
 import time
 import urllib.request
 import uuid
+from base64 import b64encode
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import quote, urlsplit, urlunsplit
 
 from ..deploy import proxy
 
@@ -36,6 +37,8 @@ PY = sys.executable
 # Away from the index CI uses; deployments also prefix their keys.
 E2E_REDIS_DB = 11
 # Nothing listens on port 1: a connection is refused at once.
+RABBIT = "amqp://guest:guest@127.0.0.1:5672"
+RABBIT_ADMIN = "http://guest:guest@127.0.0.1:15672/"
 NO_DATABASE = "postgres://nobody@127.0.0.1:1/none"
 RUNNER_ENV = {"DATABASE_URL": NO_DATABASE}
 SHOWN_ONCE = re.compile(r"reviewer account: (reviewer\d) / (\S+)  \(shown once\)")
@@ -55,6 +58,18 @@ def wait_for(predicate, *, timeout: float, what: str, every: float = 0.25):
             return value
         time.sleep(every)
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def rabbit_admin(method: str, path: str):
+    """RabbitMQ's management API on this machine, as the guest user."""
+    request = urllib.request.Request(
+        f"http://127.0.0.1:15672/api/{path}",
+        method=method,
+        headers={"Authorization": "Basic " + b64encode(b"guest:guest").decode()},
+    )
+    with urllib.request.urlopen(request, timeout=10) as answer:
+        raw = answer.read()
+    return json.loads(raw) if raw else None
 
 
 def redis_url(base: str | None) -> str:
@@ -110,6 +125,17 @@ class Cluster:
             env["CELERY_BROKER_URL"] = redis_url(
                 configured if configured.startswith("redis") else None
             )
+        # RabbitMQ: a virtual host of this deployment's own, each approved
+        # runner on a broker user the server makes for it. Runner hosts are
+        # told the broker's address only.
+        self.rabbit_vhost = None
+        self.runner_broker = {}
+        if broker == "rabbitmq":
+            self.rabbit_vhost = f"tm-e2e-{uuid.uuid4().hex[:8]}"
+            rabbit_admin("PUT", f"vhosts/{self.rabbit_vhost}")
+            env["CELERY_BROKER_URL"] = f"{RABBIT}/{self.rabbit_vhost}"
+            env["TILEMATRIX_BROKER_ADMIN_URL"] = RABBIT_ADMIN
+            self.runner_broker = {"CELERY_BROKER_URL": "amqp://127.0.0.1:5672/"}
         self.pg_admin = None
         self.nginx: proxy.Nginx | None = None
         database_url = os.environ.get("DATABASE_URL", "")
@@ -198,6 +224,11 @@ class Cluster:
             self.nginx.stop()
         if self.pg_admin:
             self._pg_execute(f'DROP DATABASE IF EXISTS "{self.pg_name}" WITH (FORCE)')
+        if self.rabbit_vhost:
+            for held in rabbit_admin("GET", f"vhosts/{self.rabbit_vhost}/permissions"):
+                if held["user"] != "guest":
+                    rabbit_admin("DELETE", f"users/{quote(held['user'], safe='')}")
+            rabbit_admin("DELETE", f"vhosts/{self.rabbit_vhost}")
         if os.environ.get("KEEP_CLUSTER_LOGS"):
             for n, p in self.logs.items():
                 shutil.copy(p, "/tmp/cluster-" + n.replace(":", "-") + ".log")
@@ -298,7 +329,7 @@ class Cluster:
                 "--key-dir",
                 str(self.key_dir(runner)),
             ],
-            env={**RUNNER_ENV, **env},
+            env={**RUNNER_ENV, **self.runner_broker, **env},
         )
 
     def broker_url(self) -> str:

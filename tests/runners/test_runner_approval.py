@@ -324,7 +324,7 @@ def test_work_waits_for_approval_then_starts_on_the_approved_queues(
 
     monkeypatch.setattr(cli.time, "sleep", sleep)
     out = StringIO()
-    queues = cli.HostCommands(out, StringIO())._approved_queues(config)
+    queues = cli.HostCommands(out, StringIO())._approved(config)["queues"]
 
     assert queues == Runner.objects.get().queues()
     assert slept == [30.0, 30.0]
@@ -344,4 +344,4 @@ def test_work_stops_with_a_sentence_when_the_runner_is_refused(
         cli.time, "sleep", lambda s: services.runner_refuse(name="new-host")
     )
     with pytest.raises(cli.Refused, match="was refused by a runner admin"):
-        cli.HostCommands(StringIO(), StringIO())._approved_queues(config)
+        cli.HostCommands(StringIO(), StringIO())._approved(config)

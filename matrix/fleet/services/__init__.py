@@ -37,6 +37,7 @@ from matrix.fleet.services.planning import (
     sweep_plan,
 )
 from matrix.fleet.services.registration import (
+    broker_users_prune,
     hosted_toolchains,
     runner_approve,
     runner_evidence_adopt,
@@ -55,6 +56,7 @@ from matrix.fleet.services.requests import (
 __all__ = [
     "Capabilities",
     "Conflict",
+    "broker_users_prune",
     "bundle_abandon",
     "bundle_plan",
     "heartbeat_interval_s",

@@ -9,6 +9,7 @@ until a runner admin has seen its inventory and approved it."""
 
 from __future__ import annotations
 
+import logging
 import secrets
 from datetime import timedelta
 
@@ -16,6 +17,7 @@ from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from matrix.fleet import broker_access
 from matrix.fleet.models import RegistrationToken, Runner, RunnerToolchain, token_digest
 from matrix.fleet.services.errors import Conflict
 from matrix.fleet.services.liveness import bundle_jobs_lose
@@ -23,6 +25,8 @@ from matrix.models import AuditEvent, Backend, DeviceType, Toolchain, fingerprin
 from matrix.services import toolchain_register
 from runners import signing
 from runners.harness.fingerprint import TOOLCHAIN_KEYS
+
+log = logging.getLogger(__name__)
 
 INVENTORY_MAX_BYTES = 64 * 1024
 # A petabyte: far above any device, far below what the database column holds.
@@ -377,6 +381,14 @@ def runner_approve(*, name: str, by=None) -> Runner:
     runner = _pending(name)
     _inventory_adopt(runner)
     runner.approve(by=by)
+    # Before the approval commits: a runner approved without its broker user
+    # could not work, and the admin would not know why.
+    try:
+        broker_access.access_grant(runner)
+    except broker_access.BrokerAdminError as exc:
+        raise ValidationError(
+            f"runner {name!r} not approved: its broker user could not be made ({exc})"
+        ) from None
     return runner
 
 
@@ -396,8 +408,30 @@ def runner_revoke(*, name: str, by=None) -> Runner:
         raise ValidationError(f"no runner named {name!r}")
     runner.revoke(by=by)
     runner.go_offline()
+    try:
+        runner.broker_connections_closed = broker_access.access_revoke(name)
+    except broker_access.BrokerAdminError as exc:
+        # The revocation stands (its signatures are refused from now on);
+        # the reaper deletes the broker user once the broker answers.
+        runner.broker_connections_closed = None
+        log.error("runner %s revoked, its broker user not yet deleted: %s", name, exc)
     # Its results are refused from now on: its bundles will not come home.
     bundle_jobs_lose(
         runner=runner, reason=f"runner {name} was revoked before its bundle came home"
     )
     return runner
+
+
+def broker_users_prune() -> int:
+    """Delete the broker users (and close their connections) of runners
+    that may no longer hold one: revoked, or gone. The backstop of a
+    revocation whose broker part failed; 0 without per-runner users."""
+    if not broker_access.enabled():
+        return 0
+    keep = {
+        runner.name
+        for runner in Runner.objects.filter(revoked_at__isnull=True).exclude(
+            health__in=[Runner.Health.PENDING, Runner.Health.EVIDENCE]
+        )
+    }
+    return broker_access.users_prune(keep=keep)

@@ -10,11 +10,13 @@ request is refused (Conflict) and changes nothing.
 
 from __future__ import annotations
 
+import logging
 from datetime import datetime, timedelta
 
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from matrix.fleet import broker_access
 from matrix.fleet.models import Runner, SpentNonce
 from matrix.fleet.services.envelopes import (
     REQUEST_MAX_AGE_S,
@@ -24,6 +26,8 @@ from matrix.fleet.services.envelopes import (
 from matrix.fleet.services.errors import Conflict
 from matrix.fleet.services.liveness import job_claim, queued_republish, runner_recover
 from matrix.models import JobState, ValidationJob
+
+log = logging.getLogger(__name__)
 
 
 def request_verify(envelope, *, kind: str) -> tuple[Runner, dict]:
@@ -124,5 +128,17 @@ def runner_queues(*, envelope) -> dict:
     runner admin approves it, with no queue)."""
     runner, _ = request_verify(envelope, kind="queues")
     # A pending runner is given no queue: what it claims is unapproved.
-    queues = [] if runner.has_no_queue else runner.queues()
-    return {"name": runner.name, "queues": queues, "health": runner.health}
+    if runner.has_no_queue:
+        return {"name": runner.name, "queues": [], "health": runner.health}
+    try:
+        # Made at approval; made again here, so a broker that lost its users
+        # (reset, restored) or a changed secret key heals at the next start.
+        broker_access.access_grant(runner)
+    except broker_access.BrokerAdminError as exc:
+        log.warning("runner %s: broker user not refreshed: %s", runner.name, exc)
+    return {
+        "name": runner.name,
+        "queues": runner.queues(),
+        "health": runner.health,
+        "broker": broker_access.login(runner),
+    }

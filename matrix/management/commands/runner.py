@@ -13,7 +13,7 @@ from django.core.exceptions import PermissionDenied, ValidationError
 from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 
-from matrix.fleet import services
+from matrix.fleet import broker_access, services
 from matrix.fleet.models import Runner
 from matrix.management.commands._files import OutputFile
 from matrix.management.commands._options import database_id, not_empty
@@ -227,9 +227,21 @@ class Command(BaseCommand):
 
     def do_revoke(self, *, name, **_):
         try:
-            services.runner_revoke(name=name)
+            runner = services.runner_revoke(name=name)
         except ValidationError as exc:
             raise CommandError("; ".join(exc.messages)) from None
         self.stdout.write(
             f"runner {name} revoked: its next heartbeat and result are refused"
         )
+        closed = runner.broker_connections_closed
+        if not broker_access.enabled():
+            return
+        if closed is None:
+            self.stderr.write(
+                "its broker user could not be deleted now (the broker's management "
+                "API did not answer); the reaper deletes it once it answers"
+            )
+        else:
+            self.stdout.write(
+                f"its broker user is deleted and {closed} open connections closed"
+            )
