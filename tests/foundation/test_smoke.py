@@ -12,6 +12,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -96,15 +98,24 @@ def serve_until_ctrl_c(env, runner="local-cpu") -> tuple[str, str]:
     return body, proc.stdout.read().decode()
 
 
-def test_make_run_serves_the_seeded_matrix_and_stops_cleanly_on_ctrl_c(tmp_path):
-    body, _ = serve_until_ctrl_c(demo_env(tmp_path))
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    """One seeded demo, served once: migrating and seeding cost more than
+    serving, and the revocation test goes on from where the first serve
+    left it."""
+    env = demo_env(tmp_path_factory.mktemp("demo"))
+    body, _ = serve_until_ctrl_c(env)
+    return env, body
+
+
+def test_make_run_serves_the_seeded_matrix_and_stops_cleanly_on_ctrl_c(demo):
+    _, body = demo
     assert "gemm" in body and "rmsnorm" in body
     assert "H200" in body and "MI300X" in body
 
 
-def test_make_run_comes_back_after_its_runner_was_revoked(tmp_path):
-    env = demo_env(tmp_path)
-    serve_until_ctrl_c(env)
+def test_make_run_comes_back_after_its_runner_was_revoked(demo):
+    env, _ = demo
     manage(env, "runner", "revoke", "local-cpu")
     # A revoked runner keeps its name: the host comes back under the next one.
     body, _ = serve_until_ctrl_c(env, runner="local-cpu-2")
