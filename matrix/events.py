@@ -18,3 +18,8 @@ results_stored = Signal()
 # ``results_stored`` where any were stored); ``outcomes`` are its Outcome
 # rows (``status``: stored, duplicate or refused; ``reason``; ``code``).
 results_checked = Signal()
+
+# Sent when a bisection across toolchains ends (names a release, narrows to
+# a range, finds no change or stops), inside its transaction;
+# ``bisection`` is the Bisection row, its ``conclusion`` written.
+bisection_concluded = Signal()
