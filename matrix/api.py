@@ -157,3 +157,7 @@ api.add_router("/", submissions_router)
 from matrix.api_coverage import router as coverage_router  # noqa: E402
 
 api.add_router("/", coverage_router)
+
+from matrix.api_bisections import router as bisections_router  # noqa: E402
+
+api.add_router("/", bisections_router)

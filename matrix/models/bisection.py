@@ -18,17 +18,17 @@ from matrix.models import choices_check
 
 
 class BisectionState(models.TextChoices):
-    RUNNING = "running"
+    RUNNING = "running", "running"
     # The release is named: the rung before it gave the old verdict.
-    FOUND = "found"
+    FOUND = "found", "release named"
     # Narrowed to a range: a release between could not be tested (not
     # hosted, or no verdict); ``needs`` says what would test it.
-    NARROWED = "narrowed"
+    NARROWED = "narrowed", "narrowed to a range"
     # Both ends give the same verdict on this revision: nothing to find.
-    NO_CHANGE = "no_change"
+    NO_CHANGE = "no_change", "no change"
     # Cannot go on (an end untestable, the revision changed); ``conclusion``
     # says why.
-    STOPPED = "stopped"
+    STOPPED = "stopped", "stopped"
 
 
 class BisectionDirection(models.TextChoices):

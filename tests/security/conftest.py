@@ -9,7 +9,7 @@ from django.contrib.auth.models import Group
 from matrix.accounts.roles import ADMIN, KERNEL_AUTHOR, REVIEWER, RUNNER_ADMIN, VIEWER
 from matrix.fleet.models import Runner
 from matrix.gate import services as gate
-from matrix.models import DeviceType, Operator, Shape, Sweep
+from matrix.models import Bisection, DeviceType, Operator, Shape, Sweep
 from matrix.services import toolchain_register
 from matrix.submissions import kernel_submit
 from tests.security.helpers import PERSONAS, SUPERUSER, attack_source
@@ -66,7 +66,19 @@ def objects(catalog, people):
     )
     pending = Runner.objects.create(name="perm-pending", public_key="ef" * 32)
     sweep = Sweep.objects.create(created_by=people[ADMIN])
+    bisection = Bisection.objects.create(
+        revision=shape.operator.current_revision("c"),
+        shape=shape,
+        device_type=device_type,
+        last_good=baseline,
+        first_bad=candidate,
+        direction=Bisection.Direction.REGRESSION,
+        state=Bisection.State.NARROWED,
+        ladder=[],
+    )
     return {
+        "bisection": bisection.pk,
+        "bisection_id": bisection.pk,
         "sweep": sweep.pk,
         "runner-health": runner.pk,
         "runner-revoke": runner.pk,
