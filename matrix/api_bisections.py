@@ -71,7 +71,14 @@ class BisectionOut(Schema):
     finished_at: datetime | None
 
 
-@router.get("/bisections/{bisection_id}", response=BisectionOut)
+class Refused(Schema):
+    detail: str
+
+
+@router.get(
+    "/bisections/{bisection_id}",
+    response={200: BisectionOut, 403: Refused, 404: Refused},
+)
 def bisection_read(request, bisection_id: int):
     """A bisection: its releases, steps, and once ended its conclusion, the
     release it names and a repro."""

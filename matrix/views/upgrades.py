@@ -150,7 +150,7 @@ def _acts_on(
         reviewer
         or user.pk == proposal.proposer_id
         or services.can_edit_policy(user)
-        or can_bisect(user)
+        or (_bisectable(proposal) and can_bisect(user))
         or any(
             user.get_username() in owners for owners in policy.backend_owners.values()
         )
@@ -262,13 +262,23 @@ def _rows_context(request, proposal: UpgradeProposal, policy: Policy) -> dict:
             if row.speed is None
             else times(row.speed, serve_floor(policy.speed_budget))
         )
-    row_bisections(proposal, page.rows)
+    bisectable = _bisectable(proposal)
+    if bisectable:
+        row_bisections(proposal, page.rows)
     return {
         "rows_page": page,
         "rows_filter": rows_filter,
         "changes": CHANGES,
-        "can_bisect": can_bisect(request.user),
+        "can_bisect": bisectable and can_bisect(request.user),
     }
+
+
+def _bisectable(proposal: UpgradeProposal) -> bool:
+    """Whether a row of the diff passes on one side and fails on the other:
+    only those offer Bisect (and link their bisections). A diff without
+    one costs no query for either."""
+    summary = proposal.summary or {}
+    return bool(summary.get(Change.GREEN_TO_RED) or summary.get(Change.RED_TO_GREEN))
 
 
 # The query keys that choose which rows a page lists.
@@ -300,8 +310,9 @@ def _diff_rows_html(request, proposal: UpgradeProposal, policy: Policy) -> str:
         policy.version,
         sustained_version(toolchain_id=proposal.candidate_id),
         # A row offers Bisect to those who may, and links its bisections.
-        can_bisect(request.user),
-        rows_bisections_version(proposal),
+        (can_bisect(request.user), rows_bisections_version(proposal))
+        if _bisectable(proposal)
+        else (),
     )
     return mark_safe(cached_read(key, rows_html, cache_seconds()))  # noqa: S308  rendered here
 
