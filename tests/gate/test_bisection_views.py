@@ -30,7 +30,10 @@ def proposal(world, middle):
     world.record("softmax", world.cpu, world.new, Status.COMPILE_ERROR)
     world.record("gemm", world.cpu, world.new, Status.PASS)
     return proposal_open(
-        baseline=world.old, candidate=world.new, device_types=[world.cpu], by=world.owner
+        baseline=world.old,
+        candidate=world.new,
+        device_types=[world.cpu],
+        by=world.owner,
     )
 
 
@@ -53,9 +56,7 @@ def runner_admin(django_user_model):
     return user
 
 
-def test_a_red_row_offers_bisect_to_a_reviewer_only(
-    client, world, proposal, outsider
-):
+def test_a_red_row_offers_bisect_to_a_reviewer_only(client, world, proposal, outsider):
     page = reverse("upgrade", args=[proposal.pk])
     client.force_login(world.reviewers[0])
     body = client.get(page).content.decode()
@@ -76,7 +77,10 @@ def test_bisect_refuses_get_and_a_row_of_another_proposal(client, world, proposa
     url = reverse("upgrade-bisect", args=[proposal.pk])
     assert client.get(url).status_code == 405
     other = proposal_open(
-        baseline=world.new, candidate=world.old, device_types=[world.cpu], by=world.owner
+        baseline=world.new,
+        candidate=world.old,
+        device_types=[world.cpu],
+        by=world.owner,
     )
     response = client.post(url, {"row": row_of(other, "softmax").pk})
     assert response.status_code == 400
