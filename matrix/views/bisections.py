@@ -119,7 +119,7 @@ def _context(bisection: Bisection) -> dict:
     return {
         "bisection": bisection,
         "rungs": rungs,
-        "steps": sorted(steps.values(), key=lambda s: s.number),
+        "answered": sum(1 for step in steps.values() if step.verdict),
         "repro_job": json.dumps(repro["job"], indent=2) if repro.get("job") else "",
         "repro": repro,
     }

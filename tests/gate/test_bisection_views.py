@@ -179,3 +179,14 @@ def test_the_api_reads_a_bisection_as_the_page_does(
     assert client.get("/api/v1/bisections/999999").status_code == 404
     client.logout()
     assert client.get(f"/api/v1/bisections/{bisection.pk}").status_code == 401
+
+
+def test_a_steps_sweep_links_its_bisection(client, world, proposal, middle):
+    online_runner("cpu-lab", device_types=[world.cpu], toolchains=[middle])
+    client.force_login(world.reviewers[0])
+    bisect(client, proposal, row_of(proposal, "softmax"))
+    bisection = Bisection.objects.get()
+    sweep = bisection.steps.get(job__isnull=False).job.sweep
+    body = client.get(reverse("sweep", args=[sweep.pk])).content.decode()
+    link = reverse("bisection", args=[bisection.pk])
+    assert f'a step of <a href="{link}">bisection #{bisection.pk}</a>' in body
