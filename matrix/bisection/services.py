@@ -157,6 +157,8 @@ def _answers(*, revision, shape, device_type, toolchain_ids) -> dict[int, Result
         )
         .exclude(status__in=UNANSWERING)
         .order_by("toolchain_id", "-id")
+        # A step keeps the result's id and status; its details stay unread.
+        .only("id", "toolchain_id", "status")
     )
     for result in results:
         newest.setdefault(result.toolchain_id, result)
