@@ -5,6 +5,9 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 TOOLCHAIN_0113 := var/toolchains/tilelang-0.1.13
+# The release between 0.1.13 and the project's 0.1.15: bisection across
+# toolchains (docs/bisection.md) runs the CPU cells on all three.
+TOOLCHAIN_0114 := var/toolchains/tilelang-0.1.14
 # The demo opens on the H200 lab's evidence: TileLang 0.1.13 (current) and
 # 0.1.15 on the served shapes, and the compile-only ROCm and Metal columns.
 DEMO_EVIDENCE := $(sort $(wildcard docs/evidence/*-h200-*.evidence.json))
@@ -49,7 +52,10 @@ run: seed
 $(TOOLCHAIN_0113)/bin/python:
 	scripts/make-toolchain-venv 0.1.13 $(TOOLCHAIN_0113)
 
-toolchains: $(TOOLCHAIN_0113)/bin/python
+$(TOOLCHAIN_0114)/bin/python:
+	scripts/make-toolchain-venv 0.1.14 $(TOOLCHAIN_0114)
+
+toolchains: $(TOOLCHAIN_0113)/bin/python $(TOOLCHAIN_0114)/bin/python
 
 # One worker per core; a test file stays on one worker (--dist loadfile), so
 # its module-scoped set-up (a sandbox batch, a deployment, a browser) runs

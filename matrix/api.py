@@ -161,3 +161,7 @@ api.add_router("/", coverage_router)
 from matrix.api_alerts import router as alerts_router  # noqa: E402
 
 api.add_router("/", alerts_router)
+
+from matrix.api_bisections import router as bisections_router  # noqa: E402
+
+api.add_router("/", bisections_router)

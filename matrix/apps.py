@@ -12,6 +12,7 @@ class MatrixConfig(AppConfig):
 
         from matrix.accounts.roles import roles_create
         from matrix.alerts import receivers as alerts  # noqa: F401 (connects them)
+        from matrix.bisection import receivers as bisection_receivers  # noqa: F401
         from matrix.celery import app
         from matrix.gate import receivers  # noqa: F401 (connects them)
         from matrix.gate.tasks import RESEND_AFTER_S, ROUTES

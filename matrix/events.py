@@ -27,3 +27,8 @@ alerts_changed = Signal()
 # decision, a rollout), inside its transaction; ``proposal``, ``before``
 # (the state it left) and ``actor`` (a user or None).
 proposal_state_changed = Signal()
+
+# Sent when a bisection across toolchains ends (names a release, narrows to
+# a range, finds no change or stops), inside its transaction;
+# ``bisection`` is the Bisection row, its ``conclusion`` written.
+bisection_concluded = Signal()

@@ -11,6 +11,7 @@ from matrix.api import api
 from matrix.views import (
     account,
     alerts,
+    bisections,
     cells,
     errors,
     gaps,
@@ -104,6 +105,8 @@ urlpatterns = [
         upgrades.exception_sign_off,
         name="upgrade-exception-sign-off",
     ),
+    path("upgrades/<id:pk>/bisect/", bisections.upgrade_bisect, name="upgrade-bisect"),
+    path("bisections/<id:pk>/", bisections.bisection_page, name="bisection"),
     path("submissions/", submissions.submissions_page, name="submissions"),
     path("submissions/new/", submissions.submission_new, name="submission-new"),
     path("submissions/<id:pk>/", submissions.submission_page, name="submission"),

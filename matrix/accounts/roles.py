@@ -9,9 +9,10 @@ after every migrate, so a fresh database has them.
     viewer        reads the matrix, gaps, errors, runners, upgrades, submissions
     kernel author submits kernel revisions
     reviewer      approves or rejects submissions (never their own), proposes
-                  and decides upgrades (never their own), runs sweeps
+                  and decides upgrades (never their own), runs sweeps and
+                  bisections
     runner admin  creates registration tokens, sets maintenance, revokes runners,
-                  runs sweeps
+                  runs sweeps and bisections
     admin         everything, the admin site included
 
 Anonymous reading is the embedded default's convenience (``make run`` opens
@@ -40,12 +41,14 @@ ROLE_PERMISSIONS = {
     REVIEWER: (
         "matrix.change_kernelrevision",
         "matrix.add_sweep",
+        "matrix.add_bisection",
         "matrix.propose_upgrade",
     ),
     RUNNER_ADMIN: (
         "runners.add_registrationtoken",
         "runners.change_runner",
         "matrix.add_sweep",
+        "matrix.add_bisection",
     ),
 }
 ADMIN_APPS = ("matrix", "runners", "auth", "axes")

@@ -809,6 +809,10 @@ class AuditEvent(models.Model):
 
 # The upgrade gate's models live in their own module to keep this one short.
 from matrix.models.alerts import Alert, AlertCell  # noqa: E402, F401
+from matrix.models.bisection import (  # noqa: E402, F401
+    Bisection,
+    BisectionStep,
+)
 from matrix.models.gate import (  # noqa: E402, F401
     Approval,
     BackendException,

@@ -30,6 +30,7 @@ from matrix.models import AuditEvent, Backend
 from matrix.models.gate import Approval, BackendException, Policy, UpgradeProposal
 from matrix.page_cache import page_response
 from matrix.refusals import Refused
+from matrix.views.bisections import can_bisect, row_bisections, rows_bisections_version
 
 # htmx stops polling on this status.
 STOP_POLLING = 286
@@ -142,12 +143,14 @@ def _acts_on(
     user, proposal: UpgradeProposal, policy: Policy, *, reviewer: bool
 ) -> bool:
     """Whether the page offers ``user`` anything to do (decide, grant or
-    sign off an exception, re-evaluate, roll out, edit the policy): a page
+    sign off an exception, re-evaluate, roll out, edit the policy, bisect
+    a row): a page
     that offers nothing is the same for every such reader."""
     return (
         reviewer
         or user.pk == proposal.proposer_id
         or services.can_edit_policy(user)
+        or (_bisectable(proposal) and can_bisect(user))
         or any(
             user.get_username() in owners for owners in policy.backend_owners.values()
         )
@@ -259,7 +262,23 @@ def _rows_context(request, proposal: UpgradeProposal, policy: Policy) -> dict:
             if row.speed is None
             else times(row.speed, serve_floor(policy.speed_budget))
         )
-    return {"rows_page": page, "rows_filter": rows_filter, "changes": CHANGES}
+    bisectable = _bisectable(proposal)
+    if bisectable:
+        row_bisections(proposal, page.rows)
+    return {
+        "rows_page": page,
+        "rows_filter": rows_filter,
+        "changes": CHANGES,
+        "can_bisect": bisectable and can_bisect(request.user),
+    }
+
+
+def _bisectable(proposal: UpgradeProposal) -> bool:
+    """Whether a row of the diff passes on one side and fails on the other:
+    only those offer Bisect (and link their bisections). A diff without
+    one costs no query for either."""
+    summary = proposal.summary or {}
+    return bool(summary.get(Change.GREEN_TO_RED) or summary.get(Change.RED_TO_GREEN))
 
 
 # The query keys that choose which rows a page lists.
@@ -290,6 +309,10 @@ def _diff_rows_html(request, proposal: UpgradeProposal, policy: Policy) -> str:
         proposal.evaluated_at,
         policy.version,
         sustained_version(toolchain_id=proposal.candidate_id),
+        # A row offers Bisect to those who may, and links its bisections.
+        (can_bisect(request.user), rows_bisections_version(proposal))
+        if _bisectable(proposal)
+        else (),
     )
     return mark_safe(cached_read(key, rows_html, cache_seconds()))  # noqa: S308  rendered here
 

@@ -11,6 +11,7 @@ from matrix.fleet.models import Runner
 from matrix.gate import services as gate
 from matrix.models import (
     Alert,
+    Bisection,
     DeviceType,
     Operator,
     Result,
@@ -79,11 +80,23 @@ def objects(catalog, people):
     subscription = Subscription.objects.create(
         user=people[VIEWER], channel="email", email="v@x.org", topics=["alert"]
     )
+    bisection = Bisection.objects.create(
+        revision=shape.operator.current_revision("c"),
+        shape=shape,
+        device_type=device_type,
+        last_good=baseline,
+        first_bad=candidate,
+        direction=Bisection.Direction.REGRESSION,
+        state=Bisection.State.NARROWED,
+        ladder=[],
+    )
     return {
         "alert": alert.pk,
         "alert-triage": alert.pk,
         "subscription-test": subscription.pk,
         "subscription-stop": subscription.pk,
+        "bisection": bisection.pk,
+        "bisection_id": bisection.pk,
         "sweep": sweep.pk,
         "runner-health": runner.pk,
         "runner-revoke": runner.pk,

@@ -79,6 +79,8 @@ EXPECTED = {
     "notifications": page(get=WITH_ROLE, post=WITH_ROLE),
     "subscription-test": page(post={VIEWER, ADMIN, SUPERUSER}),
     "subscription-stop": page(post={VIEWER, ADMIN, SUPERUSER}),
+    "upgrade-bisect": page(post=SWEEPERS),
+    "bisection": READ,
     "submissions": READ,
     "submission-new": page(get=AUTHORS, post=AUTHORS),
     "submission": page(get=SUBMISSION_READERS, hidden_from={VIEWER, RUNNER_ADMIN}),
@@ -116,6 +118,7 @@ EXPECTED = {
         hidden_from=WITH_ROLE - SUBMISSION_READERS | {NO_ROLE},
     ),
     "api:kernel_revert": page(post=SUBMISSION_REVIEWERS),
+    "api:bisection_read": page(get=WITH_ROLE),
 }
 # The admin site: anyone without the admin role is sent to its login page;
 # the admin role gets the admin's own answers (read-only models refuse

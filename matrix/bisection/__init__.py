@@ -1,0 +1,1 @@
+"""Bisection across toolchains: which TileLang release changed a cell."""
