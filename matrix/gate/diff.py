@@ -254,11 +254,14 @@ def distrust(cell: dict) -> str:
     )
 
 
-def measure(row: CellDiff, base: dict, cand: dict, history) -> None:
+def measure(
+    row: CellDiff, base: dict, cand: dict, history
+) -> significance.SpeedChange | None:
     """The candidate's speed against the baseline on a cell green on both:
     no change where the generated code is byte-identical; else the rank test
     on both results' samples; else the ratio of medians and its noise band
-    (results from before samples were kept)."""
+    (results from before samples were kept). Returns the rank test where it
+    decided the verdict, for the group of cells whose code changed."""
     row.baseline_ms, row.candidate_ms = base["kernel_ms"], cand["kernel_ms"]
     changed = significance.compare(
         base["kernel_ms_samples"] or [], cand["kernel_ms_samples"] or []
@@ -278,6 +281,9 @@ def measure(row: CellDiff, base: dict, cand: dict, history) -> None:
     if code and code == cand["source_id"] and row.ratio is not None:
         # Any difference is the device's or the host's, not the release's.
         row.speed_verdict = significance.SAME_CODE
+        return None
+    # Only cells whose code is known to differ are the release's group.
+    return changed if code and cand["source_id"] else None
 
 
 def timing_samples(stored, history: list[float]) -> list[float]:
@@ -392,6 +398,11 @@ def matrix_diff(*, baseline, candidate, device_types) -> Diff:
         )
     )
     rows = []
+    # Per device type, the rank tests of the cells whose generated code
+    # changed: the group the release moved (significance.group_shift).
+    code_changed: dict[int, list[tuple[CellDiff, significance.SpeedChange]]] = (
+        defaultdict(list)
+    )
     for shape in shapes:
         for dt in device_types:
             base = by_key.get((shape.pk, dt.pk, baseline.pk))
@@ -417,11 +428,23 @@ def matrix_diff(*, baseline, candidate, device_types) -> Diff:
                 candidate_distrust=distrust(cand) if cand else "",
             )
             if row.change == Change.STILL_GREEN:
-                measure(row, base, cand, history)
+                changed = measure(row, base, cand, history)
+                if changed is not None:
+                    code_changed[dt.pk].append((row, changed))
             if cand and cand["status"] == Status.PASS:
                 _speed_measure(row, cand, history[cand["pk"]])
             rows.append(row)
+    for measured in code_changed.values():
+        group_verdicts(measured)
     return Diff(rows=rows, digest=digest_of(baseline, candidate, device_types, rows))
+
+
+def group_verdicts(measured: list[tuple[CellDiff, significance.SpeedChange]]) -> None:
+    """Each cell's verdict with the evidence of the others whose code the
+    release changed on the same device type (significance.with_group)."""
+    group = significance.group_shift([change for _, change in measured])
+    for row, change in measured:
+        row.speed_verdict = significance.with_group(change, group).verdict
 
 
 def _speed_measure(row: CellDiff, cand: dict, history: tuple[list, list]) -> None:

@@ -13,6 +13,10 @@ is never a verdict however sure it is.
 - "How sure" is one minus the test's two-sided p-value.
 - A change counts when the interval excludes no change *and* the estimate
   is at least MIN_EFFECT away from 1.
+- Or, in a proposal's diff, when the cells whose generated code the release
+  changed on that device type moved together by at least MIN_EFFECT (the
+  median of their ratios, with the sign test's interval) and the cell's own
+  interval excludes no change in that direction (``with_group``).
 
 Samples from one child know nothing of the next child's clocks, placement
 or neighbours, so the minimum effect is what separates two runs of the same
@@ -23,7 +27,7 @@ one toolchain (docs/evidence/2026-12-06-h100-speed-samples.json).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -85,3 +89,73 @@ def compare(
         confidence=1 - p_value,
         verdict=verdict,
     )
+
+
+# Fewer cells than this and the sign test has no 95% interval.
+MIN_GROUP = 6
+
+
+@dataclass(frozen=True)
+class GroupShift:
+    """How a release moved a group of cells: the median of their ratios,
+    with the sign test's distribution-free 95% interval."""
+
+    ratio: float
+    low: float
+    high: float
+    cells: int
+    verdict: str
+
+
+def group_shift(
+    changes: list[SpeedChange], *, min_effect: float = MIN_EFFECT
+) -> GroupShift | None:
+    """The shift of the cells whose generated code a release changed, each
+    cell one vote: a cell whose run drifted by 10% counts no more than one
+    that moved by 1%. None for fewer than MIN_GROUP cells."""
+    logs = sorted(math.log(c.ratio) for c in changes)
+    n = len(logs)
+    if n < MIN_GROUP:
+        return None
+    # The widest order statistics whose interval still covers 95%.
+    k = 0
+    while _binomial_tail(k + 2, n) <= 0.025:
+        k += 1
+    low, high = logs[k], logs[n - 1 - k]
+    estimate = float(np.median(logs))
+    if low > 0 and estimate >= math.log1p(min_effect):
+        verdict = SLOWER
+    elif high < 0 and estimate <= -math.log1p(min_effect):
+        verdict = FASTER
+    else:
+        verdict = SAME
+    return GroupShift(
+        ratio=math.exp(estimate),
+        low=math.exp(low),
+        high=math.exp(high),
+        cells=n,
+        verdict=verdict,
+    )
+
+
+def _binomial_tail(k: int, n: int) -> float:
+    """P(X < k) for X ~ Binomial(n, 1/2)."""
+    return sum(math.comb(n, i) for i in range(k)) / 2**n
+
+
+def with_group(change: SpeedChange, group: GroupShift | None) -> SpeedChange:
+    """A cell's verdict with its group's evidence. Between two runs a cell
+    drifts by more than its own samples show, which is why one cell needs
+    MIN_EFFECT to be called; where the cells whose code changed moved
+    together by at least that much, the change is the release's, and a cell
+    that is itself surely moved the same way is called with them, however
+    small its own estimate. A cell whose interval holds no change stays
+    "same": the group never overrules a cell's own samples."""
+    if group is None or change.verdict != SAME or group.verdict == SAME:
+        return change
+    surely_slower, surely_faster = change.low > 1, change.high < 1
+    if (group.verdict == SLOWER and surely_slower) or (
+        group.verdict == FASTER and surely_faster
+    ):
+        return replace(change, verdict=group.verdict)
+    return change
