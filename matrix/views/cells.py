@@ -13,7 +13,7 @@ from django.views.decorators.http import require_GET
 from matrix import queries, revisions
 from matrix.cache import cache_seconds, cached_read, cell_version, read_key
 from matrix.gate import significance
-from matrix.models import Cell, DeviceType, Result, Shape, Status
+from matrix.models import Cell, DeviceType, KernelRevision, Result, Shape, Status
 from matrix.page_cache import page_response
 from matrix.serving import (
     serve_speedup_floor,
@@ -136,9 +136,8 @@ def cell_context(shape, device_type, filters, toolchains) -> dict:
         result.signed_by = receipt.runner.name if receipt else ""
     details = result.details if result else {}
     # The revision current on this cell's backend, not anywhere.
-    revision_current = bool(cell) and cell.revision_id == revisions.current_id(
-        shape.operator_id, device_type.backend
-    )
+    current_revision_id = revisions.current_id(shape.operator_id, device_type.backend)
+    revision_current = bool(cell) and cell.revision_id == current_revision_id
     stale = bool(cell) and (filters.toolchain_stale or not revision_current)
     shared = (
         queries.signature_count(cell.error_signature, cell.toolchain) - 1
@@ -157,6 +156,11 @@ def cell_context(shape, device_type, filters, toolchains) -> dict:
         "result": result,
         "stale": stale,
         "revision_current": revision_current,
+        "superseded_revision": (
+            _superseded_revision(cell, current_revision_id)
+            if cell and not revision_current
+            else None
+        ),
         "label": queries.state_label(status),
         "kind": queries.status_kind(status),
         "speedup": value if status == Status.PASS else None,
@@ -179,6 +183,18 @@ def cell_context(shape, device_type, filters, toolchains) -> dict:
         "labels": queries.STATE_LABELS,
     }
     return context
+
+
+def _superseded_revision(cell, current_revision_id: int | None) -> dict:
+    """Why a cell is stale by its revision: the one its result ran (as the
+    runner checked the job's source hash) and the one current now, whose
+    code its result says nothing about."""
+    current = (
+        KernelRevision.objects.filter(pk=current_revision_id)
+        .values("source_sha256", "origin")
+        .first()
+    )
+    return {"ran": cell.revision.source_sha256, "current": current}
 
 
 def _since_previous(result):

@@ -289,3 +289,41 @@ def test_make_run_again_after_decisions_changes_nothing_decided(client, seeded):
     # Nobody decided anything: no audit event was written either.
     assert list(AuditEvent.objects.values_list("pk", flat=True)) == events
     assert "error" not in printed.lower(), printed
+
+
+def test_the_demo_softmax_evidence_stays_on_the_revision_it_ran_and_says_so(
+    client, seeded
+):
+    """The H200 evidence ran softmax revision 6e6b1365893b; the library's
+    softmax changed after it (masked rows, ea077e6), so its 32 served cells
+    on each toolchain are stale and their page names both revisions. Every
+    other operator's evidence ran the revision current now."""
+    from matrix import revisions
+    from matrix.models import Cell, Shape
+    from runners.kernels.revision import library_sha256
+
+    h200 = DeviceType.objects.get(model="H200")
+    current = revisions.current_map()
+    cells = Cell.objects.filter(device_type=h200).select_related(
+        "revision", "toolchain", "shape__operator"
+    )
+    stale = Counter(
+        (c.shape.operator.name, c.toolchain.tilelang_version, c.revision.source_sha256)
+        for c in cells
+        if current.get((c.shape.operator_id, "cuda")) != c.revision_id
+    )
+    ran = "6e6b1365893b"
+    assert {(op, tl, sha[:12]): n for (op, tl, sha), n in stale.items()} == {
+        ("softmax", "0.1.13", ran): 32,
+        ("softmax", "0.1.15", ran): 32,
+    }
+    now = library_sha256("softmax")
+    assert not now.startswith(ran)
+    shape = Shape.objects.get(
+        operator__name="softmax", dims_key="M=1,N=8", dtype="float16"
+    )
+    page = client.get(reverse("cell", args=[shape.pk, h200.pk])).content.decode()
+    assert (
+        f"it ran kernel revision <code>{ran}</code>, and the one current on CUDA is "
+        f"<code>{now[:12]}</code> (library)"
+    ) in page

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 
@@ -81,6 +82,21 @@ def test_an_older_toolchain_reads_as_stale(client, results, device_types):
         cell_url(results["top"], "c", device_types), {"toolchain": "tl-0.1.13"}
     )
     assert "↻ stale</span>: its toolchain is superseded" in response.content.decode()
+
+
+def test_a_cell_run_on_a_superseded_revision_names_both_revisions(
+    client, results, device_types
+):
+    fourth = results["fourth"]
+    current = fourth.operator.current_revision("hip").source_sha256
+    response = client.get(cell_url(fourth, "hip", device_types))
+    body = response.content.decode()
+    ran = hashlib.sha256(b"old").hexdigest()
+    assert (
+        f"↻ stale</span>: it ran kernel revision <code>{ran[:12]}</code>, and the "
+        f"one current on ROCm (HIP) is <code>{current[:12]}</code> (library)"
+    ) in body
+    assert "toolchain is superseded" not in body
 
 
 def test_the_way_back_to_the_matrix_keeps_the_toolchain(client, results, device_types):
