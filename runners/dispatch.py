@@ -144,6 +144,16 @@ class Dispatcher:
     def from_file(cls, path: str | Path, **kwargs) -> Dispatcher:
         return cls(json.loads(Path(path).read_text()), **kwargs)
 
+    def tilelang_cells(self) -> list[tuple[str, dict, str]]:
+        """The (operator, dims, dtype) cells this host runs by TileLang: the
+        manifest's cells of this device type that ``decide`` serves so."""
+        return [
+            (operator, dict(dims), dtype)
+            for operator, dtype, device_type, dims in self._entries
+            if device_type == self.device_type
+            and self.decide(operator, dict(dims), dtype).uses_tilelang
+        ]
+
     def decide(self, operator: str, dims: dict, dtype: str) -> Decision:
         return self._lookup(operator, dims, dtype)[0]
 
