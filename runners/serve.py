@@ -330,7 +330,12 @@ class Router(TorchFunctionMode):
         self.report = Report()
         self._cells = {op: Cells() for op in ROUTED_OPERATORS}
         self._only = None if cells is None else {_cell_of(*c) for c in cells}
-        for operator, dims, dtype in dispatcher.tilelang_cells():
+        # A device type's name ends in its backend: cells validated on one
+        # backend never run a kernel built for another.
+        backend = dispatcher.device_type.rsplit(" · ", 1)[-1]
+        self._elsewhere = backend in TORCH_DEVICE and backend != target["kind"]
+        approved = [] if self._elsewhere else dispatcher.tilelang_cells()
+        for operator, dims, dtype in approved:
             cell = _cell_of(operator, dims, dtype)
             if cell is not None and (self._only is None or cell in self._only):
                 self._cells[operator].served.add(cell[1])
@@ -389,6 +394,11 @@ class Router(TorchFunctionMode):
         if not self.idle:
             return None
         d = self.dispatcher
+        if self._elsewhere:
+            return (
+                f"{d.device_type} was validated on another backend than this "
+                f"router's target, {self.target['kind']}"
+            )
         # The dispatcher's reason for a cell it has no entry for names the
         # toolchain or device type when either is what refuses everything.
         why = d.decide("gemm", {"M": 0, "N": 0, "K": 0}, "float32").reason
@@ -399,7 +409,11 @@ class Router(TorchFunctionMode):
                 f"the manifest approves none of the {len(self._only)} cells "
                 f"given for {d.device_type}"
             )
-        return f"the manifest approves no TileLang cell for {d.device_type} here"
+        # TileLang entries the dispatcher turns down here (another kernel
+        # revision): the first one's reason.
+        for operator, dims, dtype in d.entries_choosing_tilelang():
+            return d.decide(operator, dims, dtype).reason
+        return f"the manifest approves no TileLang cell for {d.device_type}"
 
     # Ahead of time ----------------------------------------------------------
 
