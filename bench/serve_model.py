@@ -19,13 +19,23 @@ the GPU) and a prefill of ``--prefill`` tokens (eager). Each step is run:
   unpatched steps in alternating rounds (the speed: unpatched over patched
   step time, goal >= 1.00x).
 
-Without ``--manifest`` the bench writes its own: every cell the first model
-calls approved as TileLang for this host, no evidence behind it. That only
-exercises the routing and shows what serving every cell would cost; the
-output says so. ``--smoke`` runs tiny widths on this CPU (target c), float32.
+Each model's router serves only the cells its capture recorded
+(``Router(cells=...)``): a model none of whose cells the manifest approves
+runs with no router on the mode stack, and the output says why.
+
+``--manifest`` takes a manifest the server exported (``manage.py
+export_manifest`` or ``GET /api/v1/manifest``; ``scripts/demo-manifest``
+writes the demo's, and docs/evidence holds the H200's). Its cells serve only
+on the toolchain it validated: ``--assume-toolchain`` takes the manifest's
+fingerprint as this host's (a GPU host whose driver or torch differ from the
+lab's), and the JSON says so. Without ``--manifest`` the bench writes its
+own: every cell the first model calls approved as TileLang for this host, no
+evidence behind it. That only exercises the routing and shows what serving
+every cell would cost; the output says so. ``--smoke`` runs tiny widths on
+this CPU (target c), float32; a manifest of cuda cells serves nothing there.
 
     python bench/serve_model.py --manifest FILE --device cuda [--out PATH]
-    python bench/serve_model.py --smoke [--out PATH]
+    python bench/serve_model.py --smoke [--manifest FILE] [--out PATH]
 """
 
 from __future__ import annotations
@@ -337,8 +347,11 @@ def run_model(c: Config, ns, router_for, device, dtype) -> dict:
         "cells": len(unique),
         "approved_here": ready,
         "compile_s": compile_s,
+        "serving_nothing": router.idle_reason(),
         "steps": [],
     }
+    if router.idle:
+        print(f"{c.name}: no router on the stack: {router.idle_reason()}", flush=True)
     bound = e2e_bound(dtype_name)
     for step in steps:
         graph = cuda and step.kind == "decode"
@@ -451,6 +464,11 @@ def parse_args(argv=None):
     parser.add_argument("--manifest", help="tilematrix-manifest/1 file")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--device-type", help="as the manifest names this host's")
+    parser.add_argument(
+        "--assume-toolchain",
+        action="store_true",
+        help="serve as the manifest's toolchain, whatever this host's fingerprint",
+    )
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--batches", help=f"default {DEFAULTS['batches']}")
@@ -485,6 +503,14 @@ def main(argv=None) -> int:
     dtype = torch.bfloat16 if cuda else torch.float32
     fingerprint = host_toolchain_fingerprint()
     manifest = json.loads(Path(ns.manifest).read_text()) if ns.manifest else None
+    served_as = fingerprint
+    if manifest is not None and ns.assume_toolchain:
+        served_as = manifest["toolchain"]["fingerprint"]
+        print(
+            f"--assume-toolchain: serving as {manifest['toolchain'].get('name')} "
+            f"{served_as[:12]}, this host being {fingerprint[:12]}",
+            flush=True,
+        )
     device_type = ns.device_type or (manifest and only_device_type(manifest))
     device_type = device_type or host_type
     if manifest is None:
@@ -498,12 +524,13 @@ def main(argv=None) -> int:
         nonlocal manifest
         if manifest is None:
             everything = [cell for cs in cells.values() for cell in cs]
-            manifest = synthetic_manifest(everything, device_type, fingerprint)
+            manifest = synthetic_manifest(everything, device_type, served_as)
         return Router.from_manifest(
             manifest,
             target=target,
             device_type=device_type,
-            toolchain_fingerprint=fingerprint,
+            toolchain_fingerprint=served_as,
+            cells=[cell for cs in cells.values() for cell in cs],
         )
 
     print(f"{device_type}, target {target}, toolchain {fingerprint[:12]}")
@@ -546,6 +573,8 @@ def main(argv=None) -> int:
         "tilelang": tilelang_version(),
         "toolchain_fingerprint": fingerprint,
         "manifest": ns.manifest or "synthetic: every cell of the first model",
+        "manifest_toolchain": manifest["toolchain"],
+        "toolchain_assumed": served_as != fingerprint,
         "e2e_factor": E2E_FACTOR,
         "models": results,
         "wrong": wrong,

@@ -144,6 +144,24 @@ class Dispatcher:
     def from_file(cls, path: str | Path, **kwargs) -> Dispatcher:
         return cls(json.loads(Path(path).read_text()), **kwargs)
 
+    def entries_choosing_tilelang(self) -> list[tuple[str, dict, str]]:
+        """The (operator, dims, dtype) the manifest approves as TileLang for
+        this device type, whatever this host's toolchain and revisions."""
+        return [
+            (operator, dict(dims), dtype)
+            for (operator, dtype, device_type, dims), entry in self._entries.items()
+            if device_type == self.device_type and entry["choice"] == TILELANG
+        ]
+
+    def tilelang_cells(self) -> list[tuple[str, dict, str]]:
+        """The (operator, dims, dtype) cells this host runs by TileLang: the
+        manifest's cells of this device type that ``decide`` serves so."""
+        return [
+            cell
+            for cell in self.entries_choosing_tilelang()
+            if self.decide(*cell).uses_tilelang
+        ]
+
     def decide(self, operator: str, dims: dict, dtype: str) -> Decision:
         return self._lookup(operator, dims, dtype)[0]
 

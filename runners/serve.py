@@ -88,6 +88,15 @@ ROUTED_OPERATORS = (
     "attention_causal",
     "elementwise_add",
 )
+# The dims of each operator's cells, in the order its handler keys a call.
+DIMS = {
+    "gemm": ("M", "N", "K"),
+    "rmsnorm": ("M", "N"),
+    "softmax": ("M", "N"),
+    "attention": ("B", "H", "HKV", "S", "D"),
+    "attention_causal": ("B", "H", "HKV", "S", "D"),
+    "elementwise_add": ("M", "N"),
+}
 # The torch device a target's kernels take their tensors on.
 TORCH_DEVICE = {"c": "cpu", "cuda": "cuda", "hip": "cuda", "metal": "mps"}
 PLAIN_TENSORS = frozenset({torch.Tensor, torch.nn.Parameter})
@@ -126,10 +135,21 @@ def host_device(kind: str = "cuda", index: int = 0) -> tuple[dict, str]:
     return {"kind": "cuda", "arch": arch}, label
 
 
-@dataclass
+@dataclass(slots=True)
 class Tally:
     calls: int = 0
     seconds: float = 0.0
+
+
+@dataclass(slots=True)
+class Fallback:
+    """One (operator, dtype, dims, reason) the reference ran for: its count,
+    and the tally of its operator's reference path, held so that a call of
+    a cell already met counts itself with no key to build."""
+
+    key: tuple
+    tally: Tally
+    calls: int = 0
 
 
 @dataclass
@@ -139,9 +159,13 @@ class Report:
     and, while the router is ``timed``, their time; each fallback's reason;
     each kernel compiled, with its seconds."""
 
-    tallies: dict[tuple[str, str], Tally] = field(default_factory=dict)
-    # (operator, dtype, dims, reason) -> calls
-    fallbacks: dict[tuple[str, str, tuple, str], int] = field(default_factory=dict)
+    # Counters stay in place when cleared (the router holds them): the
+    # ``tallies`` and ``fallbacks`` read show those that counted something.
+    _tallies: dict[tuple[str, str], Tally] = field(default_factory=dict)
+    # (operator, dtype, dims, reason) -> its counter
+    _fallbacks: dict[tuple[str, str, tuple, str], Fallback] = field(
+        default_factory=dict
+    )
     compiled: dict[tuple[str, str, tuple], float] = field(default_factory=dict)
     relaid_weights: int = 0
     # While the router is ``checked``: each TileLang cell's worst relative
@@ -151,11 +175,25 @@ class Report:
     mismatches: dict[tuple[str, str, tuple], str] = field(default_factory=dict)
     _events: list = field(default_factory=list, repr=False)
 
+    @property
+    def tallies(self) -> dict[tuple[str, str], Tally]:
+        return {key: t for key, t in self._tallies.items() if t.calls}
+
+    @property
+    def fallbacks(self) -> dict[tuple[str, str, tuple, str], int]:
+        return {key: f.calls for key, f in self._fallbacks.items() if f.calls}
+
     def tally(self, operator: str, path: str) -> Tally:
         key = (operator, path)
-        found = self.tallies.get(key)
+        found = self._tallies.get(key)
         if found is None:
-            found = self.tallies[key] = Tally()
+            found = self._tallies[key] = Tally()
+        return found
+
+    def fallback(self, key: tuple[str, str, tuple, str]) -> Fallback:
+        found = self._fallbacks.get(key)
+        if found is None:
+            found = self._fallbacks[key] = Fallback(key, self.tally(key[0], REFERENCE))
         return found
 
     def settle(self) -> None:
@@ -169,20 +207,24 @@ class Report:
     def clear_counts(self) -> None:
         """Forget calls and times (the kernels compiled stay listed)."""
         self.settle()
-        self.tallies.clear()
-        self.fallbacks.clear()
+        for tally in self._tallies.values():
+            tally.calls, tally.seconds = 0, 0.0
+        for fallback in self._fallbacks.values():
+            fallback.calls = 0
 
     def calls(self, path: str | None = None, operator: str | None = None) -> int:
         return sum(
             t.calls
-            for (op, p), t in self.tallies.items()
+            for (op, p), t in self._tallies.items()
             if (path is None or p == path) and (operator is None or op == operator)
         )
 
     def seconds(self, path: str | None = None) -> float:
         self.settle()
         return sum(
-            t.seconds for (_, p), t in self.tallies.items() if path is None or p == path
+            t.seconds
+            for (_, p), t in self._tallies.items()
+            if path is None or p == path
         )
 
     def tilelang_share(self) -> dict[str, float]:
@@ -238,10 +280,29 @@ class Report:
         return "\n".join(lines)
 
 
+@dataclass(slots=True)
+class Cells:
+    """One operator's cells, keyed as its handler keys a call: (torch dtype,
+    then the dims in ``DIMS`` order), a tuple of the call's ints."""
+
+    # Approved as TileLang here, and neither declined nor failed to compile.
+    served: set = field(default_factory=set)
+    kernels: dict = field(default_factory=dict)
+    # Cells the reference runs whatever the call's details: the manifest's
+    # reason, or the kernel's refusal to compile.
+    fallbacks: dict = field(default_factory=dict)
+
+
 class Router(TorchFunctionMode):
     """Routes a module's operator calls to TileLang or the reference, as the
     manifest read by ``dispatcher`` decides, for kernels built for
-    ``target`` (an explicit TileLang target dict)."""
+    ``target`` (an explicit TileLang target dict).
+
+    ``cells`` (``(operator, dims, dtype)``, a capture trace's calls)
+    restricts serving to those cells. A router that serves no cell at all
+    (another toolchain's manifest, a device type it never validated, or a
+    model none of whose cells it approves) stays off the mode stack: the
+    model runs as if it were not there, and nothing is counted."""
 
     def __init__(
         self,
@@ -250,6 +311,7 @@ class Router(TorchFunctionMode):
         target: dict,
         timed: bool = False,
         checked: bool = False,
+        cells: Iterable[tuple[str, dict, str]] | None = None,
     ):
         super().__init__()
         if target.get("kind") not in TORCH_DEVICE:
@@ -266,9 +328,19 @@ class Router(TorchFunctionMode):
         # benches, never for serving.
         self.checked = checked
         self.report = Report()
-        self._kernels: dict[tuple, Callable | None] = {}
-        self._reasons: dict[tuple, str] = {}
-        self._logged: set[tuple] = set()
+        self._cells = {op: Cells() for op in ROUTED_OPERATORS}
+        self._only = None if cells is None else {_cell_of(*c) for c in cells}
+        # A device type's name ends in its backend: cells validated on one
+        # backend never run a kernel built for another.
+        backend = dispatcher.device_type.rsplit(" · ", 1)[-1]
+        self._elsewhere = backend in TORCH_DEVICE and backend != target["kind"]
+        approved = [] if self._elsewhere else dispatcher.tilelang_cells()
+        for operator, dims, dtype in approved:
+            cell = _cell_of(operator, dims, dtype)
+            if cell is not None and (self._only is None or cell in self._only):
+                self._cells[operator].served.add(cell[1])
+        self._idle_logged = False
+        self._pushed = False
         self._depth = 0
         self._handlers = {
             F.linear: self._linear,
@@ -292,6 +364,7 @@ class Router(TorchFunctionMode):
         kernel_revisions: Mapping[str, str] | None = None,
         timed: bool = False,
         checked: bool = False,
+        cells: Iterable[tuple[str, dict, str]] | None = None,
     ) -> Router:
         """A router for this host: its device type (``host_device``), its
         toolchain fingerprint and its copy of the library's kernel
@@ -309,7 +382,38 @@ class Router(TorchFunctionMode):
             dispatcher = Dispatcher(manifest, **kwargs)
         else:
             dispatcher = Dispatcher.from_file(manifest, **kwargs)
-        return cls(dispatcher, target=target, timed=timed, checked=checked)
+        return cls(dispatcher, target=target, timed=timed, checked=checked, cells=cells)
+
+    @property
+    def idle(self) -> bool:
+        """True when no call could be served: the router stays off the stack."""
+        return not any(c.served for c in self._cells.values())
+
+    def idle_reason(self) -> str | None:
+        """Why this router serves nothing (None while it serves a cell)."""
+        if not self.idle:
+            return None
+        d = self.dispatcher
+        if self._elsewhere:
+            return (
+                f"{d.device_type} was validated on another backend than this "
+                f"router's target, {self.target['kind']}"
+            )
+        # The dispatcher's reason for a cell it has no entry for names the
+        # toolchain or device type when either is what refuses everything.
+        why = d.decide("gemm", {"M": 0, "N": 0, "K": 0}, "float32").reason
+        if "has no approved entry" not in why:
+            return why
+        if self._only is not None and d.tilelang_cells():
+            return (
+                f"the manifest approves none of the {len(self._only)} cells "
+                f"given for {d.device_type}"
+            )
+        # TileLang entries the dispatcher turns down here (another kernel
+        # revision): the first one's reason.
+        for operator, dims, dtype in d.entries_choosing_tilelang():
+            return d.decide(operator, dims, dtype).reason
+        return f"the manifest approves no TileLang cell for {d.device_type}"
 
     # Ahead of time ----------------------------------------------------------
 
@@ -343,54 +447,77 @@ class Router(TorchFunctionMode):
         # on the stack: twice, each call would be routed through it twice.
         self._depth += 1
         if self._depth == 1:
-            super().__enter__()
+            self._pushed = not self.idle
+            if self._pushed:
+                super().__enter__()
+            elif not self._idle_logged:
+                self._idle_logged = True
+                logger.info("serving nothing by TileLang: %s", self.idle_reason())
         return self
 
     def __exit__(self, *exc):
         self._depth -= 1
-        if self._depth == 0:
+        if self._depth == 0 and self._pushed:
+            self._pushed = False
             return super().__exit__(*exc)
         return None
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
+        # Every torch call of the model comes here, a tensor's .shape
+        # included: the ones no kernel serves leave at once.
         handler = self._handlers.get(func)
+        if handler is None:
+            return func(*args, **kwargs) if kwargs else func(*args)
         # Tensor subclasses (fake, distributed, quantized) are not what the
         # kernels take: they pass through.
-        if handler is None or not PLAIN_TENSORS.issuperset(types):
-            return func(*args, **kwargs)
-        return handler(func, *args, **kwargs)
+        if not PLAIN_TENSORS.issuperset(types):
+            return func(*args, **kwargs) if kwargs else func(*args)
+        return handler(func, *args, **(kwargs or {}))
+
+    # The handlers: each keys its call as a cell from its shapes; a cell the
+    # manifest does not serve here was decided when first met, and counts
+    # itself and runs the model's own call with nothing more to work out.
 
     def _linear(self, func, input, weight, bias=None):
+        K, N = input.shape[-1], weight.shape[0]
+        cell = (input.dtype, input.numel() // (K or 1), N, K)
+        cells = self._cells["gemm"]
+        if cell not in cells.served:
+            return self._fall_back("gemm", cell, func, input, weight, bias)
+
         def reference():
             return func(input, weight, bias)
 
-        K, N = input.shape[-1], weight.shape[0]
-        dims = {"M": input.numel() // max(K, 1), "N": N, "K": K}
         refusal = self._refusal(input, weight)
         if refusal is None and bias is not None:
             refusal = "linear with a bias: the gemm kernel has no bias epilogue"
         elif refusal is None and weight.dtype != input.dtype:
             refusal = "weight and input of different dtypes"
-        kernel, reason = self._choose("gemm", dims, input.dtype, refusal)
+        kernel, reason = self._choose("gemm", cell, refusal)
         if kernel is not None:
             reason = self._lay_out(weight)
         if reason is not None:
-            return self._reference("gemm", dims, input.dtype, reason, reference)
+            return self._reference("gemm", cell, reason, reference)
 
         def run():
             out = input.new_empty(*input.shape[:-1], N)
             kernel(input.reshape(-1, K).contiguous(), weight.t(), out.view(-1, N))
             return out
 
-        return self._tilelang("gemm", dims, input.dtype, run, reference)
+        return self._tilelang("gemm", cell, run, reference)
 
     def _rms_norm(self, func, input, normalized_shape, weight=None, eps=None):
+        N = input.shape[-1] if input.dim() else 1
+        cell = (input.dtype, input.numel() // (N or 1), N)
+        cells = self._cells["rmsnorm"]
+        if cell not in cells.served:
+            return self._fall_back(
+                "rmsnorm", cell, func, input, normalized_shape, weight, eps
+            )
+
         def reference():
             return func(input, normalized_shape, weight, eps)
 
-        N = input.shape[-1] if input.dim() else 1
-        dims = {"M": input.numel() // max(N, 1), "N": N}
         refusal = self._refusal(input, weight) or self._contiguity(input)
         if refusal is None:
             if isinstance(normalized_shape, int):
@@ -403,26 +530,39 @@ class Router(TorchFunctionMode):
                 )
             elif eps != RMSNORM_EPS:
                 refusal = f"eps {eps} where the kernel's is {RMSNORM_EPS}"
-        kernel, reason = self._choose("rmsnorm", dims, input.dtype, refusal)
+        kernel, reason = self._choose("rmsnorm", cell, refusal)
         if reason is not None:
-            return self._reference("rmsnorm", dims, input.dtype, reason, reference)
+            return self._reference("rmsnorm", cell, reason, reference)
 
         def run():
             out = torch.empty_like(input)
             kernel(input.view(-1, N), weight.contiguous(), out.view(-1, N))
             return out
 
-        return self._tilelang("rmsnorm", dims, input.dtype, run, reference)
+        return self._tilelang("rmsnorm", cell, run, reference)
 
     def _torch_softmax(self, func, input, dim, dtype=None):
-        return self._softmax(input, dim, dtype, lambda: func(input, dim, dtype=dtype))
+        N = input.shape[-1] if input.dim() else 1
+        cell = (input.dtype, input.numel() // (N or 1), N)
+        if cell not in self._cells["softmax"].served:
+            if dtype is None:
+                return self._fall_back("softmax", cell, func, input, dim)
+            return self._fall_back("softmax", cell, func, input, dim, dtype=dtype)
+        return self._softmax(
+            cell, input, dim, dtype, lambda: func(input, dim, dtype=dtype)
+        )
 
     def _functional_softmax(self, func, input, dim=None, _stacklevel=3, dtype=None):
-        return self._softmax(input, dim, dtype, lambda: func(input, dim, dtype=dtype))
-
-    def _softmax(self, input, dim, dtype, reference):
         N = input.shape[-1] if input.dim() else 1
-        dims = {"M": input.numel() // max(N, 1), "N": N}
+        cell = (input.dtype, input.numel() // (N or 1), N)
+        if cell not in self._cells["softmax"].served:
+            return self._fall_back("softmax", cell, func, input, dim, dtype=dtype)
+        return self._softmax(
+            cell, input, dim, dtype, lambda: func(input, dim, dtype=dtype)
+        )
+
+    def _softmax(self, cell, input, dim, dtype, reference):
+        N = cell[2]
         refusal = self._refusal(input) or self._contiguity(input)
         if refusal is None:
             last = input.dim() - 1
@@ -430,16 +570,16 @@ class Router(TorchFunctionMode):
                 refusal = "softmax over a dim other than the last"
             elif dtype is not None and dtype != input.dtype:
                 refusal = f"softmax into {dtype_name(dtype)}"
-        kernel, reason = self._choose("softmax", dims, input.dtype, refusal)
+        kernel, reason = self._choose("softmax", cell, refusal)
         if reason is not None:
-            return self._reference("softmax", dims, input.dtype, reason, reference)
+            return self._reference("softmax", cell, reason, reference)
 
         def run():
             out = torch.empty_like(input)
             kernel(input.view(-1, N), out.view(-1, N))
             return out
 
-        return self._tilelang("softmax", dims, input.dtype, run, reference)
+        return self._tilelang("softmax", cell, run, reference)
 
     def _attention(
         self,
@@ -469,14 +609,27 @@ class Router(TorchFunctionMode):
         if query.dim() != 4 or key.dim() != 4 or value.dim() != 4:
             return self._reference(
                 operator,
-                {"shape": tuple(query.shape)},
-                query.dtype,
+                (query.dtype, *query.shape),
                 "attention on tensors that are not [B, H, S, D]",
                 reference,
+                dims={"shape": tuple(query.shape)},
             )
         B, H, S, D = query.shape
-        HKV = key.shape[1]
-        dims = {"B": B, "H": H, "HKV": HKV, "S": S, "D": D}
+        cell = (query.dtype, B, H, key.shape[1], S, D)
+        if cell not in self._cells[operator].served:
+            return self._fall_back(
+                operator,
+                cell,
+                func,
+                query,
+                key,
+                value,
+                attn_mask=attn_mask,
+                dropout_p=dropout_p,
+                is_causal=is_causal,
+                scale=scale,
+                enable_gqa=enable_gqa,
+            )
         refusal = self._refusal(query, key, value)
         if refusal is None:
             if attn_mask is not None or dropout_p:
@@ -488,13 +641,13 @@ class Router(TorchFunctionMode):
                 )
             elif key.shape != value.shape or key.shape[0] != B or key.shape[3] != D:
                 refusal = "key and value are not [B, HKV, S, D] of the query's B and D"
-            elif H != HKV and not enable_gqa:
+            elif H != cell[3] and not enable_gqa:
                 refusal = "grouped heads without enable_gqa"
             elif scale is not None and not math.isclose(scale, D**-0.5, rel_tol=1e-7):
                 refusal = f"scale {scale} where the kernel's is 1/sqrt({D})"
-        kernel, reason = self._choose(operator, dims, query.dtype, refusal)
+        kernel, reason = self._choose(operator, cell, refusal)
         if reason is not None:
-            return self._reference(operator, dims, query.dtype, reason, reference)
+            return self._reference(operator, cell, reason, reference)
 
         def run():
             # Attention is O(S^2 D) against the O(S D) of these copies, and
@@ -503,42 +656,43 @@ class Router(TorchFunctionMode):
             kernel(query.contiguous(), key.contiguous(), value.contiguous(), out)
             return out
 
-        return self._tilelang(operator, dims, query.dtype, run, reference)
+        return self._tilelang(operator, cell, run, reference)
 
     def _add(self, func, input, other, *, alpha=1, out=None):
-        def reference():
-            if out is not None:
-                return func(input, other, alpha=alpha, out=out)
-            return func(input, other, alpha=alpha)
-
         # Only what runners.capture records as elementwise_add is an
         # operator call; broadcasts, scalars and integers pass through.
         if not (
-            isinstance(input, torch.Tensor)
-            and isinstance(other, torch.Tensor)
-            and out is None
+            out is None
             and alpha == 1
-            and input.dim() > 0
+            and isinstance(other, torch.Tensor)
+            and isinstance(input, torch.Tensor)
             and input.shape == other.shape
             and input.dtype == other.dtype
+            and input.dim() > 0
             and input.is_floating_point()
         ):
-            return reference()
+            if out is not None:
+                return func(input, other, alpha=alpha, out=out)
+            return func(input, other, alpha=alpha) if alpha != 1 else func(input, other)
         N = input.shape[-1]
-        dims = {"M": input.numel() // max(N, 1), "N": N}
+        cell = (input.dtype, input.numel() // (N or 1), N)
+        if cell not in self._cells["elementwise_add"].served:
+            return self._fall_back("elementwise_add", cell, func, input, other)
+
+        def reference():
+            return func(input, other)
+
         refusal = self._refusal(input, other) or self._contiguity(input, other)
-        kernel, reason = self._choose("elementwise_add", dims, input.dtype, refusal)
+        kernel, reason = self._choose("elementwise_add", cell, refusal)
         if reason is not None:
-            return self._reference(
-                "elementwise_add", dims, input.dtype, reason, reference
-            )
+            return self._reference("elementwise_add", cell, reason, reference)
 
         def run():
             result = torch.empty_like(input)
             kernel(input.view(-1, N), other.view(-1, N), result.view(-1, N))
             return result
 
-        return self._tilelang("elementwise_add", dims, input.dtype, run, reference)
+        return self._tilelang("elementwise_add", cell, run, reference)
 
     # Deciding ------------------------------------------------------------------
 
@@ -560,35 +714,36 @@ class Router(TorchFunctionMode):
         return "non-contiguous operands: copying them would cost more than the kernel"
 
     def _choose(
-        self, operator: str, dims: dict, dtype: torch.dtype, refusal: str | None
+        self, operator: str, cell: tuple, refusal: str | None
     ) -> tuple[Callable | None, str | None]:
-        """(the compiled kernel, None), or (None, why the reference runs)."""
+        """For a served cell: (the compiled kernel, None), or (None, why the
+        reference runs this call)."""
         if refusal is not None:
             return None, refusal
-        key = (operator, short_name(dtype), tuple(sorted(dims.items())))
-        kernel = self._kernels.get(key)
+        kernel = self._cells[operator].kernels.get(cell)
         if kernel is not None:
             return kernel, None
-        reason = self._reasons.get(key)
-        if reason is not None:
-            return None, reason
-        if (
-            self._capturing()
-            and self.dispatcher.decide(operator, dims, key[1]).uses_tilelang
-        ):
+        if self._capturing():
             return None, CAPTURE_REASON
-        kernel = self._kernel(operator, dims, key[1])
-        return kernel, self._reasons.get(key)
+        kernel = self._kernel(operator, _dims_of(operator, cell), short_name(cell[0]))
+        if kernel is None:
+            # Declined or failed: the cell's fallback now says why.
+            return None, self._cells[operator].fallbacks[cell].key[3]
+        return kernel, None
 
     def _kernel(self, operator: str, dims: dict, dtype: str) -> Callable | None:
         """The cell's compiled kernel, compiled now if the manifest approves
-        it; None (the reason kept) otherwise."""
-        key = (operator, dtype, tuple(sorted(dims.items())))
-        if key in self._kernels:
-            return self._kernels[key]
+        it; None otherwise, and the cell then always takes the reference,
+        the reason kept."""
+        cell = _cell_of(operator, dims, dtype)
+        cells = self._cells[operator]
+        if cell is not None and cell[1] in cells.kernels:
+            return cells.kernels[cell[1]]
         decision = self.dispatcher.decide(operator, dims, dtype)
         kernel, reason = None, decision.reason or "approved as reference"
-        if decision.uses_tilelang:
+        if self._only is not None and cell not in self._only:
+            reason = "not among the cells this router was given"
+        elif decision.uses_tilelang:
             library = kernels.get(operator)
             started = time.perf_counter()
             try:
@@ -606,10 +761,17 @@ class Router(TorchFunctionMode):
                 )
                 logger.warning("%s %s dims=%s: %s", operator, dtype, dims, reason)
             else:
+                key = (operator, dtype, tuple(sorted(dims.items())))
                 self.report.compiled[key] = time.perf_counter() - started
-        self._kernels[key] = kernel
+        if cell is None:  # a dtype torch does not name, or other dims
+            return kernel
         if kernel is None:
-            self._reasons[key] = reason
+            cells.served.discard(cell[1])
+            cells.fallbacks[cell[1]] = self.report.fallback(
+                (operator, dtype, tuple(dims.items()), reason)
+            )
+        else:
+            cells.kernels[cell[1]] = kernel
         return kernel
 
     def _capturing(self) -> bool:
@@ -633,35 +795,66 @@ class Router(TorchFunctionMode):
 
     # Running -------------------------------------------------------------------
 
+    def _fall_back(self, operator: str, cell: tuple, func, *args, **kwargs):
+        """The model's own call of a cell the manifest does not serve here."""
+        fallback = self._cells[operator].fallbacks.get(cell)
+        if fallback is None:
+            return self._reference(operator, cell, None, lambda: func(*args, **kwargs))
+        fallback.calls += 1
+        tally = fallback.tally
+        tally.calls += 1
+        if not self.timed:
+            return func(*args, **kwargs)
+        return self._timed(tally, lambda: func(*args, **kwargs))
+
     def _reference(
-        self, operator: str, dims: dict, dtype: torch.dtype, reason: str, call
+        self, operator: str, cell: tuple, reason: str | None, call, dims=None
     ):
-        # The handlers build dims in the operator's own order: no sort.
-        key = (operator, short_name(dtype), tuple(dims.items()), reason)
-        self.report.fallbacks[key] = self.report.fallbacks.get(key, 0) + 1
-        if key not in self._logged:
-            self._logged.add(key)
+        """The model's own call, counted under its reason; ``reason`` None
+        is the manifest's, and then every later call of the cell takes
+        ``_fall_back``'s shortcut."""
+        dims = dims or _dims_of(operator, cell)
+        dtype = short_name(cell[0])
+        manifests = reason is None
+        if manifests:
+            reason = self.dispatcher.decide(operator, dims, dtype).reason
+            if self._only is not None and _cell_of(operator, dims, dtype) not in (
+                self._only
+            ):
+                reason = "not among the cells this router was given"
+        key = (operator, dtype, tuple(dims.items()), reason)
+        fallback = self.report._fallbacks.get(key)
+        if fallback is None:
+            fallback = self.report.fallback(key)
             logger.info(
                 "reference for %s %s dims=%s on %s: %s",
                 operator,
-                key[1],
+                dtype,
                 dims,
                 self.dispatcher.device_type,
                 reason,
             )
-        return self._timed(operator, REFERENCE, call)
+        if manifests:
+            self._cells[operator].fallbacks[cell] = fallback
+        fallback.calls += 1
+        fallback.tally.calls += 1
+        return self._timed(fallback.tally, call) if self.timed else call()
 
-    def _tilelang(self, operator: str, dims: dict, dtype: torch.dtype, run, reference):
-        out = self._timed(operator, TILELANG, run)
+    def _tilelang(self, operator: str, cell: tuple, run, reference):
+        tally = self.report.tally(operator, TILELANG)
+        tally.calls += 1
+        out = self._timed(tally, run) if self.timed else run()
         if self.checked and not self._capturing():
-            self._check(operator, dims, short_name(dtype), out, reference())
+            self._check(operator, cell, out, reference())
         return out
 
-    def _check(self, operator: str, dims: dict, dtype: str, out, expected) -> None:
+    def _check(self, operator: str, cell: tuple, out, expected) -> None:
         """Hold a TileLang output to its cell's tolerance against what the
         model's own call returns on the same inputs."""
+        dtype = short_name(cell[0])
         tolerance = kernels.get(operator).tolerances[dtype]
         comparison = compare_one(operator, out, expected, tolerance)
+        dims = _dims_of(operator, cell)
         key = (operator, dtype, tuple(sorted(dims.items())))
         worst = self.report.checked.get(key, 0.0)
         self.report.checked[key] = max(worst, comparison.rel_err)
@@ -670,11 +863,7 @@ class Router(TorchFunctionMode):
             self.report.mismatches.setdefault(key, verdict)
             logger.error("%s %s dims=%s: %s", operator, dtype, dims, verdict)
 
-    def _timed(self, operator: str, path: str, call):
-        tally = self.report.tally(operator, path)
-        tally.calls += 1
-        if not self.timed:
-            return call()
+    def _timed(self, tally: Tally, call):
         if self.device != "cuda":
             started = time.perf_counter()
             out = call()
@@ -688,3 +877,22 @@ class Router(TorchFunctionMode):
         end.record()
         self.report._events.append((tally, start, end))
         return out
+
+
+def _dims_of(operator: str, cell: tuple) -> dict:
+    """A handler's cell (torch dtype, *dims) as the manifest's dims."""
+    return dict(zip(DIMS[operator], cell[1:], strict=True))
+
+
+def _cell_of(operator: str, dims: dict, dtype: str) -> tuple[str, tuple] | None:
+    """A manifest's (operator, dims, dtype) as (operator, the handler's
+    cell), or None where no handler could key a call so."""
+    order = DIMS.get(operator)
+    torch_dtype = getattr(torch, dtype, None)
+    if (
+        order is None
+        or set(dims) != set(order)
+        or not isinstance(torch_dtype, torch.dtype)
+    ):
+        return None
+    return operator, (torch_dtype, *(int(dims[d]) for d in order))

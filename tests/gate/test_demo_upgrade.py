@@ -327,3 +327,41 @@ def test_the_demo_softmax_evidence_stays_on_the_revision_it_ran_and_says_so(
         f"it ran kernel revision <code>{ran}</code>, and the one current on CUDA is "
         f"<code>{now[:12]}</code> (library)"
     ) in page
+
+
+def test_approved_by_the_demo_reviewers_it_exports_the_committed_h200_manifest(
+    seeded, tmp_path
+):
+    """What scripts/demo-manifest does after the seed: the committed
+    manifest a GPU run of bench/serve_model.py reads is the demo's."""
+    assert "upgrade #" in run("demo_upgrade", "--approve", *DEMO)
+    proposal = UpgradeProposal.objects.get()
+    assert proposal.state == UpgradeProposal.State.APPROVED
+    assert proposal.approvals.filter(decision="approve").count() == 2
+    out = tmp_path / "manifest.json"
+    h200 = "NVIDIA H200 · sm_90a · cuda"
+    call_command(
+        "export_manifest",
+        "--toolchain",
+        proposal.candidate.name,
+        "--device-type",
+        h200,
+        "--out",
+        str(out),
+        stderr=io.StringIO(),
+    )
+    exported = json.loads(out.read_text())
+    committed = json.loads(
+        (EVIDENCE / "2026-12-06-h200-manifest-tilelang-0.1.15.json").read_text()
+    )
+    assert exported["toolchain"] == committed["toolchain"]
+
+    def rows(manifest):  # the proposal's id is the database's
+        return sorted(
+            json.dumps({k: v for k, v in e.items() if k != "proposal"}, sort_keys=True)
+            for e in manifest["entries"]
+        )
+
+    assert len(exported["entries"]) == 188
+    assert rows(exported) == rows(committed)
+    assert {e["device_type"] for e in exported["entries"]} == {h200}

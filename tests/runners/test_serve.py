@@ -294,3 +294,64 @@ def test_a_router_entered_twice_routes_each_call_once(served):
     # One forward: 5 norms, 9 linears, 2 attentions, 4 adds and a softmax.
     assert router.report.calls() == 21
     assert router.report.calls(TILELANG) == 14
+
+
+def test_a_router_that_serves_nothing_here_stays_off_the_stack(host, manifest, caplog):
+    target, device_type, _ = host
+    other_toolchain = Router.from_manifest(
+        manifest,
+        target=target,
+        device_type=device_type,
+        toolchain_fingerprint="0" * 64,
+    )
+    torch.manual_seed(0)
+    model = Decoder().eval()
+    caplog.set_level(logging.INFO, logger="tilematrix.serve")
+    with torch.no_grad():
+        expected = model(inputs())
+        with other_toolchain:
+            assert not torch._C._is_torch_function_mode_enabled()
+            out = model(inputs())
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+    assert other_toolchain.idle
+    assert "is not the one validated" in other_toolchain.idle_reason()
+    assert other_toolchain.report.calls() == 0
+    [line] = [r.getMessage() for r in caplog.records if r.name == "tilematrix.serve"]
+    assert line.startswith("serving nothing by TileLang: toolchain 000000000000")
+
+
+def test_cells_given_restrict_serving_to_them(host, manifest):
+    rows = ("rmsnorm", ROWS, "float32")
+    only_norms = new_router(host, manifest, cells=[rows])
+    torch.manual_seed(0)
+    model = Decoder().eval()
+    with torch.no_grad(), only_norms:
+        model(inputs())
+    calls = only_norms.report.calls
+    assert calls(TILELANG) == calls(TILELANG, "rmsnorm") == 4
+    assert calls(REFERENCE, "gemm") == 9
+    # A model none of whose cells the manifest approves: nothing to route.
+    other_model = new_router(
+        host, manifest, cells=[("rmsnorm", {"M": 3, "N": 7}, "float32")]
+    )
+    assert other_model.idle
+    assert "approves none of the 1 cells given" in other_model.idle_reason()
+
+
+def test_cells_validated_on_another_backend_never_run_here(host, manifest):
+    _, _, fingerprint = host
+    cuda_type = "NVIDIA H200 · sm_90a · cuda"
+    on_cuda = {
+        **manifest,
+        "entries": [{**e, "device_type": cuda_type} for e in manifest["entries"]],
+    }
+    router = Router.from_manifest(
+        on_cuda,
+        target={"kind": "c"},
+        device_type=cuda_type,
+        toolchain_fingerprint=fingerprint,
+    )
+    assert router.idle
+    assert router.idle_reason() == (
+        f"{cuda_type} was validated on another backend than this router's target, c"
+    )

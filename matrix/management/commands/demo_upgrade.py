@@ -11,7 +11,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from matrix.accounts.roles import VIEWER
 from matrix.gate.evidence import evidence_upgrades
-from matrix.gate.services import proposal_open
+from matrix.gate.services import proposal_approve, proposal_open
 from matrix.management.commands._files import read_json
 from matrix.models.gate import Policy, UpgradeProposal
 
@@ -28,8 +28,15 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("files", nargs="*", help="imported evidence files")
+        parser.add_argument(
+            "--approve",
+            action="store_true",
+            help="approve each of them as both demo reviewers, so that the "
+            "candidate's manifest serves what its evidence says (scripts/"
+            "demo-manifest exports it)",
+        )
 
-    def handle(self, *args, files, **options):
+    def handle(self, *args, files, approve=False, **options):
         self.reviewers_ensure()
         proposer = self.proposer()
         # One A/B may span files (a lab exports a file per toolchain's sweep):
@@ -43,7 +50,25 @@ class Command(BaseCommand):
             for name in files
         )
         for upgrade in evidence_upgrades({"jobs": jobs}):
-            self.proposal_ensure(upgrade, proposer=proposer, reports=reports)
+            proposal = self.proposal_ensure(upgrade, proposer=proposer, reports=reports)
+            if approve:
+                self.proposal_approve(proposal)
+
+    def proposal_approve(self, proposal: UpgradeProposal) -> None:
+        for username in REVIEWERS:
+            reviewer = get_user_model().objects.get(username=username)
+            try:
+                proposal_approve(
+                    proposal=proposal,
+                    by=reviewer,
+                    comment="demo: approved as its evidence stands",
+                )
+            except ValidationError as exc:
+                raise CommandError(
+                    f"upgrade #{proposal.pk}: {'; '.join(exc.messages)}"
+                ) from None
+        proposal.refresh_from_db()
+        self.stdout.write(f"upgrade #{proposal.pk}: {proposal.state}")
 
     def reviewers_ensure(self) -> None:
         User = get_user_model()
@@ -75,7 +100,7 @@ class Command(BaseCommand):
             )
         return user
 
-    def proposal_ensure(self, upgrade, *, proposer, reports: str) -> None:
+    def proposal_ensure(self, upgrade, *, proposer, reports: str) -> UpgradeProposal:
         wanted = {dt.pk for dt in upgrade.device_types}
         for proposal in UpgradeProposal.objects.filter(
             baseline=upgrade.baseline, candidate=upgrade.candidate
@@ -84,7 +109,7 @@ class Command(BaseCommand):
                 self.stdout.write(
                     f"upgrade #{proposal.pk} ({upgrade}) exists: {proposal.state}"
                 )
-                return
+                return proposal
         try:
             proposal = proposal_open(
                 baseline=upgrade.baseline,
@@ -106,3 +131,4 @@ class Command(BaseCommand):
                 f"{', '.join(REVIEWERS)} may decide on it"
             )
         )
+        return proposal
