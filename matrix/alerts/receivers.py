@@ -9,7 +9,8 @@ from django.db import transaction
 from django.dispatch import receiver
 
 from matrix.alerts.detection import alerts_from_results
-from matrix.events import alerts_changed, results_stored
+from matrix.alerts.services import alert_bisection_record
+from matrix.events import alerts_changed, bisection_concluded, results_stored
 
 log = logging.getLogger(__name__)
 
@@ -30,3 +31,13 @@ def alerts_touched(sender, *, results, **_):
         alerts_changed.send(
             sender=type(results[0]), opened=changes.opened, reopened=changes.reopened
         )
+
+
+@receiver(bisection_concluded, dispatch_uid="alerts.bisection_concluded")
+def bisection_written(sender, *, bisection, **_):
+    """A bisection ended: the alerts holding its cell take its conclusion.
+    In a savepoint: a fault here is logged, the bisection ends all the same."""
+    try:
+        alert_bisection_record(bisection=bisection)
+    except Exception:
+        log.exception("alerts: bisection %s was not written", bisection.pk)

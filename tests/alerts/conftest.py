@@ -26,6 +26,8 @@ from matrix.models import (
 from matrix.revisions import make_current
 from matrix.services import shape_import
 from tests.runners.conftest import (  # noqa: F401 (fixtures)
+    CPU_COMPONENTS,
+    cpu_inventory,
     cpu_runner,
     register,
     server_key_file,
@@ -95,6 +97,39 @@ def green(cpu_runner):  # noqa: F811 (the fixture imported above)
         return shapes
 
     return make
+
+
+RELEASES = ("0.1.13", "0.1.14", "0.1.15")
+
+
+@pytest.fixture
+def lab(register):  # noqa: F811 (the fixture imported above)
+    """A CPU runner hosting TileLang 0.1.13 (the current toolchain), 0.1.14
+    and 0.1.15; the toolchains by release."""
+    inventory = cpu_inventory()
+    inventory["toolchains"] = [
+        {
+            "name": f"tilelang-{version}-cpu",
+            "interpreter": f"/opt/tilelang-{version}/bin/python",
+            "components": {**CPU_COMPONENTS, "tilelang": version},
+            "fingerprint": str(i) * 64,
+        }
+        for i, version in enumerate(RELEASES, start=1)
+    ]
+    hand = register(name="cpu-lab", inventory=inventory)
+    toolchains = {t.tilelang_version: t for t in hand.runner.toolchains.all()}
+    assert set(toolchains) == set(RELEASES)
+    Toolchain.objects.filter(pk=toolchains["0.1.13"].pk).update(is_current=True)
+    return hand, toolchains
+
+
+def run(hand, shapes, toolchain, status=None, **fields):
+    cpu = DeviceType.objects.get(backend="c")
+    sweep = services.sweep_plan(cells=[(s, cpu, toolchain) for s in shapes])
+    ValidationJob.objects.filter(sweep=sweep).update(
+        state=JobState.RUNNING, runner=hand.runner, started_at=timezone.now()
+    )
+    return ingest(hand, list(sweep.jobs.order_by("pk")), status=status, **fields)
 
 
 @pytest.fixture

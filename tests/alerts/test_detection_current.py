@@ -7,50 +7,15 @@ ingest, signed by a registered runner hosting both releases."""
 from __future__ import annotations
 
 import pytest
-from django.utils import timezone
 
 from matrix.alerts.reads import fixed_on_candidate
-from matrix.fleet import services
 from matrix.gate.services import proposal_open
-from matrix.models import DeviceType, JobState, Status, Toolchain, ValidationJob
+from matrix.models import DeviceType, Status, Toolchain
 from matrix.models.alerts import Alert, AlertState, CauseKind
-from tests.runners.conftest import CPU_COMPONENTS, cpu_inventory
 
-from .conftest import COMPILE_ERROR, ingest, new_revision, served_shapes
+from .conftest import COMPILE_ERROR, new_revision, run, served_shapes
 
 pytestmark = pytest.mark.django_db
-
-RELEASES = ("0.1.13", "0.1.14", "0.1.15")
-
-
-@pytest.fixture
-def lab(register):
-    """A CPU runner hosting TileLang 0.1.13 (the current toolchain), 0.1.14
-    and 0.1.15; the toolchains by release."""
-    inventory = cpu_inventory()
-    inventory["toolchains"] = [
-        {
-            "name": f"tilelang-{version}-cpu",
-            "interpreter": f"/opt/tilelang-{version}/bin/python",
-            "components": {**CPU_COMPONENTS, "tilelang": version},
-            "fingerprint": str(i) * 64,
-        }
-        for i, version in enumerate(RELEASES, start=1)
-    ]
-    hand = register(name="cpu-lab", inventory=inventory)
-    toolchains = {t.tilelang_version: t for t in hand.runner.toolchains.all()}
-    assert set(toolchains) == set(RELEASES)
-    Toolchain.objects.filter(pk=toolchains["0.1.13"].pk).update(is_current=True)
-    return hand, toolchains
-
-
-def run(hand, shapes, toolchain, status=None, **fields):
-    cpu = DeviceType.objects.get(backend="c")
-    sweep = services.sweep_plan(cells=[(s, cpu, toolchain) for s in shapes])
-    ValidationJob.objects.filter(sweep=sweep).update(
-        state=JobState.RUNNING, runner=hand.runner, started_at=timezone.now()
-    )
-    return ingest(hand, list(sweep.jobs.order_by("pk")), status=status, **fields)
 
 
 def test_failures_on_the_current_toolchain_open_one_alert_once_a_newer_release_passes(
