@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from django.db.models import Count, Max, Q, Sum
 from django.utils import timezone
 
+from matrix.alerts.reads import fixed_on_candidate
 from matrix.bisection.releases import release_key
 from matrix.gate import significance
 from matrix.models import (
@@ -542,3 +543,50 @@ def _passing_again(cells: list[Written], now, changes: Changes) -> None:
             before=before,
             after={**alert.snapshot(), "why": "every cell passes again"},
         )
+
+
+def alerts_rolled_out(*, proposal, now=None) -> list[Alert]:
+    """An upgrade rolled out: the open alerts of its baseline failing where
+    its candidate passes (kind current, every failing cell on a device type
+    it covers passing on the candidate) are fixed, by the system, audited.
+    Production now runs the toolchain that passes."""
+    now = now or timezone.now()
+    device_types = set(proposal.device_types.values_list("pk", flat=True))
+    alerts = list(
+        Alert.objects.open().filter(
+            kind=CauseKind.CURRENT, toolchain_id=proposal.baseline_id
+        )
+    )
+    outside = set(
+        AlertCell.objects.filter(alert__in=alerts, passing_since__isnull=True)
+        .exclude(device_type_id__in=device_types)
+        .values_list("alert_id", flat=True)
+    )
+    candidates = fixed_on_candidate([a for a in alerts if a.pk not in outside])
+    fixed = [
+        a
+        for a in alerts
+        if a.pk in candidates and candidates[a.pk].proposal == proposal.pk
+    ]
+    if not fixed:
+        return []
+    AlertCell.objects.filter(alert__in=fixed, passing_since__isnull=True).update(
+        passing_since=now
+    )
+    _tallies_update(fixed)
+    for alert in fixed:
+        before = alert.snapshot()
+        alert.state = AlertState.FIXED
+        alert.fixed_at = now
+        alert.save(update_fields=["state", "fixed_at", "changed_at"])
+        AuditEvent.record(
+            verb="alert.fixed",
+            obj=alert,
+            before=before,
+            after={
+                **alert.snapshot(),
+                "why": f"upgrade #{proposal.pk} rolled out: every cell passes on "
+                f"{proposal.candidate.name}",
+            },
+        )
+    return fixed

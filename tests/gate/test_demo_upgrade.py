@@ -224,6 +224,26 @@ def test_the_upgrades_compile_errors_are_one_alert_fixed_on_candidate_bisected(
     # Run again, the demo bisects nothing more.
     assert "bisection" not in run("demo_upgrade", *DEMO)
 
+    # Both reviewers approve and the admin rolls 0.1.15 out: production
+    # runs the release that passes, and the alert is fixed.
+    from django.contrib.auth import get_user_model
+
+    from matrix.gate.services import proposal_approve, proposal_rollout
+
+    users = get_user_model().objects
+    for name in ("reviewer1", "reviewer2"):
+        proposal_approve(
+            proposal=proposal, by=users.get(username=name), comment="the softmax"
+        )
+    proposal_rollout(proposal=proposal, by=proposal.proposer)
+    proposal.refresh_from_db()
+    assert proposal.state == "rolled_out"
+    alert.refresh_from_db()
+    assert (alert.state, alert.open_cells) == ("fixed", 0)
+    assert fixed_on_candidate([alert]) == {}
+    body = client.get(reverse("alert", args=[alert.pk])).content.decode()
+    assert f"upgrade #{proposal.pk} rolled out: every cell passes on" in body
+
 
 def test_a_cpu_ab_file_adds_its_own_upgrade(seeded):
     """Another lab's A/B (this project's CPU, both releases) opens a proposal
