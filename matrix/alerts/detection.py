@@ -223,8 +223,9 @@ def _reference(
     """The pass ``cell`` is compared with, and what changed since: the
     newest pass of the same cell (the revision changed, or nothing did);
     else, where the cell never passed on its toolchain, the newest pass of
-    its shape and device type on an older toolchain (the toolchain
-    changed). A failure on an older toolchain than a passing one is no
+    its shape and device type on an older toolchain with the same kernel
+    revision (the toolchain changed, and nothing else: a bisection's step
+    of a new revision on an old release is no toolchain change). A failure on an older toolchain than a passing one is no
     regression: the newer one fixed it."""
     same = goods.get(cell.key)
     if same is not None:
@@ -238,7 +239,9 @@ def _reference(
     older = [
         g
         for (s, d, t), g in goods.items()
-        if (s, d) == (shape, device_type) and _older(t, toolchain, toolchains)
+        if (s, d) == (shape, device_type)
+        and g.revision_id == cell.revision_id
+        and _older(t, toolchain, toolchains)
     ]
     if not older:
         return None

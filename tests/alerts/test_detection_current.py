@@ -108,3 +108,35 @@ def test_the_alert_closes_when_a_revision_passes_on_the_current_toolchain(lab):
     assert (alert.state, alert.open_cells) == (AlertState.FIXED, 0)
     # Passing on the current toolchain now, it is fixed, not "on candidate".
     assert fixed_on_candidate([alert]) == {}
+
+
+def test_a_release_breaking_what_an_older_one_passed_is_a_toolchain_alert(lab):
+    hand, toolchains = lab
+    Toolchain.objects.update(is_current=False)
+    shapes = served_shapes(2)
+    run(hand, shapes, toolchains["0.1.14"])
+
+    run(hand, shapes, toolchains["0.1.15"], "compile_error", **COMPILE_ERROR)
+
+    (alert,) = Alert.objects.all()
+    assert (alert.kind, alert.cell_count) == (CauseKind.TOOLCHAIN, 2)
+    assert (alert.good_toolchain, alert.toolchain) == (
+        toolchains["0.1.14"],
+        toolchains["0.1.15"],
+    )
+
+
+def test_a_new_revision_failing_on_a_release_where_another_passed_is_no_toolchain_alert(
+    lab,
+):
+    """What a bisection of a new revision stores on an older release: the
+    revision changed as well as the toolchain, and nothing passed with it."""
+    hand, toolchains = lab
+    Toolchain.objects.update(is_current=False)
+    shapes = served_shapes(2)
+    run(hand, shapes, toolchains["0.1.13"])
+    new_revision()
+
+    run(hand, shapes, toolchains["0.1.14"], "compile_error", **COMPILE_ERROR)
+
+    assert not Alert.objects.exists()
