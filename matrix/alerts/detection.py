@@ -308,7 +308,7 @@ def _current_failures(
     side, the failure written now (the pass stored before) or the pass
     written now (the failure stored before), so the order results arrive in
     does not matter. The nearest newer release that passes is the good side
-    (the narrowest range to bisect). At most five statements, none where
+    (the narrowest range to bisect). At most four statements, none where
     neither side is in the batch."""
     current = next((pk for pk, (_, now) in toolchains.items() if now), None)
     if current is None or toolchains[current][0] is None:

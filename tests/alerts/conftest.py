@@ -9,6 +9,7 @@ import hashlib
 import json
 import socket
 import threading
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -164,9 +165,9 @@ class Inbox:
         return "250 OK"
 
 
-@pytest.fixture
-def smtp(settings):
-    """An SMTP server on a free localhost port, Django's mail pointed at it."""
+@contextmanager
+def smtp_server():
+    """A real SMTP server on a free localhost port: (inbox, port)."""
     from aiosmtpd.controller import Controller
 
     inbox = Inbox()
@@ -177,12 +178,21 @@ def smtp(settings):
         port = probe.getsockname()[1]
     controller = Controller(inbox, hostname="127.0.0.1", port=port)
     controller.start()
-    settings.EMAIL_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
-    settings.EMAIL_HOST = "127.0.0.1"
-    settings.EMAIL_PORT = port
-    settings.EMAIL_USE_TLS = False
-    yield inbox
-    controller.stop()
+    try:
+        yield inbox, port
+    finally:
+        controller.stop()
+
+
+@pytest.fixture
+def smtp(settings):
+    """An SMTP server on a free localhost port, Django's mail pointed at it."""
+    with smtp_server() as (inbox, port):
+        settings.EMAIL_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
+        settings.EMAIL_HOST = "127.0.0.1"
+        settings.EMAIL_PORT = port
+        settings.EMAIL_USE_TLS = False
+        yield inbox
 
 
 class Hooks:
@@ -197,8 +207,9 @@ class Hooks:
         return f"http://{host}:{port}/hook"
 
 
-@pytest.fixture
-def hooks():
+@contextmanager
+def hook_server():
+    """A real HTTP server on localhost taking webhooks: its Hooks."""
     received = Hooks()
 
     class Handler(BaseHTTPRequestHandler):
@@ -220,6 +231,14 @@ def hooks():
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     received.address = received.url(server)
-    yield received
-    server.shutdown()
-    server.server_close()
+    try:
+        yield received
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.fixture
+def hooks():
+    with hook_server() as received:
+        yield received
