@@ -32,7 +32,10 @@ class AlertOut(Schema):
     id: int
     url: str
     state: str
-    kind: str = Field(description="toolchain, revision or unchanged: what changed")
+    kind: str = Field(
+        description="toolchain, revision or unchanged: what changed; current: "
+        "the current toolchain fails where a newer one passes"
+    )
     status: str = Field(description="the failing status, or slower")
     signature: str
     toolchain: str
@@ -52,7 +55,10 @@ class AlertOut(Schema):
     upgrade: int | None
     upstream_url: str
     wont_fix_reason: str
-    bisection: dict | None
+    bisection: dict | None = Field(
+        description="the toolchain bisection's id, state, summary, named release "
+        "and needs, once one ran"
+    )
     opened_at: datetime
     fixed_at: datetime | None
 

@@ -67,6 +67,7 @@ urlpatterns = [
     path("alerts/", alerts.alerts_page, name="alerts"),
     path("alerts/<id:pk>/", alerts.alert_page, name="alert"),
     path("alerts/<id:pk>/triage/", alerts.alert_triage_view, name="alert-triage"),
+    path("alerts/<id:pk>/bisect/", alerts.alert_bisect_view, name="alert-bisect"),
     path("notifications/", notifications.notifications_page, name="notifications"),
     path(
         "notifications/<id:pk>/test/",

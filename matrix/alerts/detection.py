@@ -1,5 +1,9 @@
 """Alerts from stored results: which cells' confirmed verdicts turned worse,
-grouped by cause, and which alerted cells pass again.
+grouped by cause, and which alerted cells pass again. Besides a change for
+the worse, a served cell failing on the current toolchain, where it never
+passed, opens one when a newer release passes it (kind ``current``): what
+production runs is broken and an upgrade is known to fix it. A cell that
+never passed anywhere is a gap (the Gaps page), not an alert.
 
 Ingest holds a failure on a green cell until a rerun confirms it, so a cell
 row is always a confirmed verdict: these functions read the cells a batch
@@ -15,8 +19,18 @@ from dataclasses import dataclass, field
 from django.db.models import Count, Max, Q, Sum
 from django.utils import timezone
 
+from matrix.alerts.reads import fixed_on_candidate
+from matrix.bisection.releases import release_key
 from matrix.gate import significance
-from matrix.models import AuditEvent, Cell, Result, Shape, Status, ValidationJob
+from matrix.models import (
+    AuditEvent,
+    Cell,
+    Result,
+    Shape,
+    Status,
+    Toolchain,
+    ValidationJob,
+)
 from matrix.models.alerts import (
     SLOWER,
     Alert,
@@ -40,6 +54,9 @@ ALERTING = frozenset(
 )
 
 Key = tuple[int, int, int]  # shape, device type, toolchain
+# toolchain id -> (the order key of its TileLang release, or None where its
+# version is no release; whether it is the current toolchain)
+Toolchains = dict[int, tuple[tuple | None, bool]]
 
 
 @dataclass
@@ -103,9 +120,13 @@ def alerts_from_results(*, results) -> Changes:
     batch = {r.pk for r in results}
     bad = [c for c in written if c.status in ALERTING]
     passing = [c for c in written if c.status == Status.PASS]
+    toolchains = _toolchains() if bad or passing else {}
     goods = _last_passes([*bad, *passing], exclude=batch)
-    findings = [f for c in bad if (f := _failure(c, goods)) is not None]
-    slower = _slowdowns(passing, goods)
+    findings = [f for c in bad if (f := _failure(c, goods, toolchains)) is not None]
+    slower = _slowdowns(passing, goods, toolchains)
+    findings += _current_failures(
+        bad, passing, toolchains, known={f.cell.key for f in findings}
+    )
     findings += slower
     slow_keys = {f.cell.key for f in slower}
     if findings:
@@ -174,12 +195,37 @@ def _last_passes(cells: list[Written], *, exclude: set[int]) -> dict:
     }
 
 
-def _reference(cell: Written, goods: dict) -> tuple[Good, str] | None:
+def _toolchains() -> Toolchains:
+    """Every toolchain's release order and currency: one statement (a
+    server knows tens of toolchains, not thousands)."""
+    return {
+        pk: (release_key(version), is_current)
+        for pk, version, is_current in Toolchain.objects.values_list(
+            "pk", "tilelang_version", "is_current"
+        )
+    }
+
+
+def _older(toolchain: int, than: int, toolchains: Toolchains) -> bool:
+    """By TileLang release where both are releases (a lab may register
+    0.1.15 before 0.1.13); else, or between two builds of one release, by
+    which was registered first."""
+    mine = toolchains.get(toolchain, (None, False))[0]
+    theirs = toolchains.get(than, (None, False))[0]
+    if mine is not None and theirs is not None and mine != theirs:
+        return mine < theirs
+    return toolchain < than
+
+
+def _reference(
+    cell: Written, goods: dict, toolchains: Toolchains
+) -> tuple[Good, str] | None:
     """The pass ``cell`` is compared with, and what changed since: the
     newest pass of the same cell (the revision changed, or nothing did);
     else, where the cell never passed on its toolchain, the newest pass of
-    its shape and device type on an older toolchain (the toolchain
-    changed). A failure on an older toolchain than a passing one is no
+    its shape and device type on an older toolchain with the same kernel
+    revision (the toolchain changed, and nothing else: a bisection's step
+    of a new revision on an old release is no toolchain change). A failure on an older toolchain than a passing one is no
     regression: the newer one fixed it."""
     same = goods.get(cell.key)
     if same is not None:
@@ -193,28 +239,32 @@ def _reference(cell: Written, goods: dict) -> tuple[Good, str] | None:
     older = [
         g
         for (s, d, t), g in goods.items()
-        if (s, d) == (shape, device_type) and t < toolchain
+        if (s, d) == (shape, device_type)
+        and g.revision_id == cell.revision_id
+        and _older(t, toolchain, toolchains)
     ]
     if not older:
         return None
     return max(older, key=lambda g: g.result_id), CauseKind.TOOLCHAIN
 
 
-def _failure(cell: Written, goods: dict) -> Finding | None:
-    found = _reference(cell, goods)
+def _failure(cell: Written, goods: dict, toolchains: Toolchains) -> Finding | None:
+    found = _reference(cell, goods, toolchains)
     if found is None:
         return None
     good, kind = found
     return Finding(cell, good, kind, cell.status, cell.signature or cell.status)
 
 
-def _slowdowns(passing: list[Written], goods: dict) -> list[Finding]:
+def _slowdowns(
+    passing: list[Written], goods: dict, toolchains: Toolchains
+) -> list[Finding]:
     """Passes significantly slower than the pass before them: the rank test
     on their timing samples says slower, by more than the policy's budget
     for the operator. Results without samples are not judged."""
     pairs = []
     for cell in passing:
-        found = _reference(cell, goods)
+        found = _reference(cell, goods, toolchains)
         if found is not None:
             pairs.append((cell, *found))
     if not pairs:
@@ -244,6 +294,96 @@ def _slowdowns(passing: list[Written], goods: dict) -> list[Finding]:
         ):
             found.append(Finding(cell, good, kind, SLOWER, ""))
     return found
+
+
+def _current_failures(
+    bad: list[Written],
+    passing: list[Written],
+    toolchains: Toolchains,
+    *,
+    known: set[Key],
+) -> list[Finding]:
+    """Served cells failing on the current toolchain, where they never
+    passed, whose kernel revision passes on a newer release: from either
+    side, the failure written now (the pass stored before) or the pass
+    written now (the failure stored before), so the order results arrive in
+    does not matter. The nearest newer release that passes is the good side
+    (the narrowest range to bisect). At most four statements, none where
+    neither side is in the batch."""
+    current = next((pk for pk, (_, now) in toolchains.items() if now), None)
+    if current is None or toolchains[current][0] is None:
+        return []
+    newer = {
+        pk
+        for pk, (key, _) in toolchains.items()
+        if key is not None and key > toolchains[current][0]
+    }
+    keys = {c.key for c in bad if c.key[2] == current and c.key not in known}
+    keys |= {(c.key[0], c.key[1], current) for c in passing if c.key[2] in newer}
+    if not keys or not newer:
+        return []
+    shapes, devices = {k[0] for k in keys}, {k[1] for k in keys}
+    failing = [
+        Written((s, d, t), revision, result, status, signature or "")
+        for s, d, t, revision, result, status, signature in Cell.objects.filter(
+            shape_id__in=shapes,
+            device_type_id__in=devices,
+            toolchain_id=current,
+            status__in=ALERTING,
+            shape__served=True,
+        ).values_list(
+            "shape_id",
+            "device_type_id",
+            "toolchain_id",
+            "revision_id",
+            "result_id",
+            "status",
+            "error_signature",
+        )
+        if (s, d, t) in keys
+    ]
+    if not failing:
+        return []
+    # A cell an alert holds already is that alert's (a regression, or this
+    # rule's a batch ago); one that ever passed here is the other rules'.
+    held = set(
+        AlertCell.objects.filter(
+            shape_id__in=shapes, device_type_id__in=devices, toolchain_id=current
+        ).values_list("shape_id", "device_type_id")
+    )
+    passed = set(
+        Result.objects.filter(
+            shape_id__in=shapes,
+            device_type_id__in=devices,
+            toolchain_id=current,
+            status=Status.PASS,
+        )
+        .values_list("shape_id", "device_type_id")
+        .distinct()
+    )
+    failing = [c for c in failing if c.key[:2] not in held and c.key[:2] not in passed]
+    if not failing:
+        return []
+    nearest: dict[tuple[int, int, int], Good] = {}
+    for s, d, t, revision, result in Cell.objects.filter(
+        shape_id__in={c.key[0] for c in failing},
+        device_type_id__in={c.key[1] for c in failing},
+        toolchain_id__in=newer,
+        revision_id__in={c.revision_id for c in failing},
+        status=Status.PASS,
+    ).values_list(
+        "shape_id", "device_type_id", "toolchain_id", "revision_id", "result_id"
+    ):
+        found = nearest.get((s, d, revision))
+        if found is None or toolchains[t][0] < toolchains[found.toolchain_id][0]:
+            nearest[(s, d, revision)] = Good(result, revision, t)
+    return [
+        Finding(
+            cell, good, CauseKind.CURRENT, cell.status, cell.signature or cell.status
+        )
+        for cell in failing
+        if (good := nearest.get((cell.key[0], cell.key[1], cell.revision_id)))
+    ]
 
 
 def _record(findings: list[Finding], now, changes: Changes) -> None:
@@ -406,3 +546,50 @@ def _passing_again(cells: list[Written], now, changes: Changes) -> None:
             before=before,
             after={**alert.snapshot(), "why": "every cell passes again"},
         )
+
+
+def alerts_rolled_out(*, proposal, now=None) -> list[Alert]:
+    """An upgrade rolled out: the open alerts of its baseline failing where
+    its candidate passes (kind current, every failing cell on a device type
+    it covers passing on the candidate) are fixed, by the system, audited.
+    Production now runs the toolchain that passes."""
+    now = now or timezone.now()
+    device_types = set(proposal.device_types.values_list("pk", flat=True))
+    alerts = list(
+        Alert.objects.open().filter(
+            kind=CauseKind.CURRENT, toolchain_id=proposal.baseline_id
+        )
+    )
+    outside = set(
+        AlertCell.objects.filter(alert__in=alerts, passing_since__isnull=True)
+        .exclude(device_type_id__in=device_types)
+        .values_list("alert_id", flat=True)
+    )
+    candidates = fixed_on_candidate([a for a in alerts if a.pk not in outside])
+    fixed = [
+        a
+        for a in alerts
+        if a.pk in candidates and candidates[a.pk].proposal == proposal.pk
+    ]
+    if not fixed:
+        return []
+    AlertCell.objects.filter(alert__in=fixed, passing_since__isnull=True).update(
+        passing_since=now
+    )
+    _tallies_update(fixed)
+    for alert in fixed:
+        before = alert.snapshot()
+        alert.state = AlertState.FIXED
+        alert.fixed_at = now
+        alert.save(update_fields=["state", "fixed_at", "changed_at"])
+        AuditEvent.record(
+            verb="alert.fixed",
+            obj=alert,
+            before=before,
+            after={
+                **alert.snapshot(),
+                "why": f"upgrade #{proposal.pk} rolled out: every cell passes on "
+                f"{proposal.candidate.name}",
+            },
+        )
+    return fixed

@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from django.db.models import Exists, OuterRef
 
 from matrix import revisions
-from matrix.models import AuditEvent, Backend, Cell, Status
+from matrix.bisection.releases import release_key
+from matrix.models import AuditEvent, Backend, Cell, Status, Toolchain
 from matrix.models.alerts import Alert, AlertCell, AlertState
 from matrix.models.gate import ProposalState, UpgradeProposal
 
@@ -53,16 +54,25 @@ def filters_check(*, state: str, backend: str) -> list[str]:
 
 @dataclass(frozen=True)
 class Candidate:
-    """Every still-failing cell of an alert passes on a newer toolchain (on
-    the current kernel revision): a run on the alert's toolchain fails the
-    same way; the upgrade closes it."""
+    """Every still-failing cell of an alert passes on a newer toolchain,
+    with the kernel revision that failed or the current one: a run on the
+    alert's toolchain fails the same way; the upgrade closes it."""
 
     toolchain: str
     proposal: int | None
 
 
+def _newer(toolchain: int, than: int, releases: dict) -> bool:
+    """By TileLang release where both are releases, else by registration
+    (two builds of one release, a local build)."""
+    mine, theirs = releases.get(toolchain), releases.get(than)
+    if mine is not None and theirs is not None and mine != theirs:
+        return mine > theirs
+    return toolchain > than
+
+
 def fixed_on_candidate(alerts: list[Alert]) -> dict[int, Candidate]:
-    """alert id -> Candidate, for the open ones so fixed. Three statements
+    """alert id -> Candidate, for the open ones so fixed. Four statements
     for any number of alerts."""
     open_ids = [a.pk for a in alerts if a.state != AlertState.FIXED]
     if not open_ids:
@@ -70,33 +80,57 @@ def fixed_on_candidate(alerts: list[Alert]) -> dict[int, Candidate]:
     bad = list(
         AlertCell.objects.filter(
             alert_id__in=open_ids, passing_since__isnull=True
-        ).values_list("alert_id", "shape_id", "device_type_id", "toolchain_id")
+        ).values_list(
+            "alert_id",
+            "shape_id",
+            "device_type_id",
+            "toolchain_id",
+            "first_bad_result__revision_id",
+        )
     )
     if not bad:
         return {}
-    passes: dict[tuple[int, int], list[tuple[int, str]]] = {}
-    for s, d, t, name in (
+    passes: dict[tuple[int, int], list[tuple[int, str, int, bool]]] = {}
+    for s, d, t, name, revision, current in (
         Cell.objects.filter(
-            shape_id__in={s for _, s, _, _ in bad},
-            device_type_id__in={d for _, _, d, _ in bad},
+            shape_id__in={row[1] for row in bad},
+            device_type_id__in={row[2] for row in bad},
             status=Status.PASS,
         )
-        .filter(revisions.is_current_cell())
-        .values_list("shape_id", "device_type_id", "toolchain_id", "toolchain__name")
+        .annotate(current=revisions.is_current_cell())
+        .values_list(
+            "shape_id",
+            "device_type_id",
+            "toolchain_id",
+            "toolchain__name",
+            "revision_id",
+            "current",
+        )
     ):
-        passes.setdefault((s, d), []).append((t, name))
+        passes.setdefault((s, d), []).append((t, name, revision, current))
+    releases = {
+        pk: release_key(version)
+        for pk, version in Toolchain.objects.filter(
+            pk__in={row[3] for row in bad}
+            | {t for rows in passes.values() for t, *_ in rows}
+        ).values_list("pk", "tilelang_version")
+    }
     by_alert: dict[int, list] = {}
-    for alert_id, s, d, t in bad:
-        newer = [(t2, name) for t2, name in passes.get((s, d), []) if t2 > t]
+    for alert_id, s, d, t, failed in bad:
+        newer = [
+            (t2, name)
+            for t2, name, revision, current in passes.get((s, d), [])
+            if (current or revision == failed) and _newer(t2, t, releases)
+        ]
         by_alert.setdefault(alert_id, []).append((t, newer))
     found = {}
     for alert_id, cells in by_alert.items():
         if not all(newer for _, newer in cells):
             continue
         # The toolchain most of the cells pass on names the candidate.
-        (toolchain_id, name), _ = Counter(newer[0] for _, newer in cells).most_common(
-            1
-        )[0]
+        (toolchain_id, name), _ = Counter(
+            pair for _, newer in cells for pair in newer
+        ).most_common(1)[0]
         found[alert_id] = (cells[0][0], toolchain_id, name)
     proposals = {
         (b, c): pk

@@ -1,16 +1,21 @@
 """Triage of an alert by people: acknowledge it, send it upstream with a
 TileLang issue, or decide not to fix it, with a reason. Fixed is the
-system's word alone (every cell passes again), so is reopening."""
+system's word alone (every cell passes again), so is reopening. An alert
+whose cause is a toolchain pair is bisected across the releases between,
+and the bisection's conclusion is written back onto it."""
 
 from __future__ import annotations
 
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.core.validators import URLValidator
 from django.db import transaction
+from django.utils import timezone
 
 from matrix.accounts.roles import REVIEWER, has_role
+from matrix.bisection.services import bisection_start
 from matrix.models import AuditEvent
 from matrix.models.alerts import Alert, AlertState
+from matrix.models.bisection import Bisection
 
 # Where a person may move an alert from each state.
 TRANSITIONS = {
@@ -80,3 +85,85 @@ def alert_triage(
         after=alert.snapshot(),
     )
     return alert
+
+
+def alert_bisectable(alert: Alert) -> bool:
+    """Its cells passed on one toolchain and fail on another: a toolchain
+    change, or the current toolchain failing where a newer one passes."""
+    return bool(alert.good_toolchain_id) and alert.good_toolchain_id != (
+        alert.toolchain_id
+    )
+
+
+def alert_bisect(*, alert: Alert, by) -> Bisection:
+    """Bisect the alert's first bad cell over the TileLang releases between
+    its last good and its first bad toolchain, on the kernel revision that
+    failed. Its conclusion comes back onto the alert
+    (``alert_bisection_record``); while it runs, the alert links it."""
+    if not alert_bisectable(alert):
+        raise ValidationError(
+            "only an alert whose cells pass on one toolchain and fail on another "
+            f"can be bisected across toolchains; this one is a "
+            f"{alert.get_kind_display()} on {alert.toolchain.name}"
+        )
+    first = alert.first_bad_result
+    bisection = bisection_start(
+        shape=first.shape,
+        device_type=first.device_type,
+        last_good=alert.good_toolchain,
+        first_bad=alert.toolchain,
+        revision=alert.revision,
+        by=by,
+    )
+    if bisection.is_running:
+        Alert.objects.filter(pk=alert.pk).update(
+            bisection=bisection_said(bisection), changed_at=timezone.now()
+        )
+    return bisection
+
+
+def bisection_said(bisection: Bisection) -> dict:
+    """What an alert keeps of a bisection: enough for its page and the API
+    without reading the bisection's rows."""
+    release = bisection.release
+    return {
+        "id": bisection.pk,
+        "state": bisection.state,
+        "state_label": bisection.get_state_display(),
+        "cell": f"{bisection.shape} on {bisection.device_type}",
+        "summary": bisection.conclusion
+        or f"Bisection {bisection.pk} is running: {bisection.sought} sought.",
+        "sought": bisection.sought,
+        "release": release.name if release else "",
+        "release_version": release.tilelang_version if release else "",
+        "needs": list(bisection.needs),
+    }
+
+
+@transaction.atomic
+def alert_bisection_record(*, bisection: Bisection) -> list[int]:
+    """A bisection ended: its conclusion goes onto the alerts holding its
+    cell (on either of its toolchains), audited; their ids."""
+    alerts = list(
+        Alert.objects.filter(
+            cells__shape_id=bisection.shape_id,
+            cells__device_type_id=bisection.device_type_id,
+            cells__toolchain_id__in=[bisection.last_good_id, bisection.first_bad_id],
+        )
+        .distinct()
+        .order_by("pk")
+    )
+    said = bisection_said(bisection)
+    for alert in alerts:
+        alert.bisection = said
+        alert.save(update_fields=["bisection", "changed_at"])
+        AuditEvent.record(
+            verb="alert.bisected",
+            obj=alert,
+            after={
+                "state": alert.state,
+                "bisection": bisection.pk,
+                "why": f"bisection {bisection.pk}: {bisection.get_state_display()}",
+            },
+        )
+    return [a.pk for a in alerts]

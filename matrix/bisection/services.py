@@ -50,12 +50,15 @@ def _version_key(toolchain: Toolchain) -> tuple:
 
 @transaction.atomic
 def bisection_start(
-    *, shape, device_type, last_good, first_bad, by=None, proposal=None
+    *, shape, device_type, last_good, first_bad, by=None, proposal=None, revision=None
 ) -> Bisection:
     """Bisect the cell (its operator's current revision on the device
-    type's backend) over the TileLang releases between ``last_good`` and
-    ``first_bad``, in either order of age. A bisection of the same already
-    running is taken on, not started twice."""
+    type's backend, or ``revision``: an alert's, which may be older) over
+    the TileLang releases between ``last_good`` and ``first_bad``, in either
+    order of age. Results of an older revision answer rungs as any stored
+    result does; a rung that needs a job stops it, since the planner runs
+    the current revision. A bisection of the same already running is taken
+    on, not started twice."""
     if last_good.pk == first_bad.pk:
         _refuse("the last good and the first bad toolchain are the same")
     good_key, bad_key = _version_key(last_good), _version_key(first_bad)
@@ -64,7 +67,8 @@ def bisection_start(
             f"{last_good.name} and {first_bad.name} are both TileLang "
             f"{last_good.tilelang_version}: no release lies between them to bisect"
         )
-    revision = shape.operator.current_revision(device_type.backend)
+    if revision is None:
+        revision = shape.operator.current_revision(device_type.backend)
     if revision is None:
         _refuse(
             f"{shape.operator.name} has no current revision on {device_type.backend}: "
@@ -231,19 +235,34 @@ def _need(rung: dict, device_type, *, ends) -> str:
                 f"{', '.join(hosts)}, offline now: start a bisection again once "
                 "it is online."
             )
-    # The runners that already test the ends are the ones to give it to.
-    names = list(
-        runners.annotate(
-            ends=Count("toolchains", filter=Q(toolchains__in=[t.pk for t in ends]))
+    # The runners that already test the ends are the ones to give it to;
+    # where none may be given work, the lab hosts whose results came as
+    # evidence files are the ones that have the device.
+    testing_ends = Q(toolchains__in=[t.pk for t in ends])
+    labs = Runner.objects.filter(
+        device_types=device_type,
+        health=Runner.Health.EVIDENCE,
+        revoked_at__isnull=True,
+    )
+    names, lab = [], False
+    for found, is_lab in ((runners, False), (labs, True)):
+        names = list(
+            found.annotate(ends=Count("toolchains", filter=testing_ends))
+            .order_by("-ends", "name")
+            .values_list("name", flat=True)[:3]
         )
-        .order_by("-ends", "name")
-        .values_list("name", flat=True)[:3]
-    )
-    who = (
-        f"runner {', '.join(names)} would need it"
-        if names
-        else f"a runner with {device_type} would need it (none is registered)"
-    )
+        if names:
+            lab = is_lab
+            break
+    if lab:
+        who = (
+            f"lab host {', '.join(names)} (its results came as evidence files) "
+            "would need it"
+        )
+    elif names:
+        who = f"runner {', '.join(names)} would need it"
+    else:
+        who = f"a runner with {device_type} would need it (none is registered)"
     directory = f"/opt/toolchains/tilelang-{version}"
     return (
         f"TileLang {version} is not hosted by any online runner with {device_type}: "
@@ -353,10 +372,11 @@ def _step_plan(bisection, rung: int, steps) -> None:
     if current is None or current.pk != bisection.revision_id:
         _stop(
             bisection,
-            f"the current revision of {bisection.shape.operator.name} on "
-            f"{bisection.device_type.backend} changed since the bisection began "
-            f"({bisection.revision}): the planner runs the current one, so this "
-            "bisection cannot go on; start it again for the new revision",
+            f"{toolchain.name} needs a job, and the bisected revision "
+            f"({bisection.revision}) is not the current one of "
+            f"{bisection.shape.operator.name} on {bisection.device_type.backend} "
+            "(it changed since, or the bisection began from an older result): "
+            "the planner runs the current one; start it again for that revision",
         )
         return
     validating = capabilities_online().validate

@@ -33,6 +33,10 @@ class CauseKind(models.TextChoices):
     # The same revision on the same toolchain failed where it passed (a
     # confirmed flake, a driver or host change the fingerprint missed).
     UNCHANGED = "unchanged", "nothing pinned changed"
+    # A served cell fails on the current toolchain, where it never passed,
+    # and passes on a newer release with the same kernel revision: what
+    # production runs is broken, and an upgrade is known to fix it.
+    CURRENT = "current", "current toolchain fails, a newer one passes"
 
 
 # The status an alert of a significant slowdown carries: the cells still
@@ -106,8 +110,9 @@ class Alert(models.Model):
     served_weight = models.FloatField(default=0.0)
     cell_count = models.PositiveIntegerField(default=0)
     open_cells = models.PositiveIntegerField(default=0)
-    # Written by the toolchain bisection: the first bad (or first good)
-    # release, the repro and how it was found. Null until one ran.
+    # Written by the toolchain bisection (``matrix.alerts.receivers``): its
+    # id, state, ``summary`` (the conclusion), the named release and what
+    # would test the releases left untested. Null until one ran.
     bisection = models.JSONField(null=True, blank=True)
     reopened = models.PositiveIntegerField(default=0)
     opened_at = models.DateTimeField(auto_now_add=True)
@@ -142,6 +147,8 @@ class Alert(models.Model):
         what = "significantly slower" if self.status == SLOWER else self.status
         what = what.replace("_", " ")
         sig = f" ({self.signature[:12]})" if self.signature else ""
+        if self.kind == CauseKind.CURRENT:
+            return f"{what}{sig} on the current toolchain"
         return f"{what}{sig} after a {self.get_kind_display()}"
 
     @property

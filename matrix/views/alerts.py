@@ -13,9 +13,16 @@ from django.views.decorators.http import require_GET, require_POST
 from django.views.decorators.vary import vary_on_headers
 
 from matrix.alerts import reads
-from matrix.alerts.services import TRANSITIONS, alert_triage, can_triage
+from matrix.alerts.services import (
+    TRANSITIONS,
+    alert_bisect,
+    alert_bisectable,
+    alert_triage,
+    can_triage,
+)
 from matrix.models import Backend
 from matrix.models.alerts import Alert, AlertState
+from matrix.views.bisections import can_bisect
 
 PAGE_SIZE = 50
 
@@ -80,6 +87,7 @@ def alert_page(request, pk: int):
                 "deliveries__subscription"
             )[:10],
             "can_triage": can_triage(request.user, alert),
+            "can_bisect": alert_bisectable(alert) and can_bisect(request.user),
             "next_states": [AlertState(s) for s in TRANSITIONS[alert.state]],
         },
     )
@@ -106,3 +114,19 @@ def alert_triage_view(request, pk: int):
     else:
         messages.success(request, "Alert updated.")
     return redirect("alert", pk=alert.pk)
+
+
+@login_required
+@require_POST
+def alert_bisect_view(request, pk: int):
+    """Bisect the alert's first bad cell between its last good and first bad
+    toolchain; to the bisection's page, which polls while it runs."""
+    if not can_bisect(request.user):
+        raise PermissionDenied("bisecting plans jobs: it takes the bisect permission")
+    alert = _get_alert_for_user(request.user, pk)
+    try:
+        bisection = alert_bisect(alert=alert, by=request.user)
+    except ValidationError as exc:
+        messages.error(request, "; ".join(exc.messages))
+        return redirect("alert", pk=alert.pk)
+    return redirect("bisection", pk=bisection.pk)

@@ -9,6 +9,7 @@ import hashlib
 import json
 import socket
 import threading
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -26,6 +27,8 @@ from matrix.models import (
 from matrix.revisions import make_current
 from matrix.services import shape_import
 from tests.runners.conftest import (  # noqa: F401 (fixtures)
+    CPU_COMPONENTS,
+    cpu_inventory,
     cpu_runner,
     register,
     server_key_file,
@@ -97,6 +100,39 @@ def green(cpu_runner):  # noqa: F811 (the fixture imported above)
     return make
 
 
+RELEASES = ("0.1.13", "0.1.14", "0.1.15")
+
+
+@pytest.fixture
+def lab(register):  # noqa: F811 (the fixture imported above)
+    """A CPU runner hosting TileLang 0.1.13 (the current toolchain), 0.1.14
+    and 0.1.15; the toolchains by release."""
+    inventory = cpu_inventory()
+    inventory["toolchains"] = [
+        {
+            "name": f"tilelang-{version}-cpu",
+            "interpreter": f"/opt/tilelang-{version}/bin/python",
+            "components": {**CPU_COMPONENTS, "tilelang": version},
+            "fingerprint": str(i) * 64,
+        }
+        for i, version in enumerate(RELEASES, start=1)
+    ]
+    hand = register(name="cpu-lab", inventory=inventory)
+    toolchains = {t.tilelang_version: t for t in hand.runner.toolchains.all()}
+    assert set(toolchains) == set(RELEASES)
+    Toolchain.objects.filter(pk=toolchains["0.1.13"].pk).update(is_current=True)
+    return hand, toolchains
+
+
+def run(hand, shapes, toolchain, status=None, **fields):
+    cpu = DeviceType.objects.get(backend="c")
+    sweep = services.sweep_plan(cells=[(s, cpu, toolchain) for s in shapes])
+    ValidationJob.objects.filter(sweep=sweep).update(
+        state=JobState.RUNNING, runner=hand.runner, started_at=timezone.now()
+    )
+    return ingest(hand, list(sweep.jobs.order_by("pk")), status=status, **fields)
+
+
 @pytest.fixture
 def deliveries_run(django_capture_on_commit_callbacks):
     """Run what commits enqueue, the deliveries among them, in place (the
@@ -129,9 +165,9 @@ class Inbox:
         return "250 OK"
 
 
-@pytest.fixture
-def smtp(settings):
-    """An SMTP server on a free localhost port, Django's mail pointed at it."""
+@contextmanager
+def smtp_server():
+    """A real SMTP server on a free localhost port: (inbox, port)."""
     from aiosmtpd.controller import Controller
 
     inbox = Inbox()
@@ -142,12 +178,21 @@ def smtp(settings):
         port = probe.getsockname()[1]
     controller = Controller(inbox, hostname="127.0.0.1", port=port)
     controller.start()
-    settings.EMAIL_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
-    settings.EMAIL_HOST = "127.0.0.1"
-    settings.EMAIL_PORT = port
-    settings.EMAIL_USE_TLS = False
-    yield inbox
-    controller.stop()
+    try:
+        yield inbox, port
+    finally:
+        controller.stop()
+
+
+@pytest.fixture
+def smtp(settings):
+    """An SMTP server on a free localhost port, Django's mail pointed at it."""
+    with smtp_server() as (inbox, port):
+        settings.EMAIL_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
+        settings.EMAIL_HOST = "127.0.0.1"
+        settings.EMAIL_PORT = port
+        settings.EMAIL_USE_TLS = False
+        yield inbox
 
 
 class Hooks:
@@ -162,8 +207,9 @@ class Hooks:
         return f"http://{host}:{port}/hook"
 
 
-@pytest.fixture
-def hooks():
+@contextmanager
+def hook_server():
+    """A real HTTP server on localhost taking webhooks: its Hooks."""
     received = Hooks()
 
     class Handler(BaseHTTPRequestHandler):
@@ -185,6 +231,14 @@ def hooks():
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     received.address = received.url(server)
-    yield received
-    server.shutdown()
-    server.server_close()
+    try:
+        yield received
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.fixture
+def hooks():
+    with hook_server() as received:
+        yield received

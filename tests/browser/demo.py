@@ -92,9 +92,10 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def seed() -> dict:
+def seed(roll_out: bool = True) -> dict:
     """Everything `make run` seeds, then ``extra_seed``: in one process, as
-    each manage.py start costs seconds."""
+    each manage.py start costs seconds. ``roll_out=False`` leaves the
+    upgrade undecided, as `make run` opens on it."""
     import io
 
     from django.core.management import call_command
@@ -107,7 +108,8 @@ def seed() -> dict:
     call_command("evidence", "import", "--current-if-none", *EVIDENCE, stdout=out)
     call_command("ensure_admin", stdout=out)
     call_command("demo_upgrade", *EVIDENCE, stdout=out)
-    upgrade_roll_out()
+    if roll_out:
+        upgrade_roll_out()
     return extra_seed()
 
 
@@ -131,7 +133,7 @@ def upgrade_roll_out() -> None:
 
 SEED = (
     "import json, django; django.setup(); "
-    "from tests.browser.demo import seed; print(json.dumps(seed()))"
+    "from tests.browser.demo import seed; print(json.dumps(seed({roll_out})))"
 )
 
 
@@ -150,9 +152,9 @@ def _python(env: dict, code: str) -> str:
 
 
 @contextmanager
-def demo_server(workdir: Path | None = None):
+def demo_server(workdir: Path | None = None, *, roll_out: bool = True):
     """Seed a fresh database under ``workdir`` (a temporary one by default),
-    serve it, and stop the server on exit."""
+    serve it, and stop the server on exit. ``roll_out``: see ``seed``."""
     with tempfile.TemporaryDirectory(prefix="tilematrix-demo-") as scratch:
         var = Path(workdir or scratch)
         env = {
@@ -165,7 +167,8 @@ def demo_server(workdir: Path | None = None):
         }
         env.pop("CELERY_BROKER_URL", None)  # the embedded broker, under var
         env["DJANGO_SETTINGS_MODULE"] = "matrix.settings"
-        seeded = json.loads(_python(env, SEED).strip().splitlines()[-1])
+        code = SEED.format(roll_out=roll_out)
+        seeded = json.loads(_python(env, code).strip().splitlines()[-1])
         port = _free_port()
         server = subprocess.Popen(
             [

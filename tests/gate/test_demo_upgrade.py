@@ -181,6 +181,70 @@ def test_a_second_run_opens_nothing_and_prints_no_password(seeded):
     assert re.search(r"upgrade #\d+ \(.*\) exists: ready", again)
 
 
+def test_the_upgrades_compile_errors_are_one_alert_fixed_on_candidate_bisected(
+    client, seeded
+):
+    """The 24 served H200 cells that fail to compile on the current 0.1.13
+    and pass on 0.1.15: one alert, "fixed on candidate", and a bisection
+    that can only narrow (no runner hosts 0.1.14) and says who would need
+    it."""
+    from matrix.alerts.reads import fixed_on_candidate
+    from matrix.models.alerts import Alert
+
+    proposal = UpgradeProposal.objects.get()
+    (alert,) = Alert.objects.all()
+    assert (alert.kind, alert.status, alert.cell_count, alert.backends) == (
+        "current",
+        "compile_error",
+        24,
+        ["cuda"],
+    )
+    assert (alert.toolchain, alert.good_toolchain) == (
+        proposal.baseline,
+        proposal.candidate,
+    )
+    candidate = fixed_on_candidate([alert])[alert.pk]
+    assert (candidate.toolchain, candidate.proposal) == (
+        proposal.candidate.name,
+        proposal.pk,
+    )
+    said = alert.bisection
+    assert said["state"] == "narrowed" and not said["release"]
+    (need,) = said["needs"]
+    assert need.startswith(
+        "TileLang 0.1.14 is not hosted by any online runner with NVIDIA H200 · "
+        "sm_90a · cuda: lab host h200-lab (its results came as evidence files) "
+        "would need it. Build it with `scripts/make-toolchain-venv 0.1.14 "
+    )
+    assert f"alert #{alert.pk} (24 cells): bisection #{said['id']}" in seeded
+    client.force_login(proposal.proposer)
+    body = client.get(reverse("alert", args=[alert.pk])).content.decode()
+    assert "fixed on candidate " + proposal.candidate.name in body
+    assert "Not tested: TileLang 0.1.14" in body
+    # Run again, the demo bisects nothing more.
+    assert "bisection" not in run("demo_upgrade", *DEMO)
+
+    # Both reviewers approve and the admin rolls 0.1.15 out: production
+    # runs the release that passes, and the alert is fixed.
+    from django.contrib.auth import get_user_model
+
+    from matrix.gate.services import proposal_approve, proposal_rollout
+
+    users = get_user_model().objects
+    for name in ("reviewer1", "reviewer2"):
+        proposal_approve(
+            proposal=proposal, by=users.get(username=name), comment="the softmax"
+        )
+    proposal_rollout(proposal=proposal, by=proposal.proposer)
+    proposal.refresh_from_db()
+    assert proposal.state == "rolled_out"
+    alert.refresh_from_db()
+    assert (alert.state, alert.open_cells) == ("fixed", 0)
+    assert fixed_on_candidate([alert]) == {}
+    body = client.get(reverse("alert", args=[alert.pk])).content.decode()
+    assert f"upgrade #{proposal.pk} rolled out: every cell passes on" in body
+
+
 def test_a_cpu_ab_file_adds_its_own_upgrade(seeded):
     """Another lab's A/B (this project's CPU, both releases) opens a proposal
     of its own on the device type both validated."""

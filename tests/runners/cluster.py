@@ -281,8 +281,9 @@ class Cluster:
             listen_port=self.port, upstream_port=gunicorn_port, static=REPO / "static"
         )
 
-    def start_control(self) -> None:
-        self.start("control", [PY, "manage.py", "control", "work"])
+    def start_control(self, **env) -> None:
+        """``env``: settings of the control worker alone (its mail server)."""
+        self.start("control", [PY, "manage.py", "control", "work"], env=env)
 
     def key_dir(self, runner: str) -> Path:
         path = self.root / "hosts" / runner

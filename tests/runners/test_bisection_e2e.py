@@ -1,20 +1,38 @@
-"""Bisection in a deployment of real processes: the web server, the control
-worker and a CPU runner worker (`python -m runners work`) hosting TileLang
-0.1.13, 0.1.14 and 0.1.15, with the real sandboxed harness. Each step's job
-goes through the broker to the runner; its result comes back through
-ingest in the control worker, whose receiver plans the next step."""
+"""Bisection and alerts in a deployment of real processes: the web server,
+the control worker and a CPU runner worker (`python -m runners work`)
+hosting TileLang 0.1.13, 0.1.14 and 0.1.15, with the real sandboxed
+harness. Each job goes through the broker to the runner; its result comes
+back through ingest in the control worker, whose receivers open alerts,
+plan a bisection's next step and write its conclusion onto the alert. The
+control worker's Celery tasks mail a real SMTP server (aiosmtpd) and post
+to a real HTTP receiver, both in this process.
+
+The deployment, its runner and the two receivers are shared by the module's
+tests: the alert test runs last, since it leaves a submitted softmax
+current on the CPU backend."""
 
 from __future__ import annotations
 
+import json
 import os
 import sys
+import time
+from pathlib import Path
 
 import pytest
 
+from matrix.notifications.channels import signature_valid
+from tests.alerts.conftest import hook_server, smtp_server
 from tests.gate.test_bisection_cpu import interpreter
 
 from .cluster import RUNNER_ENV, Cluster
 
+RUNNER = "cpu-bisect"
+# A softmax that lowers on every release (no tl.infinity), submitted and
+# approved: the served cell passes with it on 0.1.13.
+FINITE_SOFTMAX = (
+    Path(__file__).resolve().parents[1] / "harness" / "submitted" / "finite_softmax.py"
+)
 START = """
 from matrix.bisection.services import bisection_start
 from matrix.models import DeviceType, Operator, Shape, Toolchain
@@ -35,19 +53,37 @@ print(bisection.pk)
 
 
 @pytest.fixture(scope="module")
-def cluster():
+def mail():
+    with smtp_server() as (inbox, port):
+        yield inbox, port
+
+
+@pytest.fixture(scope="module")
+def hooks():
+    with hook_server() as received:
+        yield received
+
+
+@pytest.fixture(scope="module")
+def cluster(mail):
+    _, port = mail
     cluster = Cluster()
     try:
         cluster.start_web()
-        cluster.start_control()
+        cluster.start_control(
+            DJANGO_EMAIL_BACKEND="django.core.mail.backends.smtp.EmailBackend",
+            EMAIL_HOST="127.0.0.1",
+            EMAIL_PORT=str(port),
+            TILEMATRIX_BASE_URL=cluster.server,
+        )
         yield cluster
     finally:
         cluster.close()
 
 
-def test_a_runner_worker_runs_each_step_and_the_first_good_release_is_named(
-    cluster,
-):
+@pytest.fixture(scope="module")
+def runner(cluster):
+    """The CPU runner worker, hosting the three releases."""
     token = cluster.manage("runner", "token", "create", "--expires", "10m")
     pythons = [
         interpreter("0.1.13"),
@@ -62,20 +98,25 @@ def test_a_runner_worker_runs_each_step_and_the_first_good_release_is_named(
         "--token",
         token.stdout.strip().splitlines()[-1],
         "--name",
-        "cpu-bisect",
+        RUNNER,
         "--key-dir",
-        str(cluster.key_dir("cpu-bisect")),
+        str(cluster.key_dir(RUNNER)),
         *(arg for python in pythons for arg in ("--python", python)),
         env=RUNNER_ENV,
     )
-    cluster.manage("runner", "approve", "cpu-bisect")
-    cluster.start_runner("cpu-bisect", TILEMATRIX_HARNESS="runners.harness.sandbox")
+    cluster.manage("runner", "approve", RUNNER)
+    cluster.start_runner(RUNNER, TILEMATRIX_HARNESS="runners.harness.sandbox")
     cluster.wait(
-        lambda: cluster.runner_state("cpu-bisect") == "online",
+        lambda: cluster.runner_state(RUNNER) == "online",
         timeout=90,
-        what="cpu-bisect online",
+        what=f"{RUNNER} online",
     )
+    return RUNNER
 
+
+def test_a_runner_worker_runs_each_step_and_the_first_good_release_is_named(
+    cluster, runner
+):
     started = cluster.manage("shell", "-c", START).stdout.strip().splitlines()[-1]
     bisection = int(started)
     cluster.wait(
@@ -109,3 +150,193 @@ def test_a_runner_worker_runs_each_step_and_the_first_good_release_is_named(
         ("0.1.15", "pass", False, "done"),
         ("0.1.14", "compile_error", False, "done"),
     ]
+
+
+# The served cell, the on-call reviewer's two subscriptions, and a
+# submitted softmax (reviewed elsewhere) current on the CPU backend; its
+# first run on TileLang 0.1.13.
+SERVED = """
+import hashlib, json
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Group
+from matrix.fleet import services
+from matrix.models import DeviceType, KernelRevision, Operator, Shape, Toolchain
+from matrix.models.notifications import Subscription
+from matrix.revisions import make_current
+from matrix.services import shape_import
+shape_import(rows=[("softmax", {{"M": 16, "N": 128}}, "float32", 1.0)],
+             source_profile="e2e-served", served=True)
+shape = Shape.objects.get(source_profile="e2e-served")
+oncall = get_user_model().objects.create_user("oncall", email="oncall@example.com")
+oncall.groups.add(Group.objects.get(name="reviewer"))
+Subscription.objects.create(user=oncall, channel="email",
+                            email="oncall@example.com", topics=["alert"])
+hook = Subscription.objects.create(user=oncall, channel="webhook",
+                                   url={hook!r}, topics=["alert"])
+source = {source!r}
+finite = KernelRevision.objects.create(
+    operator=Operator.objects.get(name="softmax"), source=source,
+    source_sha256=hashlib.sha256(source.encode()).hexdigest(),
+    origin="submitted", review_state="approved", backends=["c"])
+make_current(finite, ["c"])
+old = Toolchain.objects.get(runners__name={runner!r}, tilelang_version="0.1.13")
+cpu = DeviceType.objects.get(backend="c")
+sweep = services.sweep_plan(cells=[(shape, cpu, old)])
+print(json.dumps({{"shape": shape.pk, "old": old.pk, "secret": hook.secret,
+                  "finite": finite.pk, "sweep": sweep.pk}}))
+"""
+
+# Make ``revision`` current on the CPU backend (a reviewer's decision) and
+# run the served cell on 0.1.13 again.
+RERUN = """
+from matrix.fleet import services
+from matrix.models import DeviceType, KernelRevision, Shape, Toolchain
+from matrix.revisions import make_current
+make_current(KernelRevision.objects.get(operator__name="softmax", {revision}), ["c"])
+sweep = services.sweep_plan(cells=[(Shape.objects.get(pk={shape}),
+    DeviceType.objects.get(backend="c"), Toolchain.objects.get(pk={old}))])
+print(sweep.pk)
+"""
+
+BISECT = """
+from matrix.bisection.services import bisection_start
+from matrix.models import DeviceType, Shape, Toolchain
+hosted = Toolchain.objects.filter(runners__name={runner!r})
+print(bisection_start(
+    shape=Shape.objects.get(pk={shape}), device_type=DeviceType.objects.get(backend="c"),
+    last_good=hosted.get(tilelang_version="0.1.15"), first_bad=hosted.get(pk={old}),
+).pk)
+"""
+
+
+def last_line(done) -> str:
+    return done.stdout.strip().splitlines()[-1]
+
+
+def test_a_revision_breaking_a_served_cell_alerts_once_is_bisected_and_fixed(
+    cluster, runner, mail, hooks
+):
+    inbox, _ = mail
+    seeded = json.loads(
+        last_line(
+            cluster.manage(
+                "shell",
+                "-c",
+                SERVED.format(
+                    hook=hooks.address,
+                    source=FINITE_SOFTMAX.read_text(),
+                    runner=runner,
+                ),
+            )
+        )
+    )
+    shape, old = seeded["shape"], seeded["old"]
+
+    def cell() -> str:
+        rows = cluster.sql(
+            "SELECT status FROM matrix_cell WHERE shape_id = ? AND toolchain_id = ?",
+            (shape, old),
+        )
+        return rows[0][0] if rows else ""
+
+    def rerun(revision: str) -> None:
+        sweep = int(
+            last_line(
+                cluster.manage(
+                    "shell",
+                    "-c",
+                    RERUN.format(revision=revision, shape=shape, old=old),
+                )
+            )
+        )
+        cluster.wait_finished(sweep)
+
+    cluster.wait_finished(seeded["sweep"])
+    assert cell() == "pass"
+
+    # The library's softmax becomes current: on 0.1.13 it has no lowering
+    # for tl.infinity. The cell's verdict is the failure (the pass before
+    # was another revision's: nothing for a rerun to confirm).
+    rerun('origin="library"')
+    assert cell() == "compile_error"
+    ((alert, kind, status, cells),) = cluster.sql(
+        "SELECT id, kind, status, cell_count FROM matrix_alert"
+    )
+    assert (kind, status, cells) == ("revision", "compile_error", 1)
+    opened = time.monotonic()
+    cluster.wait(
+        lambda: inbox.messages and hooks.requests,
+        timeout=60,
+        what="the alert's email and webhook",
+    )
+    told_within = time.monotonic() - opened
+    (email,) = inbox.messages
+    assert email["to"] == ["oncall@example.com"]
+    assert f"alert #{alert}" in email["body"]
+    (request,) = hooks.requests
+    assert signature_valid(
+        seeded["secret"],
+        request["headers"]["X-TileMatrix-Timestamp"],
+        request["body"],
+        request["headers"]["X-TileMatrix-Signature"],
+    )
+    assert f"alert #{alert}" in request["json"]["text"]
+    assert request["json"]["link"].startswith(cluster.server + f"/alerts/{alert}/")
+    # Sent by the control worker's delivery task, each attempt logged.
+    assert sorted(cluster.sql("SELECT state, attempts FROM matrix_delivery")) == [
+        ("sent", 1),
+        ("sent", 1),
+    ], f"told within {told_within:.1f} s"
+
+    # Bisect the new revision between 0.1.13 (where it fails) and 0.1.15:
+    # the runner worker runs the releases it must, and the conclusion is
+    # written onto the alert.
+    bisection = int(
+        last_line(
+            cluster.manage(
+                "shell", "-c", BISECT.format(runner=runner, shape=shape, old=old)
+            )
+        )
+    )
+    cluster.wait(
+        lambda: (
+            cluster.sql(
+                "SELECT state FROM matrix_bisection WHERE id = ?", (bisection,)
+            )[0][0]
+            != "running"
+        ),
+        timeout=300,
+        what=f"bisection {bisection} to end",
+    )
+    ((said,),) = cluster.sql(
+        "SELECT bisection FROM matrix_alert WHERE id = ?", (alert,)
+    )
+    said = json.loads(said)
+    assert (said["id"], said["state"], said["release_version"]) == (
+        bisection,
+        "found",
+        "0.1.15",
+    ), said
+    assert said["summary"].startswith("First good release: TileLang 0.1.15 ")
+    steps = cluster.sql(
+        "SELECT t.tilelang_version, s.status, s.reused FROM matrix_bisectionstep s "
+        "JOIN matrix_toolchain t ON t.id = s.toolchain_id "
+        "WHERE s.bisection_id = ? ORDER BY s.number",
+        (bisection,),
+    )
+    assert [(v, status, bool(reused)) for v, status, reused in steps] == [
+        ("0.1.13", "compile_error", True),
+        ("0.1.15", "pass", False),
+        ("0.1.14", "compile_error", False),
+    ]
+    # The bisection's own results opened nothing and told no one more.
+    assert cluster.sql("SELECT COUNT(*) FROM matrix_alert") == [(1,)]
+
+    # A reviewer reverts to the submitted softmax: the cell passes on
+    # 0.1.13 again and the alert is fixed, by the system.
+    rerun(f"pk={seeded['finite']}")
+    assert cell() == "pass"
+    assert cluster.sql(
+        "SELECT state, open_cells FROM matrix_alert WHERE id = ?", (alert,)
+    ) == [("fixed", 0)]
+    assert len(inbox.messages) == 1 and len(hooks.requests) == 1

@@ -74,6 +74,7 @@ EXPECTED = {
     # Reviewers triage (the admin role holds every role); nobody here owns a
     # backend in the policy.
     "alert-triage": page(post={REVIEWER, ADMIN, SUPERUSER}),
+    "alert-bisect": page(post=SWEEPERS),
     # Everyone with a role subscribes; a subscription (the viewer's here) is
     # its owner's and the admins' to test or stop.
     "notifications": page(get=WITH_ROLE, post=WITH_ROLE),

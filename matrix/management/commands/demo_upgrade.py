@@ -10,9 +10,11 @@ from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 
 from matrix.accounts.roles import VIEWER
+from matrix.alerts.services import alert_bisect, alert_bisectable
 from matrix.gate.evidence import evidence_upgrades
 from matrix.gate.services import proposal_approve, proposal_open
 from matrix.management.commands._files import read_json
+from matrix.models.alerts import Alert
 from matrix.models.gate import Policy, UpgradeProposal
 
 REVIEWERS = ("reviewer1", "reviewer2")
@@ -23,7 +25,9 @@ class Command(BaseCommand):
         "The demo's upgrade: reviewer accounts (reviewer1, reviewer2; passwords "
         "generated and printed once), and a proposal, opened by the admin, for "
         "every A/B an imported evidence file holds (a device type validated with "
-        "two TileLang releases). Running it again changes nothing."
+        "two TileLang releases), and a bisection across toolchains for every "
+        "open alert with a toolchain pair not bisected yet. Running it again "
+        "changes nothing."
     )
 
     def add_arguments(self, parser):
@@ -53,6 +57,7 @@ class Command(BaseCommand):
             proposal = self.proposal_ensure(upgrade, proposer=proposer, reports=reports)
             if approve:
                 self.proposal_approve(proposal)
+        self.alerts_bisect(by=proposer)
 
     def proposal_approve(self, proposal: UpgradeProposal) -> None:
         for username in REVIEWERS:
@@ -132,3 +137,20 @@ class Command(BaseCommand):
             )
         )
         return proposal
+
+    def alerts_bisect(self, *, by) -> None:
+        """What a reviewer pressing Bisect on each open alert gets: with the
+        lab's results stored and no runner online, the releases between
+        that nobody tested are named with what would test them."""
+        for alert in Alert.objects.open().filter(bisection__isnull=True).order_by("pk"):
+            if not alert_bisectable(alert):
+                continue
+            try:
+                bisection = alert_bisect(alert=alert, by=by)
+            except ValidationError as exc:
+                self.stdout.write(f"alert #{alert.pk}: {'; '.join(exc.messages)}")
+                continue
+            self.stdout.write(
+                f"alert #{alert.pk} ({alert.cell_count} cells): bisection "
+                f"#{bisection.pk} {bisection.get_state_display()}"
+            )
