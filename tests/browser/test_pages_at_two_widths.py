@@ -137,10 +137,11 @@ def test_every_page_logs_no_console_error_or_csp_violation(fresh, demo):
 def test_the_nav_says_what_the_readme_says(fresh):
     fresh.open("/")
     links = fresh.page.locator("header.top nav a").all_inner_texts()
-    assert links[:7] == [
+    assert links[:8] == [
         "Matrix",
         "Models",
         "Gaps",
+        "Alerts",
         "Error groups",
         "Runners",
         "Submissions",

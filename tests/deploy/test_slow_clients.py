@@ -129,16 +129,21 @@ def test_a_slow_loris_run_leaves_normal_requests_through_the_proxy_as_fast(
     for path in NORMAL_PATHS:  # warm: each worker has loaded its pages
         for _ in range(2 * GUNICORN_WORKERS):
             request_s(url, path)
-    baseline, asked = p95_of_normal_requests(url, BASELINE_WINDOW_S)
+    before, asked = p95_of_normal_requests(url, BASELINE_WINDOW_S)
     with SlowLoris(url, ATTACK_SOCKETS) as attack:
         time.sleep(1.5)  # every attacking socket has sent bytes
         attacked, asked_attacked = p95_of_normal_requests(url, ATTACK_WINDOW_S)
         reopened = attack.reopened
+    # The baseline is measured on both sides of the attack: another test
+    # worker sharing the cores can slow one window, and the slower of the
+    # two is what this machine gives without an attack that minute.
+    after, asked_after = p95_of_normal_requests(url, BASELINE_WINDOW_S)
+    baseline = max(before, after)
     figures = json.dumps(
         {
-            "baseline_p95_ms": round(baseline * 1000, 1),
+            "baseline_p95_ms": [round(before * 1000, 1), round(after * 1000, 1)],
             "attacked_p95_ms": round(attacked * 1000, 1),
-            "requests": [asked, asked_attacked],
+            "requests": [asked, asked_attacked, asked_after],
             "attack_sockets": ATTACK_SOCKETS,
             "attack_sockets_closed_by_nginx_and_reopened": reopened,
         }

@@ -154,6 +154,9 @@ def _requests(world) -> dict:
         "matrix_api_coverage_coverage_matrix": ("GET", "/matrix?backend=c", None),
         "matrix_api_coverage_coverage_gaps": ("GET", "/gaps", None),
         "matrix_api_coverage_coverage_models": ("GET", "/models", None),
+        "matrix_api_alerts_alerts_list": ("GET", "/alerts", None),
+        # No bisection here: its 404 must be strict JSON too.
+        "matrix_api_bisections_bisection_read": ("GET", "/bisections/999999", None),
     }
 
 
