@@ -5,27 +5,13 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from django.conf import settings
 from django.http import Http404
 from ninja import Router, Schema
-from ninja.errors import HttpError
 
-from matrix.accounts.roles import has_role
+from matrix.api_coverage import coverage_reader
 from matrix.models import ID_MAX, Bisection
 
-
-def bisection_reader(request):
-    """The pages' read rule (RoleMiddleware lets every API request in)."""
-    if getattr(settings, "TILEMATRIX_ANONYMOUS_READ", False):
-        return True
-    if has_role(request.user):
-        return request.user
-    if request.user.is_authenticated:
-        raise HttpError(403, "your account has no role; ask an admin for one")
-    return None  # 401: sign in
-
-
-router = Router(tags=["bisections"], auth=bisection_reader)
+router = Router(tags=["bisections"], auth=coverage_reader)
 
 
 class CellOut(Schema):

@@ -107,6 +107,18 @@ class Changes:
     fixed: list[Alert] = field(default_factory=list)
 
 
+# What detection reads of a cell, in this order.
+CELL_FIELDS = (
+    "shape_id",
+    "device_type_id",
+    "toolchain_id",
+    "revision_id",
+    "result_id",
+    "status",
+    "error_signature",
+)
+
+
 def alerts_from_results(*, results) -> Changes:
     """Open, grow, reopen and close alerts for the cells ``results`` wrote
     (ingest's batch, inside its transaction)."""
@@ -154,15 +166,7 @@ def _cells_written(results) -> list[Written]:
         device_type_id__in={k[1] for k in keys},
         toolchain_id__in={k[2] for k in keys},
         result_id__in=pointed,
-    ).values_list(
-        "shape_id",
-        "device_type_id",
-        "toolchain_id",
-        "revision_id",
-        "result_id",
-        "status",
-        "error_signature",
-    )
+    ).values_list(*CELL_FIELDS)
     return [
         Written((s, d, t), revision, result, status, signature or "")
         for s, d, t, revision, result, status, signature in rows
@@ -331,15 +335,7 @@ def _current_failures(
             toolchain_id=current,
             status__in=ALERTING,
             shape__served=True,
-        ).values_list(
-            "shape_id",
-            "device_type_id",
-            "toolchain_id",
-            "revision_id",
-            "result_id",
-            "status",
-            "error_signature",
-        )
+        ).values_list(*CELL_FIELDS)
         if (s, d, t) in keys
     ]
     if not failing:
