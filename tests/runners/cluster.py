@@ -13,6 +13,7 @@ outcomes with plain SQL.
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import re
@@ -42,6 +43,10 @@ RABBIT_ADMIN = "http://guest:guest@127.0.0.1:15672/"
 NO_DATABASE = "postgres://nobody@127.0.0.1:1/none"
 RUNNER_ENV = {"DATABASE_URL": NO_DATABASE}
 SHOWN_ONCE = re.compile(r"reviewer account: (reviewer\d) / (\S+)  \(shown once\)")
+
+
+# Per test process: the database a first deployment migrated and seeded.
+_TEMPLATES: dict[str, object] = {}
 
 
 def free_port() -> int:
@@ -153,10 +158,41 @@ class Cluster:
         self.port = free_port()
         self.web_host = web_host
         self.server = f"http://127.0.0.1:{self.port}"
-        self.manage("migrate", "--noinput")
-        self.manage("seed_demo")
+        self._database_ensure()
 
     # Plumbing ---------------------------------------------------------------
+
+    def _database_ensure(self) -> None:
+        """Migrated and seeded: the first deployment of this test process
+        runs migrate and seed_demo, and keeps what they made as a template
+        (the SQLite file with the key it was made under, or a PostgreSQL
+        template database); later deployments start from a copy of it."""
+        kind = "postgres" if self.pg_admin else "sqlite"
+        template = _TEMPLATES.get(kind)
+        if template is None:
+            self.manage("migrate", "--noinput")
+            self.manage("seed_demo")
+            if self.pg_admin:
+                template = f"tm_e2e_template_{uuid.uuid4().hex[:10]}"
+                self._pg_execute(
+                    f'CREATE DATABASE "{template}" TEMPLATE "{self.pg_name}"'
+                )
+                atexit.register(
+                    self._pg_execute,
+                    f'DROP DATABASE IF EXISTS "{template}" WITH (FORCE)',
+                )
+            else:
+                template = Path(tempfile.mkdtemp(prefix="tm-cluster-template-"))
+                for name in ("db.sqlite3", "secret_key"):
+                    shutil.copy2(self.var / name, template / name)
+                atexit.register(shutil.rmtree, template, True)
+            _TEMPLATES[kind] = template
+        elif self.pg_admin:
+            self._pg_execute(f'DROP DATABASE "{self.pg_name}"')
+            self._pg_execute(f'CREATE DATABASE "{self.pg_name}" TEMPLATE "{template}"')
+        else:
+            for name in ("db.sqlite3", "secret_key"):
+                shutil.copy2(template / name, self.var / name)
 
     def _pg_execute(self, sql: str) -> None:
         import psycopg
