@@ -93,6 +93,7 @@ def objects(catalog, people):
     return {
         "alert": alert.pk,
         "alert-triage": alert.pk,
+        "alert-bisect": alert.pk,
         "subscription-test": subscription.pk,
         "subscription-stop": subscription.pk,
         "bisection": bisection.pk,
