@@ -5,7 +5,8 @@ connections, on a realistic PostgreSQL database at 10k, 100k and 1M results.
 
 Each size's database is seeded once by bench/load_seed.py (a template,
 ``h_bench_seed_<size>``, reused while its seed version matches) and copied
-fresh for each run (``h_bench_<size>``), then migrated. The web app runs as
+fresh for each run (``h_bench_<size>``), then migrated; ``BENCH_DB_PREFIX``
+names them otherwise. The web app runs as
 docs/deploy.md says production runs it (its gunicorn command, 3 sync
 workers) with ``DJANGO_DEBUG=0``, sessions and the shared cache in Redis;
 one bench-only flag is added, a long ``--timeout``, so a slow page is
@@ -195,7 +196,7 @@ def main() -> None:
             file=sys.stderr,
             flush=True,
         )
-        run_name = f"h_bench_{size}"
+        run_name = load_seed.run_name(size)
         copy_s = load_seed.copy_database(
             args.server, load_seed.seed_name(size), run_name
         )
@@ -249,7 +250,7 @@ def child_env(args) -> dict:
 
 
 def run_size(args) -> dict:
-    url = load_seed.database_url(args.server, f"h_bench_{args.size}")
+    url = load_seed.database_url(args.server, load_seed.run_name(args.size))
     redis_flush(args.redis)
     load_seed.django_setup(url)
     from django.core.management import call_command

@@ -4,9 +4,11 @@ shares.
 A read that depends only on the stored results, the catalogue and its
 filters is the same for every reader until one of those changes. It is
 computed once and kept under a key that names them, the data version
-included: ``queries.cells_version()`` (the newest result id) moves with
-every stored result, so the request after a result computes the read again
-and shows it. With ``TILEMATRIX_CACHE_URL`` the cache is one Redis for all
+included. With a shared cache the version is the counter of what the read
+shows (its toolchain, device type or operator; ``read_versions``), moved by
+ingest and read at most once a second, so a page lags ingest by at most
+``read_versions.STALE_BOUND_S``; with a cache per process it is the newest
+result id, so the request after a result computes the read again. With ``TILEMATRIX_CACHE_URL`` the cache is one Redis for all
 web processes (a read is computed once, not once per process); without it,
 a cache inside each process (the embedded default). A cache that cannot be
 reached is a miss, never an error: the read is computed instead.
@@ -51,6 +53,7 @@ from django.utils.cache import get_conditional_response, patch_vary_headers
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from matrix import read_versions
 from matrix.api_json import StrictJSONRenderer
 
 logger = logging.getLogger(__name__)
@@ -476,12 +479,17 @@ def _versions(parts: list[str], params: list) -> tuple:
 
 
 def data_version() -> tuple:
-    """What the cached reads depend on, in one query: the newest result id
-    (every stored result moves it; ingest writes a result before it points
-    a cell at it) and the catalogue's stamp."""
+    """What the cached reads depend on, in one query: the catalogue's stamp
+    and, where the cache is one per process, the newest result id (every
+    stored result moves it; ingest writes a result before it points a cell
+    at it). With a shared cache the results' part is the counters of
+    ``read_versions``: a read adds ``read_versions.filters_version()`` of
+    what it shows."""
     from matrix.models import Result
 
     catalogue, params = _catalogue_stamp()
+    if read_versions.shared():
+        return ("scoped", *_versions(catalogue, params))
     return _versions([f"SELECT MAX(id) FROM {_table(Result)}", *catalogue], params)
 
 

@@ -62,15 +62,31 @@ def test_a_read_computed_once_is_kept_in_redis_for_every_process(
     assert again.json() == first.json()
 
 
-def test_a_new_result_is_read_through_the_shared_cache_at_once(
-    client, results, shared_cache, toolchains, device_types
+def test_a_new_result_is_read_through_the_shared_cache_in_the_next_window(
+    client,
+    results,
+    shared_cache,
+    toolchains,
+    device_types,
+    monkeypatch,
+    django_capture_on_commit_callbacks,
 ):
+    from matrix import read_versions
+    from matrix.events import results_stored
+    from matrix.models import Result
+
+    monkeypatch.setattr(read_versions, "COALESCE_S", 1e-6)
+
     def statuses():
         body = client.get(MATRIX, {"backend": "c", "limit": 5000}).json()
         return [c["status"] for c in body["cells"]]
 
     before = statuses()
-    record(results["second"], device_types["c"], toolchains[1], Status.MISMATCH)
+    with django_capture_on_commit_callbacks(execute=True):
+        result = record(
+            results["second"], device_types["c"], toolchains[1], Status.MISMATCH
+        )
+        results_stored.send(sender=Result, results=[result])
     assert statuses().count("mismatch") == before.count("mismatch") + 1
 
 
