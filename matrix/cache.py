@@ -438,19 +438,26 @@ def _table(model) -> str:
 def _catalogue_stamp() -> tuple[list[str], list]:
     """Subqueries (and their parameters) stamping the catalogue: counts and
     newest ids of shapes, device types, toolchains and kernel revisions, the
-    served shapes' total weight, the current toolchain and revisions, and
-    the rollouts (which make a toolchain older). A catalogue edit that
+    served shapes' total weight, the models' calls, the current toolchain
+    and revisions, and the rollouts (which make a toolchain older). A catalogue edit that
     changes none of these (a rename) shows once the cached read expires."""
     from matrix.models import (
         CurrentRevision,
         DeviceType,
         KernelRevision,
+        ServedCall,
         Shape,
         Toolchain,
         UpgradeProposal,
     )
 
     shape, revision = _table(Shape), _table(KernelRevision)
+    # The models' calls (an import adds or replaces them): the Models reads
+    # show them, and a model filter picks shapes by them.
+    calls = (
+        "SELECT CAST(COUNT(*) AS TEXT) || ',' || CAST(MAX(id) AS TEXT) || ','"
+        f" || CAST(SUM(calls) AS TEXT) FROM {_table(ServedCall)}"
+    )
     # The shapes in one pass (four subqueries read the table four times).
     shapes = (
         "SELECT CAST(COUNT(*) AS TEXT) || ',' || CAST(MAX(id) AS TEXT) || ','"
@@ -468,6 +475,7 @@ def _catalogue_stamp() -> tuple[list[str], list]:
         # Which revision is current where (matrix.revisions).
         f"SELECT SUM(id * revision_id) FROM {_table(CurrentRevision)}",
         f"SELECT COUNT(*) FROM {_table(UpgradeProposal)} WHERE state = %s",
+        calls,
     ]
     return parts, [UpgradeProposal.State.ROLLED_OUT]
 
