@@ -45,7 +45,7 @@ import time
 from collections import OrderedDict
 
 from django.conf import settings
-from django.core.cache import cache
+from django.core.cache import cache, caches
 from django.core.cache.backends.redis import RedisCache, RedisCacheClient
 from django.db import connection
 from django.http import HttpResponse
@@ -296,6 +296,32 @@ def cached_read(key: str, compute, timeout: int | None = None):
     return _read(key, compute, timeout, earlier=False)[1]
 
 
+# Whole answers (answer_read) by how they were served, counted in the shared
+# cache for every web process (/metrics: tilematrix_read_answers): "hit"
+# (kept for this version), "earlier" (the version before, while another
+# reader computes this one) or "computed".
+ANSWER_OUTCOMES = ("hit", "earlier", "computed")
+
+
+def _answer_counted(outcome: str) -> None:
+    key = f"read-answers:{outcome}"
+    try:
+        if isinstance(caches["default"], RedisCache):
+            # One INCR, not the cache API's EXISTS and INCRBY.
+            client = cache._cache.get_client(write=True)
+            client.incr(cache.make_and_validate_key(key))
+        elif not cache.add(key, 1, None):
+            cache.incr(key)
+    except Exception:  # noqa: BLE001 (a count is never worth an error)
+        return
+
+
+def answers_counted() -> dict[str, int]:
+    """How many whole answers were served each way, since the cache began."""
+    found = cache.get_many([f"read-answers:{o}" for o in ANSWER_OUTCOMES])
+    return {o: int(found.get(f"read-answers:{o}") or 0) for o in ANSWER_OUTCOMES}
+
+
 def answer_read(key: str, compute, timeout: int | None = None) -> tuple[str, object]:
     """``(key served, value)``: as ``cached_read``, except that while another
     reader computes the value for a key naming its version apart
@@ -304,13 +330,16 @@ def answer_read(key: str, compute, timeout: int | None = None) -> tuple[str, obj
     of waiting. Only for what a response sends as it is: a value read this
     way must not go into another kept value, which would then name a
     version it does not show."""
-    return _read(key, compute, timeout, earlier="@" in key)
+    served, value, outcome = _read(key, compute, timeout, earlier="@" in key)
+    _answer_counted(outcome)
+    return served, value
 
 
 def _read(key: str, compute, timeout: int | None, *, earlier: bool):
+    """``(key served, value, how)``: how is one of ANSWER_OUTCOMES."""
     value = cache.get(key)
     if value is not None:
-        return key, value
+        return key, value, "hit"
     newest = key.partition("@")[0] + "@newest"
     lock = key + ":computing"
     if not cache.add(lock, time.time(), COMPUTE_LOCK_S):
@@ -323,13 +352,14 @@ def _read(key: str, compute, timeout: int | None, *, earlier: bool):
         if served is not None and served != key:
             value = cache.get(served)
             if value is not None:
-                return served, value
+                return served, value, "earlier"
         deadline = time.monotonic() + COMPUTE_WAIT_S
         while time.monotonic() < deadline:
             time.sleep(COMPUTE_POLL_S)
             value = cache.get(key)
             if value is not None:
-                return key, value
+                # Computed once, by the reader it waited for.
+                return key, value, "hit"
     try:
         value = compute()
         if timeout is None:
@@ -342,7 +372,7 @@ def _read(key: str, compute, timeout: int | None, *, earlier: bool):
                 cache.set(newest, key, timeout)
     finally:
         cache.delete(lock)
-    return key, value
+    return key, value, "computed"
 
 
 def etag_of(key: str, coding: str = "") -> str:
@@ -382,7 +412,9 @@ def gzipped_read(key: str, render) -> tuple[str, bytes]:
     by the first reader asking for it and kept for the others, so that a
     reader of a kept answer reads only the small copy."""
     packed = cache.get(key + ":gzip")
-    if packed is None:
+    if packed is not None:
+        _answer_counted("hit")
+    else:
         key, content = answer_read(key, render)
         packed = cache.get(key + ":gzip")
         if packed is None:
