@@ -8,7 +8,6 @@ import pytest
 from django.contrib.auth.models import Group
 
 from matrix.services import toolchain_register
-
 from tests.ui.test_shared_cache import shared_cache  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.django_db
