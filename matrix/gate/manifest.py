@@ -146,34 +146,34 @@ def manifest_for(
         entries = entries.filter(device_type=device_type)
     device_types = {d.pk: (str(d), d.backend) for d in DeviceType.objects.all()}
     seen = set()
-    rows = []
+    # A shape's rule once, shared by its rows on every device type (its
+    # parsing was half the build), and its sort key with it.
+    rules: dict[str, tuple[dict, str]] = {}
+    keyed = []
     for dt_id, shape_id, operator, dtype, dims_key, choice, reason, sha, pk in entries:
         key = (dt_id, shape_id)
         if key in seen:
             continue
         seen.add(key)
         name, backend = device_types[dt_id]
-        rows.append(
-            {
-                "operator": operator,
-                "dtype": dtype,
-                "device_type": name,
-                "backend": backend,
-                "shape_rule": {"dims": declared_order(dims_key)},
-                "choice": choice,
-                "reason": reason,
-                "kernel_sha256": sha,
-                "proposal": pk,
-            }
-        )
-    rows.sort(
-        key=lambda r: (
-            r["operator"],
-            r["dtype"],
-            r["device_type"],
-            str(r["shape_rule"]),
-        )
-    )
+        rule = rules.get(dims_key)
+        if rule is None:
+            dims = {"dims": declared_order(dims_key)}
+            rule = rules[dims_key] = (dims, str(dims))
+        row = {
+            "operator": operator,
+            "dtype": dtype,
+            "device_type": name,
+            "backend": backend,
+            "shape_rule": rule[0],
+            "choice": choice,
+            "reason": reason,
+            "kernel_sha256": sha,
+            "proposal": pk,
+        }
+        keyed.append(((operator, dtype, name, rule[1]), row))
+    keyed.sort(key=lambda pair: pair[0])
+    rows = [row for _, row in keyed]
     return {
         "format": FORMAT,
         "toolchain": {
