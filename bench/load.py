@@ -66,6 +66,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import load_seed  # noqa: E402
+import load_steady  # noqa: E402
 from load_web import (  # noqa: E402
     Client,
     Gunicorn,
@@ -80,6 +81,7 @@ OUT = ROOT / "bench" / "out"
 REDIS_DEFAULT = "redis://127.0.0.1:6379/8"
 SECRET = "bench-load-" + "s3cr3t!k3y" * 5
 PASSWORD = "bench-" + secrets.token_hex(8)
+METRICS_TOKEN = "bench-metrics-" + secrets.token_hex(8)
 # (key, label, goal text, goal in ms or None)
 PAGE_ROWS = [
     ("home_cached", "home, from its cache", "keep", None),
@@ -143,7 +145,31 @@ def main() -> None:
     parser.add_argument(
         "--parts",
         default="pages,cost,ingest,mixed",
-        help="which parts to run (a comma list of pages, cost, ingest, mixed)",
+        help="which parts to run (a comma list of pages, cost, ingest, mixed, "
+        "steady: reads during steady ingest, bench/load_steady.py)",
+    )
+    parser.add_argument("--steady-rate", type=float, default=1000.0)
+    parser.add_argument(
+        "--steady-max-s",
+        type=float,
+        default=150.0,
+        help="results prepared for this long at the rate (the stream stops "
+        "when the part ends or they run out)",
+    )
+    parser.add_argument("--steady-requests", type=int, default=60)
+    parser.add_argument(
+        "--steady-pool",
+        type=int,
+        default=400,
+        help="addresses generated per kind of read, drawn from by rank (Zipf)",
+    )
+    parser.add_argument("--steady-urls", type=int, default=3000)
+    parser.add_argument("--steady-load-s", type=int, default=20)
+    parser.add_argument("--steady-manifest-trials", type=int, default=8)
+    parser.add_argument("--steady-seed", type=int, help="the URLs' (default: clock)")
+    parser.add_argument(
+        "--evidence",
+        help="also write the report here (docs/evidence/<date>-....json)",
     )
     parser.add_argument(
         "--cost-s",
@@ -227,7 +253,12 @@ def main() -> None:
     report["verdicts"] = verdicts(report)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    if args.evidence:
+        Path(args.evidence).write_text(json.dumps(report, indent=2) + "\n")
     print_table(report)
+    for size in sizes:
+        if "steady" in report["sizes"][size]:
+            load_steady.print_table(size, report["sizes"][size]["steady"])
     print(f"wrote {args.out}")
 
 
@@ -243,6 +274,7 @@ def child_env(args) -> dict:
         "TILEMATRIX_CACHE_URL": args.redis,
         "CELERY_BROKER_URL": args.redis,
         "TILEMATRIX_VAR_DIR": str(ROOT / "var" / "bench" / "var"),
+        "TILEMATRIX_METRICS_TOKEN": METRICS_TOKEN,
     }
 
 
@@ -328,6 +360,17 @@ def run_size(args) -> dict:
             out["drain_s_before_mixed_rest"] = server.drain(client)
             out["mixed_rest"] = mixed_load(
                 client, paths, fixture, rest, args.connections, args.load_s, server.port
+            )
+        if "steady" in parts:
+            out["drain_s_before_steady"] = server.drain(client)
+            out["steady"] = load_steady.run(
+                client,
+                fixture,
+                ControlWorker,
+                server.port,
+                args,
+                # The parent's, which the web app was given.
+                os.environ["TILEMATRIX_METRICS_TOKEN"],
             )
         out["worker_rss_mb_at_end"] = server.worker_rss_mb()
     finally:
@@ -772,7 +815,7 @@ def verdicts(report: dict) -> dict:
     first, last = next(iter(sizes.values())), list(sizes.values())[-1]
     out = {}
     for key, _, _, goal in PAGE_ROWS:
-        if key not in last["pages"] or key not in first["pages"]:
+        if key not in last.get("pages", {}) or key not in first.get("pages", {}):
             continue
         p95 = last["pages"][key]["p95_ms"]
         base = first["pages"][key]["p95_ms"]
@@ -785,7 +828,7 @@ def verdicts(report: dict) -> dict:
             base = first["pages"][key].get("first_byte_p95_ms")
             if p95 is not None and base:
                 out[key]["first_byte_ratio_largest_to_smallest"] = round(p95 / base, 2)
-    if "api_matrix_304" in last["pages"]:
+    if "api_matrix_304" in last.get("pages", {}):
         out.setdefault("api_matrix_304", {})["answers_304"] = 304 in {
             int(k) for k in last["pages"]["api_matrix_304"]["statuses"]
         }
@@ -807,7 +850,7 @@ def print_table(report: dict) -> None:
     for key, label, goal, _ in PAGE_ROWS:
         cells = []
         for size in sizes:
-            row = report["sizes"][size]["pages"].get(key)
+            row = report["sizes"][size].get("pages", {}).get(key)
             if row is None:
                 cells.append(f"{'-':>12}")
                 continue
@@ -824,7 +867,7 @@ def print_table(report: dict) -> None:
             continue
         cells = []
         for size in sizes:
-            row = report["sizes"][size]["pages"].get(key) or {}
+            row = report["sizes"][size].get("pages", {}).get(key) or {}
             first_byte = row.get("first_byte_p95_ms")
             cells.append("-" if first_byte is None else f"{first_byte:g}")
         print(f"{'  ' + label:<40}" + "".join(c.rjust(12) for c in cells))

@@ -262,14 +262,15 @@ def job_chunks(jobs: list[ValidationJob]) -> list[tuple[str, list[ValidationJob]
 
 def jobs_publish(jobs: list[ValidationJob]) -> None:
     """Sign and enqueue jobs once the transaction that wrote them commits."""
-    _messages_publish(
-        [(queue, [job_payload(j) for j in chunk]) for queue, chunk in job_chunks(jobs)],
-        sweeps={job.pk: job.sweep_id for job in jobs},
-    )
+    messages = [
+        (queue, [job_payload(j) for j in chunk]) for queue, chunk in job_chunks(jobs)
+    ]
+    _messages_publish(messages)
+    _planned_log(messages, {job.pk: job.sweep_id for job in jobs})
 
 
 def _planned_log(messages: list[tuple[str, list[dict]]], sweeps: dict) -> None:
-    """A line a job sent, with its id as a field: in JSON logs the same
+    """A line a job planned, with its id as a field: in JSON logs the same
     job_id finds its run on the runner and its storage (ingest)."""
     for queue, payloads in messages:
         for payload in payloads:
@@ -286,12 +287,9 @@ def _planned_log(messages: list[tuple[str, list[dict]]], sweeps: dict) -> None:
             )
 
 
-def _messages_publish(
-    messages: list[tuple[str, list[dict]]], *, sweeps: dict | None = None
-) -> None:
+def _messages_publish(messages: list[tuple[str, list[dict]]]) -> None:
     """Sign each message of payloads now and enqueue them all once the
-    transaction commits, over one broker connection, in one batch; each job
-    logged then (``sweeps``: job id -> its sweep's id, where known)."""
+    transaction commits, over one broker connection, in one batch."""
     from matrix.celery import app
 
     signed = [
@@ -318,7 +316,6 @@ def _messages_publish(
                 )
 
     transaction.on_commit(publish)
-    transaction.on_commit(lambda: _planned_log(messages, sweeps or {}))
 
 
 @dataclass
@@ -521,9 +518,9 @@ def sweep_plan(
     )
     sweep.total = len(jobs)
     sweep.save(update_fields=["total"])
-    _messages_publish(
-        _chunks(plan.payloads(jobs)), sweeps={job["pk"]: sweep.pk for job in jobs}
-    )
+    messages = _chunks(plan.payloads(jobs))
+    _messages_publish(messages)
+    _planned_log(messages, {job["pk"]: sweep.pk for job in jobs})
     return sweep
 
 
