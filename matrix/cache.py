@@ -335,6 +335,50 @@ def answer_read(key: str, compute, timeout: int | None = None) -> tuple[str, obj
     return served, value
 
 
+# With the versions of read_versions (a shared cache), an answer computed at
+# most this long ago stands in for the next version while a thread of this
+# process computes that one: a page is then never older than the window in
+# which its version was read plus this (read_versions.STALE_BOUND_S).
+REFRESH_WITHIN_S = read_versions.STALE_BOUND_S - read_versions.COALESCE_S
+
+
+def _newest_of(newest: str) -> tuple[str, float] | None:
+    """(key, computed at) of the newest answer kept for a read."""
+    found = cache.get(newest)
+    if isinstance(found, (tuple, list)) and len(found) == 2:
+        return found[0], found[1]
+    return None
+
+
+def _keep(key: str, value, timeout: int | None, newest: str | None) -> None:
+    pointer = (key, time.time())
+    if timeout is None:
+        cache.set(key, value)
+        if newest:
+            cache.set(newest, pointer)
+    else:
+        cache.set(key, value, timeout)
+        if newest:
+            cache.set(newest, pointer, timeout)
+
+
+def _refresh_in_background(key, compute, timeout, newest: str, lock: str) -> None:
+    """Compute ``key``'s answer in a thread of this process (its lock held),
+    while the reader that found it missing is given the answer before."""
+
+    def refresh() -> None:
+        try:
+            _keep(key, compute(), timeout, newest)
+        except Exception:
+            logger.exception("a read was not computed again: %s", key.split(":")[0])
+        finally:
+            cache.delete(lock)
+            # The thread's own database connection.
+            connection.close()
+
+    threading.Thread(target=refresh, name="read-refresh", daemon=True).start()
+
+
 def _read(key: str, compute, timeout: int | None, *, earlier: bool):
     """``(key served, value, how)``: how is one of ANSWER_OUTCOMES."""
     value = cache.get(key)
@@ -342,17 +386,29 @@ def _read(key: str, compute, timeout: int | None, *, earlier: bool):
         return key, value, "hit"
     newest = key.partition("@")[0] + "@newest"
     lock = key + ":computing"
+    if earlier and read_versions.shared():
+        found = _newest_of(newest)
+        if (
+            found is not None
+            and found[0] != key
+            and time.time() - found[1] <= REFRESH_WITHIN_S
+        ):
+            value = cache.get(found[0])
+            if value is not None:
+                if cache.add(lock, time.time(), COMPUTE_LOCK_S):
+                    _refresh_in_background(key, compute, timeout, newest, lock)
+                return found[0], value, "earlier"
     if not cache.add(lock, time.time(), COMPUTE_LOCK_S):
         # The earlier answer only while the other request is recent: one
         # that died computing leaves its lock for COMPUTE_LOCK_S, and its
         # readers then compute the new answer as they would without one.
         started = cache.get(lock) if earlier else None
         recent = started is None or time.time() - started < COMPUTE_WAIT_S
-        served = cache.get(newest) if earlier and recent else None
-        if served is not None and served != key:
-            value = cache.get(served)
+        found = _newest_of(newest) if earlier and recent else None
+        if found is not None and found[0] != key:
+            value = cache.get(found[0])
             if value is not None:
-                return served, value, "earlier"
+                return found[0], value, "earlier"
         deadline = time.monotonic() + COMPUTE_WAIT_S
         while time.monotonic() < deadline:
             time.sleep(COMPUTE_POLL_S)
@@ -362,14 +418,7 @@ def _read(key: str, compute, timeout: int | None, *, earlier: bool):
                 return key, value, "hit"
     try:
         value = compute()
-        if timeout is None:
-            cache.set(key, value)
-            if earlier:
-                cache.set(newest, key)
-        else:
-            cache.set(key, value, timeout)
-            if earlier:
-                cache.set(newest, key, timeout)
+        _keep(key, value, timeout, newest if earlier else None)
     finally:
         cache.delete(lock)
     return key, value, "computed"
