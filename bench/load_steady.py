@@ -80,8 +80,9 @@ class UrlSpace:
         self.models = sorted(set(ServedCall.objects.values_list("source", flat=True)))
         self.dtypes = sorted(set(Shape.objects.values_list("dtype", flat=True)))
         self.backends = sorted({d.backend for d in self.device_types})
-        self.statuses = ["pass", "failing", "compile_error", "mismatch", "empty"]
-        self.statuses += ["stale", "unsupported"]
+        # Every filter value the pages and the API take (queries.STATE_FILTERS).
+        self.statuses = ["pass", "compile_error", "mismatch", "runtime_error"]
+        self.statuses += ["timeout", "unsupported", "lowered", "empty", "stale"]
         # Cells of every toolchain, a few thousand drawn at random by id.
         top = Cell.objects.aggregate(n=Max("id"))["n"] or 0
         ids = [rng.randint(1, top) for _ in range(4000)]
@@ -273,11 +274,16 @@ class SteadyIngest:
         deadline = time.monotonic() + drain_s
         backlog_at_stop = None
         while True:
-            stored = dict(
-                Receipt.objects.filter(result__job_id__in=list(sent)).values_list(
-                    "result__job_id", "received_at"
-                )
-            )
+            # By the range of the jobs' ids (made for the stream, in a row):
+            # a list of them passes PostgreSQL's 65,535 parameters.
+            stored = {
+                job: at
+                for job, at in Receipt.objects.filter(
+                    result__job_id__gte=min(sent, default=0),
+                    result__job_id__lte=max(sent, default=0),
+                ).values_list("result__job_id", "received_at")
+                if job in sent
+            }
             if backlog_at_stop is None:
                 backlog_at_stop = len(sent) - len(stored)
             if len(stored) >= len(sent) or time.monotonic() > deadline:
@@ -391,6 +397,9 @@ def run(client, fixture, worker_class, port: int, args, token: str) -> dict:
     ingest = SteadyIngest(fixture, args.steady_rate, int(budget))
     out["prepare_s"] = round(time.perf_counter() - started, 1)
     rows: dict[str, dict] = {}
+    # The first addresses answered otherwise than 200, to tell why.
+    refused: list = []
+    out["not_200"] = refused
     with worker_class() as worker:
         with ingest:
             # Under ingest from here: a few seconds for the stream to settle.
@@ -408,6 +417,8 @@ def run(client, fixture, worker_class, port: int, args, token: str) -> dict:
                     ms, status = timed(client, url)
                     samples.append(ms)
                     statuses[status] = statuses.get(status, 0) + 1
+                    if status != 200 and len(refused) < 20:
+                        refused.append([status, url])
                 rows[kind] = summary(samples, statuses, len(urls))
                 say(f"steady {kind}: {rows[kind]}")
             out["reads_hit_rate"] = hit_rate(before, read_answers(client, token))
