@@ -152,9 +152,8 @@ def main() -> None:
     parser.add_argument(
         "--steady-max-s",
         type=float,
-        default=150.0,
-        help="results prepared for this long at the rate (the stream stops "
-        "when the part ends or they run out)",
+        default=900.0,
+        help="the stream stops when the part ends, or after this long",
     )
     parser.add_argument("--steady-requests", type=int, default=60)
     parser.add_argument(

@@ -29,9 +29,10 @@ from __future__ import annotations
 import json
 import random
 import statistics
-import threading
+import tempfile
 import time
 import urllib.parse
+from pathlib import Path
 
 from load_web import percentile, wrk
 
@@ -210,60 +211,93 @@ def zipf_draw(rng: random.Random, pool: list[str], k: int) -> list[str]:
 
 
 class SteadyIngest:
-    """Signed results sent at ``rate`` a second from a thread, in messages
-    of 5 to 25, over the current toolchain's device types, until stopped or
-    the prepared results run out."""
+    """Signed results sent at ``rate`` a second, in messages of 5 to 25, over
+    the current toolchain's device types in turn, for at most ``max_s``.
 
-    def __init__(self, fixture, rate: float, total: int):
-        from matrix.models import DeviceType
+    A process of its own (forked) makes the jobs, signs their results and
+    sends them, a couple of seconds ahead of the stream, as a fleet's
+    runners would: the jobs open at any time are the few seconds' worth a
+    fleet has in flight, not the whole run's, and the signing takes no time
+    from the timed reader's process."""
 
-        self.fixture, self.rate = fixture, rate
-        columns = list(DeviceType.objects.order_by("id"))
-        self.messages: list[list] = []
-        per_column = -(-total // len(columns))
-        prepared = []
-        for column in columns:
-            prepared.append(
-                fixture.messages(
-                    per_column, device_type=column, toolchain=fixture.current
-                )
-            )
-        # Interleaved: the stream moves every column, as a fleet does.
-        while any(prepared):
-            for batch in prepared:
-                if batch:
-                    self.messages.append(batch.pop())
+    AHEAD_S = 2.0
+    CHUNK = 250
+
+    def __init__(self, fixture, rate: float, max_s: float):
+        import multiprocessing
+
+        self.fixture, self.rate, self.max_s = fixture, rate, max_s
+        self.context = multiprocessing.get_context("fork")
+        self.stop = self.context.Event()
+        self.out = tempfile.NamedTemporaryFile("w+", suffix=".json", delete=False)
         self.sent_at: dict[int, float] = {}
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._send, daemon=True)
         self.started = self.stopped = None
+        self.prepared = 0
 
-    def _send(self) -> None:
+    def _feed(self) -> None:
+        """The child: prepare, pace and send; write what was sent when."""
+        from django.db import connections
+
+        from matrix.models import DeviceType
         from runners import host
 
-        self.started = time.time()
-        sent = 0
-        for message in self.messages:
-            if self.stop.is_set():
-                break
-            due = self.started + sent / self.rate
+        connections.close_all()
+        columns = list(DeviceType.objects.order_by("id"))
+        fixture, rate = self.fixture, self.rate
+        started = time.time()
+        sent_at: dict[int, float] = {}
+        queue: list[list] = []
+        prepared = sent = turn = 0
+        while not self.stop.is_set() and time.time() - started < self.max_s:
+            if prepared - sent < rate * self.AHEAD_S:
+                column = columns[turn % len(columns)]
+                turn += 1
+                queue += fixture.messages(
+                    self.CHUNK, device_type=column, toolchain=fixture.current
+                )
+                prepared += self.CHUNK
+                continue
+            due = started + sent / rate
             wait = due - time.time()
-            if wait > 0 and self.stop.wait(wait):
+            if wait > 0 and self.stop.wait(min(wait, 0.05)):
                 break
+            if wait > 0.05:
+                continue
+            message = queue.pop(0)
             now = time.time()
             host.results_send(message)
             for envelope in message:
-                self.sent_at[_job_of(envelope)] = now
+                sent_at[envelope["payload"]["job"]] = now
             sent += len(message)
-        self.stopped = time.time()
+        json.dump(
+            {
+                "started": started,
+                "stopped": time.time(),
+                "prepared": prepared,
+                "sent_at": sent_at,
+            },
+            open(self.out.name, "w"),
+        )
+        connections.close_all()
 
     def __enter__(self):
-        self.thread.start()
+        from django.db import connections
+
+        # The child makes its own connections: none is shared across fork.
+        connections.close_all()
+        self.process = self.context.Process(target=self._feed, daemon=True)
+        self.process.start()
         return self
 
     def __exit__(self, *exc):
         self.stop.set()
-        self.thread.join()
+        self.process.join(timeout=120)
+        if self.process.is_alive():
+            self.process.kill()
+        fed = json.loads(Path(self.out.name).read_text() or "{}")
+        self.sent_at = {int(k): v for k, v in fed.get("sent_at", {}).items()}
+        self.started, self.stopped = fed.get("started"), fed.get("stopped")
+        self.prepared = fed.get("prepared", 0)
 
     def report(self, drain_s: float) -> dict:
         """Stored results of what was sent, waiting up to ``drain_s`` for
@@ -297,7 +331,7 @@ class SteadyIngest:
         return {
             "target_per_s": self.rate,
             "sent": len(sent),
-            "prepared": sum(len(m) for m in self.messages),
+            "prepared": self.prepared,
             "seconds": round(window, 1),
             "sent_per_s": round(len(sent) / window, 1) if window else None,
             "stored_per_s_while_sending": round(in_window / window, 1)
@@ -310,10 +344,6 @@ class SteadyIngest:
             "lag_p95_s": round(percentile(lags, 0.95), 2) if lags else None,
             "lag_max_s": round(max(lags), 2) if lags else None,
         }
-
-
-def _job_of(envelope: dict) -> int:
-    return envelope["payload"]["job"]
 
 
 def read_answers(client, token: str) -> dict[str, float]:
@@ -410,10 +440,7 @@ def run(client, fixture, worker_class, port: int, args, token: str) -> dict:
         for kind in KINDS
     }
     out["pool_sizes"] = {kind: len(pool) for kind, pool in pools.items()}
-    budget = args.steady_rate * args.steady_max_s
-    started = time.perf_counter()
-    ingest = SteadyIngest(fixture, args.steady_rate, int(budget))
-    out["prepare_s"] = round(time.perf_counter() - started, 1)
+    ingest = SteadyIngest(fixture, args.steady_rate, args.steady_max_s)
     rows: dict[str, dict] = {}
     # The first addresses answered otherwise than 200, to tell why.
     refused: list = []
