@@ -37,10 +37,14 @@ runs out first; the count is printed):
 - 50 connections (wrk) over a mix of those pages for ``--load-s`` seconds
   while results keep arriving, as during a sweep, and the same mix without
   the gaps (page and API) and the upgrade diff,
-- the largest web worker's RSS after the diff page.
+- the largest web worker's RSS after the diff page,
+- with ``--parts steady`` (bench/load_steady.py): reads of generated
+  addresses while the real control worker ingests a steady stream
+  (``--steady-rate`` results a second), the manifest with its cache just
+  emptied, the cache's hit rate, 50 connections, and ingest's rate and lag.
 
 Prints the table and writes bench/out/load.json (and, per size,
-bench/out/load-<size>.json). ``--compare BEFORE.json AFTER.json`` prints two
+bench/out/load-<size>.json; ``--evidence PATH`` a copy of the report). ``--compare BEFORE.json AFTER.json`` prints two
 runs' p95 side by side.
 """
 
