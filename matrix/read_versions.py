@@ -112,7 +112,8 @@ def scopes_of(results: Iterable) -> set[str]:
 def scopes_bump(keys: Iterable[str]) -> None:
     """Move these counters by one, in one round trip; a lost counter starts
     from the clock first. A cache that cannot be reached is skipped: its
-    readers compute what they read (matrix.cache)."""
+    readers compute what they read (matrix.cache), and a bump lost that way
+    leaves a read kept at most until it expires (``cache_seconds()``)."""
     keys = sorted(set(keys))
     if not keys or not shared():
         return
