@@ -233,3 +233,34 @@ def test_an_answer_older_than_the_bound_is_not_given_for_a_moved_read(
     monkeypatch.setattr(reads.time, "time", lambda: clock)
     newer = reads.read_key("test-read", read, version=2)
     assert reads.answer_read(newer, lambda: "new") == (newer, "new")
+
+
+def test_jobs_the_reaper_gives_up_move_the_reads_of_their_column(
+    results,
+    toolchains,
+    device_types,
+    shared_cache,  # noqa: F811
+    django_capture_on_commit_callbacks,
+):
+    """A lost job's infra_error result is stored by the reaper, not ingest:
+    its column's reads move all the same (the gaps stop showing it queued)."""
+    from matrix.fleet.services.liveness import jobs_lose
+    from matrix.models import ValidationJob
+
+    current, cpu = toolchains[1], device_types["c"]
+    shape = results["second"]
+    job = ValidationJob.objects.create(
+        revision=shape.operator.current_revision(cpu.backend),
+        shape=shape,
+        device_type=cpu,
+        toolchain=current,
+        state=ValidationJob.State.RUNNING,
+    )
+    column = read_versions.scope_key(current.pk, device_type=cpu.pk)
+    before = read_versions._counter(column)
+    other = read_versions.scope_key(current.pk, device_type=device_types["cuda"].pk)
+    other_before = read_versions._counter(other)
+    with django_capture_on_commit_callbacks(execute=True):
+        assert jobs_lose(jobs=[job], reason="runner went away") == 1
+    assert read_versions._counter(column) > before
+    assert read_versions._counter(other) == other_before
