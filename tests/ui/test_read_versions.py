@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 
 import pytest
+from django.db import transaction
 from django.urls import reverse
 
 from matrix import read_versions
@@ -27,9 +28,9 @@ def every_read_a_new_window(monkeypatch):
 
 
 def stored(django_capture_on_commit_callbacks, shape, device_type, toolchain, status):
-    """A result as ingest leaves it, its ``results_stored`` sent and its
-    transaction committed (the counters move on commit)."""
-    with django_capture_on_commit_callbacks(execute=True):
+    """A result as ingest leaves it, its ``results_stored`` sent inside its
+    transaction, which then commits (the counters move on commit)."""
+    with django_capture_on_commit_callbacks(execute=True), transaction.atomic():
         result = record(shape, device_type, toolchain, status)
         results_stored.send(sender=Result, results=[result])
     return result

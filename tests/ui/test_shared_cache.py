@@ -73,6 +73,8 @@ def test_a_new_result_is_read_through_the_shared_cache_within_the_bound(
     monkeypatch,
     django_capture_on_commit_callbacks,
 ):
+    from django.db import transaction
+
     from matrix import read_versions
     from matrix.events import results_stored
     from matrix.models import Result
@@ -84,7 +86,8 @@ def test_a_new_result_is_read_through_the_shared_cache_within_the_bound(
         return [c["status"] for c in body["cells"]]
 
     before = statuses()
-    with django_capture_on_commit_callbacks(execute=True):
+    # As ingest sends it: inside the transaction storing the result.
+    with django_capture_on_commit_callbacks(execute=True), transaction.atomic():
         result = record(
             results["second"], device_types["c"], toolchains[1], Status.MISMATCH
         )
