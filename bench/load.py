@@ -5,7 +5,8 @@ connections, on a realistic PostgreSQL database at 10k, 100k and 1M results.
 
 Each size's database is seeded once by bench/load_seed.py (a template,
 ``h_bench_seed_<size>``, reused while its seed version matches) and copied
-fresh for each run (``h_bench_<size>``), then migrated. The web app runs as
+fresh for each run (``h_bench_<size>``), then migrated; ``BENCH_DB_PREFIX``
+names them otherwise. The web app runs as
 docs/deploy.md says production runs it (its gunicorn command, 3 sync
 workers) with ``DJANGO_DEBUG=0``, sessions and the shared cache in Redis;
 one bench-only flag is added, a long ``--timeout``, so a slow page is
@@ -36,10 +37,14 @@ runs out first; the count is printed):
 - 50 connections (wrk) over a mix of those pages for ``--load-s`` seconds
   while results keep arriving, as during a sweep, and the same mix without
   the gaps (page and API) and the upgrade diff,
-- the largest web worker's RSS after the diff page.
+- the largest web worker's RSS after the diff page,
+- with ``--parts steady`` (bench/load_steady.py): reads of generated
+  addresses while the real control worker ingests a steady stream
+  (``--steady-rate`` results a second), the manifest with its cache just
+  emptied, the cache's hit rate, 50 connections, and ingest's rate and lag.
 
 Prints the table and writes bench/out/load.json (and, per size,
-bench/out/load-<size>.json). ``--compare BEFORE.json AFTER.json`` prints two
+bench/out/load-<size>.json; ``--evidence PATH`` a copy of the report). ``--compare BEFORE.json AFTER.json`` prints two
 runs' p95 side by side.
 """
 
@@ -65,6 +70,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import load_seed  # noqa: E402
+import load_steady  # noqa: E402
 from load_web import (  # noqa: E402
     Client,
     Gunicorn,
@@ -79,6 +85,7 @@ OUT = ROOT / "bench" / "out"
 REDIS_DEFAULT = "redis://127.0.0.1:6379/8"
 SECRET = "bench-load-" + "s3cr3t!k3y" * 5
 PASSWORD = "bench-" + secrets.token_hex(8)
+METRICS_TOKEN = "bench-metrics-" + secrets.token_hex(8)
 # (key, label, goal text, goal in ms or None)
 PAGE_ROWS = [
     ("home_cached", "home, from its cache", "keep", None),
@@ -142,7 +149,30 @@ def main() -> None:
     parser.add_argument(
         "--parts",
         default="pages,cost,ingest,mixed",
-        help="which parts to run (a comma list of pages, cost, ingest, mixed)",
+        help="which parts to run (a comma list of pages, cost, ingest, mixed, "
+        "steady: reads during steady ingest, bench/load_steady.py)",
+    )
+    parser.add_argument("--steady-rate", type=float, default=1000.0)
+    parser.add_argument(
+        "--steady-max-s",
+        type=float,
+        default=900.0,
+        help="the stream stops when the part ends, or after this long",
+    )
+    parser.add_argument("--steady-requests", type=int, default=60)
+    parser.add_argument(
+        "--steady-pool",
+        type=int,
+        default=400,
+        help="addresses generated per kind of read, drawn from by rank (Zipf)",
+    )
+    parser.add_argument("--steady-urls", type=int, default=3000)
+    parser.add_argument("--steady-load-s", type=int, default=20)
+    parser.add_argument("--steady-manifest-trials", type=int, default=8)
+    parser.add_argument("--steady-seed", type=int, help="the URLs' (default: clock)")
+    parser.add_argument(
+        "--evidence",
+        help="also write the report here (docs/evidence/<date>-....json)",
     )
     parser.add_argument(
         "--cost-s",
@@ -195,7 +225,7 @@ def main() -> None:
             file=sys.stderr,
             flush=True,
         )
-        run_name = f"h_bench_{size}"
+        run_name = load_seed.run_name(size)
         copy_s = load_seed.copy_database(
             args.server, load_seed.seed_name(size), run_name
         )
@@ -226,7 +256,12 @@ def main() -> None:
     report["verdicts"] = verdicts(report)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    if args.evidence:
+        Path(args.evidence).write_text(json.dumps(report, indent=2) + "\n")
     print_table(report)
+    for size in sizes:
+        if "steady" in report["sizes"][size]:
+            load_steady.print_table(size, report["sizes"][size]["steady"])
     print(f"wrote {args.out}")
 
 
@@ -242,6 +277,7 @@ def child_env(args) -> dict:
         "TILEMATRIX_CACHE_URL": args.redis,
         "CELERY_BROKER_URL": args.redis,
         "TILEMATRIX_VAR_DIR": str(ROOT / "var" / "bench" / "var"),
+        "TILEMATRIX_METRICS_TOKEN": METRICS_TOKEN,
     }
 
 
@@ -249,7 +285,7 @@ def child_env(args) -> dict:
 
 
 def run_size(args) -> dict:
-    url = load_seed.database_url(args.server, f"h_bench_{args.size}")
+    url = load_seed.database_url(args.server, load_seed.run_name(args.size))
     redis_flush(args.redis)
     load_seed.django_setup(url)
     from django.core.management import call_command
@@ -327,6 +363,17 @@ def run_size(args) -> dict:
             out["drain_s_before_mixed_rest"] = server.drain(client)
             out["mixed_rest"] = mixed_load(
                 client, paths, fixture, rest, args.connections, args.load_s, server.port
+            )
+        if "steady" in parts:
+            out["drain_s_before_steady"] = server.drain(client)
+            out["steady"] = load_steady.run(
+                client,
+                fixture,
+                ControlWorker,
+                server.port,
+                args,
+                # The parent's, which the web app was given.
+                os.environ["TILEMATRIX_METRICS_TOKEN"],
             )
         out["worker_rss_mb_at_end"] = server.worker_rss_mb()
     finally:
@@ -771,7 +818,7 @@ def verdicts(report: dict) -> dict:
     first, last = next(iter(sizes.values())), list(sizes.values())[-1]
     out = {}
     for key, _, _, goal in PAGE_ROWS:
-        if key not in last["pages"] or key not in first["pages"]:
+        if key not in last.get("pages", {}) or key not in first.get("pages", {}):
             continue
         p95 = last["pages"][key]["p95_ms"]
         base = first["pages"][key]["p95_ms"]
@@ -784,7 +831,7 @@ def verdicts(report: dict) -> dict:
             base = first["pages"][key].get("first_byte_p95_ms")
             if p95 is not None and base:
                 out[key]["first_byte_ratio_largest_to_smallest"] = round(p95 / base, 2)
-    if "api_matrix_304" in last["pages"]:
+    if "api_matrix_304" in last.get("pages", {}):
         out.setdefault("api_matrix_304", {})["answers_304"] = 304 in {
             int(k) for k in last["pages"]["api_matrix_304"]["statuses"]
         }
@@ -806,7 +853,7 @@ def print_table(report: dict) -> None:
     for key, label, goal, _ in PAGE_ROWS:
         cells = []
         for size in sizes:
-            row = report["sizes"][size]["pages"].get(key)
+            row = report["sizes"][size].get("pages", {}).get(key)
             if row is None:
                 cells.append(f"{'-':>12}")
                 continue
@@ -823,7 +870,7 @@ def print_table(report: dict) -> None:
             continue
         cells = []
         for size in sizes:
-            row = report["sizes"][size]["pages"].get(key) or {}
+            row = report["sizes"][size].get("pages", {}).get(key) or {}
             first_byte = row.get("first_byte_p95_ms")
             cells.append("-" if first_byte is None else f"{first_byte:g}")
         print(f"{'  ' + label:<40}" + "".join(c.rjust(12) for c in cells))

@@ -120,8 +120,18 @@ def admin_connect(server: str):
     return psycopg.connect(database_url(server, "postgres"), autocommit=True)
 
 
+# Databases the bench makes are named with this prefix (``BENCH_DB_PREFIX``),
+# so that two people benching on one PostgreSQL server keep their own.
+DB_PREFIX = os.environ.get("BENCH_DB_PREFIX", "h_bench")
+
+
 def seed_name(size: str) -> str:
-    return f"h_bench_seed_{size.lower()}"
+    return f"{DB_PREFIX}_seed_{size.lower()}"
+
+
+def run_name(size: str) -> str:
+    """The fresh copy of the seeded template a bench run works on."""
+    return f"{DB_PREFIX}_{size.lower()}"
 
 
 def seed_marker(server: str, size: str) -> dict | None:

@@ -63,7 +63,10 @@ def manifest(request, toolchain: str | None = None, device_type: str | None = No
                 404,
                 f"no device type named {device_type!r}; known: {', '.join(known)}",
             )
-    key = read_key("api-manifest", chosen.pk, device and device.pk, version)
+    # The version apart: while one reader rebuilds the manifest after an
+    # approval, the others are given the one before (matrix.cache), not
+    # each a rebuild of their own.
+    key = read_key("api-manifest", chosen.pk, device and device.pk, version=version)
     return json_answer(
         request, key, lambda: manifest_for(toolchain=chosen, device_type=device), None
     )

@@ -10,6 +10,7 @@ class MatrixConfig(AppConfig):
     def ready(self):
         from django.db.models.signals import post_migrate
 
+        from matrix import read_versions  # noqa: F401 (connects its receiver)
         from matrix.accounts.roles import roles_create
         from matrix.alerts import receivers as alerts  # noqa: F401 (connects them)
         from matrix.bisection import receivers as bisection_receivers  # noqa: F401

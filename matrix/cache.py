@@ -4,9 +4,11 @@ shares.
 A read that depends only on the stored results, the catalogue and its
 filters is the same for every reader until one of those changes. It is
 computed once and kept under a key that names them, the data version
-included: ``queries.cells_version()`` (the newest result id) moves with
-every stored result, so the request after a result computes the read again
-and shows it. With ``TILEMATRIX_CACHE_URL`` the cache is one Redis for all
+included. With a shared cache the version is the counter of what the read
+shows (its toolchain, device type or operator; ``read_versions``), moved by
+ingest and read at most once a second, so a page lags ingest by at most
+``read_versions.STALE_BOUND_S``; with a cache per process it is the newest
+result id, so the request after a result computes the read again. With ``TILEMATRIX_CACHE_URL`` the cache is one Redis for all
 web processes (a read is computed once, not once per process); without it,
 a cache inside each process (the embedded default). A cache that cannot be
 reached is a miss, never an error: the read is computed instead.
@@ -43,7 +45,7 @@ import time
 from collections import OrderedDict
 
 from django.conf import settings
-from django.core.cache import cache
+from django.core.cache import cache, caches
 from django.core.cache.backends.redis import RedisCache, RedisCacheClient
 from django.db import connection
 from django.http import HttpResponse
@@ -51,6 +53,7 @@ from django.utils.cache import get_conditional_response, patch_vary_headers
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from matrix import read_versions
 from matrix.api_json import StrictJSONRenderer
 
 logger = logging.getLogger(__name__)
@@ -293,6 +296,32 @@ def cached_read(key: str, compute, timeout: int | None = None):
     return _read(key, compute, timeout, earlier=False)[1]
 
 
+# Whole answers (answer_read) by how they were served, counted in the shared
+# cache for every web process (/metrics: tilematrix_read_answers): "hit"
+# (kept for this version), "earlier" (the version before, while another
+# reader computes this one) or "computed".
+ANSWER_OUTCOMES = ("hit", "earlier", "computed")
+
+
+def _answer_counted(outcome: str) -> None:
+    key = f"read-answers:{outcome}"
+    try:
+        if isinstance(caches["default"], RedisCache):
+            # One INCR, not the cache API's EXISTS and INCRBY.
+            client = cache._cache.get_client(write=True)
+            client.incr(cache.make_and_validate_key(key))
+        elif not cache.add(key, 1, None):
+            cache.incr(key)
+    except Exception:  # noqa: BLE001 (a count is never worth an error)
+        return
+
+
+def answers_counted() -> dict[str, int]:
+    """How many whole answers were served each way, since the cache began."""
+    found = cache.get_many([f"read-answers:{o}" for o in ANSWER_OUTCOMES])
+    return {o: int(found.get(f"read-answers:{o}") or 0) for o in ANSWER_OUTCOMES}
+
+
 def answer_read(key: str, compute, timeout: int | None = None) -> tuple[str, object]:
     """``(key served, value)``: as ``cached_read``, except that while another
     reader computes the value for a key naming its version apart
@@ -301,45 +330,98 @@ def answer_read(key: str, compute, timeout: int | None = None) -> tuple[str, obj
     of waiting. Only for what a response sends as it is: a value read this
     way must not go into another kept value, which would then name a
     version it does not show."""
-    return _read(key, compute, timeout, earlier="@" in key)
+    served, value, outcome = _read(key, compute, timeout, earlier="@" in key)
+    _answer_counted(outcome)
+    return served, value
+
+
+# With the versions of read_versions (a shared cache), an answer computed at
+# most this long ago stands in for the next version while a thread of this
+# process computes that one: a page is then never older than the window in
+# which its version was read plus this (read_versions.STALE_BOUND_S).
+REFRESH_WITHIN_S = read_versions.STALE_BOUND_S - read_versions.COALESCE_S
+
+
+def _newest_of(newest: str) -> tuple[str, float] | None:
+    """(key, computed at) of the newest answer kept for a read."""
+    found = cache.get(newest)
+    if isinstance(found, (tuple, list)) and len(found) == 2:
+        return found[0], found[1]
+    return None
+
+
+def _keep(key: str, value, timeout: int | None, newest: str | None) -> None:
+    pointer = (key, time.time())
+    if timeout is None:
+        cache.set(key, value)
+        if newest:
+            cache.set(newest, pointer)
+    else:
+        cache.set(key, value, timeout)
+        if newest:
+            cache.set(newest, pointer, timeout)
+
+
+def _refresh_in_background(key, compute, timeout, newest: str, lock: str) -> None:
+    """Compute ``key``'s answer in a thread of this process (its lock held),
+    while the reader that found it missing is given the answer before."""
+
+    def refresh() -> None:
+        try:
+            _keep(key, compute(), timeout, newest)
+        except Exception:
+            logger.exception("a read was not computed again: %s", key.split(":")[0])
+        finally:
+            cache.delete(lock)
+            # The thread's own database connection.
+            connection.close()
+
+    threading.Thread(target=refresh, name="read-refresh", daemon=True).start()
 
 
 def _read(key: str, compute, timeout: int | None, *, earlier: bool):
+    """``(key served, value, how)``: how is one of ANSWER_OUTCOMES."""
     value = cache.get(key)
     if value is not None:
-        return key, value
+        return key, value, "hit"
     newest = key.partition("@")[0] + "@newest"
     lock = key + ":computing"
+    if earlier and read_versions.shared():
+        found = _newest_of(newest)
+        if (
+            found is not None
+            and found[0] != key
+            and time.time() - found[1] <= REFRESH_WITHIN_S
+        ):
+            value = cache.get(found[0])
+            if value is not None:
+                if cache.add(lock, time.time(), COMPUTE_LOCK_S):
+                    _refresh_in_background(key, compute, timeout, newest, lock)
+                return found[0], value, "earlier"
     if not cache.add(lock, time.time(), COMPUTE_LOCK_S):
         # The earlier answer only while the other request is recent: one
         # that died computing leaves its lock for COMPUTE_LOCK_S, and its
         # readers then compute the new answer as they would without one.
         started = cache.get(lock) if earlier else None
         recent = started is None or time.time() - started < COMPUTE_WAIT_S
-        served = cache.get(newest) if earlier and recent else None
-        if served is not None and served != key:
-            value = cache.get(served)
+        found = _newest_of(newest) if earlier and recent else None
+        if found is not None and found[0] != key:
+            value = cache.get(found[0])
             if value is not None:
-                return served, value
+                return found[0], value, "earlier"
         deadline = time.monotonic() + COMPUTE_WAIT_S
         while time.monotonic() < deadline:
             time.sleep(COMPUTE_POLL_S)
             value = cache.get(key)
             if value is not None:
-                return key, value
+                # Computed once, by the reader it waited for.
+                return key, value, "hit"
     try:
         value = compute()
-        if timeout is None:
-            cache.set(key, value)
-            if earlier:
-                cache.set(newest, key)
-        else:
-            cache.set(key, value, timeout)
-            if earlier:
-                cache.set(newest, key, timeout)
+        _keep(key, value, timeout, newest if earlier else None)
     finally:
         cache.delete(lock)
-    return key, value
+    return key, value, "computed"
 
 
 def etag_of(key: str, coding: str = "") -> str:
@@ -379,7 +461,9 @@ def gzipped_read(key: str, render) -> tuple[str, bytes]:
     by the first reader asking for it and kept for the others, so that a
     reader of a kept answer reads only the small copy."""
     packed = cache.get(key + ":gzip")
-    if packed is None:
+    if packed is not None:
+        _answer_counted("hit")
+    else:
         key, content = answer_read(key, render)
         packed = cache.get(key + ":gzip")
         if packed is None:
@@ -435,19 +519,26 @@ def _table(model) -> str:
 def _catalogue_stamp() -> tuple[list[str], list]:
     """Subqueries (and their parameters) stamping the catalogue: counts and
     newest ids of shapes, device types, toolchains and kernel revisions, the
-    served shapes' total weight, the current toolchain and revisions, and
-    the rollouts (which make a toolchain older). A catalogue edit that
+    served shapes' total weight, the models' calls, the current toolchain
+    and revisions, and the rollouts (which make a toolchain older). A catalogue edit that
     changes none of these (a rename) shows once the cached read expires."""
     from matrix.models import (
         CurrentRevision,
         DeviceType,
         KernelRevision,
+        ServedCall,
         Shape,
         Toolchain,
         UpgradeProposal,
     )
 
     shape, revision = _table(Shape), _table(KernelRevision)
+    # The models' calls (an import adds or replaces them): the Models reads
+    # show them, and a model filter picks shapes by them.
+    calls = (
+        "SELECT CAST(COUNT(*) AS TEXT) || ',' || CAST(MAX(id) AS TEXT) || ','"
+        f" || CAST(SUM(calls) AS TEXT) FROM {_table(ServedCall)}"
+    )
     # The shapes in one pass (four subqueries read the table four times).
     shapes = (
         "SELECT CAST(COUNT(*) AS TEXT) || ',' || CAST(MAX(id) AS TEXT) || ','"
@@ -465,6 +556,7 @@ def _catalogue_stamp() -> tuple[list[str], list]:
         # Which revision is current where (matrix.revisions).
         f"SELECT SUM(id * revision_id) FROM {_table(CurrentRevision)}",
         f"SELECT COUNT(*) FROM {_table(UpgradeProposal)} WHERE state = %s",
+        calls,
     ]
     return parts, [UpgradeProposal.State.ROLLED_OUT]
 
@@ -476,12 +568,17 @@ def _versions(parts: list[str], params: list) -> tuple:
 
 
 def data_version() -> tuple:
-    """What the cached reads depend on, in one query: the newest result id
-    (every stored result moves it; ingest writes a result before it points
-    a cell at it) and the catalogue's stamp."""
+    """What the cached reads depend on, in one query: the catalogue's stamp
+    and, where the cache is one per process, the newest result id (every
+    stored result moves it; ingest writes a result before it points a cell
+    at it). With a shared cache the results' part is the counters of
+    ``read_versions``: a read adds ``read_versions.filters_version()`` of
+    what it shows."""
     from matrix.models import Result
 
     catalogue, params = _catalogue_stamp()
+    if read_versions.shared():
+        return ("scoped", *_versions(catalogue, params))
     return _versions([f"SELECT MAX(id) FROM {_table(Result)}", *catalogue], params)
 
 

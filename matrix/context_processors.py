@@ -7,6 +7,7 @@ from functools import cached_property
 
 from django.core.cache import cache
 
+from matrix import read_versions
 from matrix.accounts.roles import ADMIN, has_role
 
 ADMIN_LINK_SECONDS = 60
@@ -78,6 +79,12 @@ class FilterChoices:
     @cached_property
     def _data(self) -> dict:
         return cache.get_or_set("filter-choices", _choices_read, CHOICES_SECONDS)
+
+    @property
+    def stale_bound_s(self) -> int | None:
+        """How far behind ingest a coverage page may be (None: not at all,
+        the cache is one per process; matrix.read_versions)."""
+        return read_versions.STALE_BOUND_S if read_versions.shared() else None
 
     @property
     def operators(self) -> list[str]:

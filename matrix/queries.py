@@ -25,6 +25,7 @@ from matrix.models import (
     ID_MAX,
     Backend,
     Cell,
+    CurrentRevision,
     DeviceType,
     Dtype,
     KernelRevision,
@@ -412,17 +413,36 @@ def passing_elsewhere(failing: set[tuple[int, int]], toolchain) -> dict:
 
     if not failing or toolchain is None:
         return {}
-    rows = list(
-        Cell.objects.filter(
-            shape_id__in={s for s, _ in failing},
-            device_type_id__in={d for _, d in failing},
-            status=Status.PASS,
+    # The passing cells of those shapes and device types first, by the
+    # cells' (shape, device type, toolchain) index, then whether their
+    # revision is current: left to itself, PostgreSQL walked every cell by
+    # revision to find them (140 ms of a gaps page at 1M results).
+    table = {
+        m: connection.ops.quote_name(m._meta.db_table)
+        for m in (Cell, Shape, DeviceType, CurrentRevision, Toolchain)
+    }
+    shapes = sorted({s for s, _ in failing})
+    device_types = sorted({d for _, d in failing})
+    sql = f"""
+        WITH passing AS MATERIALIZED (
+            SELECT shape_id, device_type_id, toolchain_id, revision_id
+            FROM {table[Cell]}
+            WHERE shape_id IN ({", ".join(["%s"] * len(shapes))})
+                AND device_type_id IN ({", ".join(["%s"] * len(device_types))})
+                AND status = %s AND toolchain_id <> %s
         )
-        .filter(revisions.is_current_cell())
-        .exclude(toolchain=toolchain)
-        .order_by("toolchain_id")
-        .values_list("shape_id", "device_type_id", "toolchain_id", "toolchain__name")
-    )
+        SELECT p.shape_id, p.device_type_id, p.toolchain_id, t.name
+        FROM passing p
+        JOIN {table[Shape]} s ON s.id = p.shape_id
+        JOIN {table[DeviceType]} d ON d.id = p.device_type_id
+        JOIN {table[CurrentRevision]} r ON r.operator_id = s.operator_id
+            AND r.backend = d.backend AND r.revision_id = p.revision_id
+        JOIN {table[Toolchain]} t ON t.id = p.toolchain_id
+        ORDER BY p.toolchain_id
+    """
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [*shapes, *device_types, Status.PASS, toolchain.pk])
+        rows = cursor.fetchall()
     if not rows:
         return {}
     proposals = dict(

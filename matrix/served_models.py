@@ -106,14 +106,20 @@ def _calls(filters: queries.MatrixFilters):
     return calls.filter(shape_q) if shape_q else calls
 
 
-def served_calls(filters: queries.MatrixFilters) -> list[ServedCall]:
-    """The calls under the filters' model, operator, shape text and dtype,
-    with their shapes and operators. One query."""
-    return list(
+def served_calls(filters: queries.MatrixFilters) -> tuple[list, dict]:
+    """(source, shape id, tokens, calls) of the calls under the filters'
+    model, operator, shape text and dtype, and their shapes (id -> Shape,
+    its operator read with it): a shape once however many calls name it.
+    Two queries."""
+    rows = list(
         _calls(filters)
-        .select_related("shape__operator")
         .order_by("source", "tokens", "-calls", "shape_id")
+        .values_list("source", "shape_id", "tokens", "calls")
     )
+    shapes = Shape.objects.select_related("operator").in_bulk(
+        {shape_id for _, shape_id, _, _ in rows}
+    )
+    return rows, shapes
 
 
 def model_coverage(
@@ -125,7 +131,7 @@ def model_coverage(
     (read from the database otherwise)."""
     floor = serve_speedup_floor()
     device_types = queries.device_type_list(filters, device_types)
-    calls = served_calls(filters)
+    calls, shapes_by_id = served_calls(filters)
     found: dict[tuple[int, int], tuple] = {}
     if filters.toolchain is not None and calls and device_types:
         found = {
@@ -145,7 +151,7 @@ def model_coverage(
         }
     current = revisions.current_map() if found else {}
     backend = {d.id: d.backend for d in device_types}
-    operator = {c.shape_id: c.shape.operator_id for c in calls}
+    operator = {s.pk: s.operator_id for s in shapes_by_id.values()}
     elsewhere = queries.passing_elsewhere(
         {
             (s, d)
@@ -156,36 +162,45 @@ def model_coverage(
         filters.toolchain,
     )
 
-    by_model: dict[str, list[ServedCall]] = {}
-    for call in calls:
-        by_model.setdefault(call.source, []).append(call)
+    by_model: dict[str, list[tuple]] = {}
+    for source, *call in calls:
+        by_model.setdefault(source, []).append(call)
+    # Plain tuples in the loops below: they run models × device types ×
+    # calls times, and model attribute lookups were most of a Models read.
     verdicts: dict[tuple[int, int], tuple[str, Verdict, float | None]] = {}
     models = []
     for name, model_calls in by_model.items():
-        shapes = {c.shape_id: c.shape for c in model_calls}
+        shapes = {s: shapes_by_id[s] for s, _, _ in model_calls}
+        order = {
+            pk: (shape.operator.name, shape.dims_key, shape.dtype)
+            for pk, shape in shapes.items()
+        }
+        rows = [(s, operator[s], t, n) for s, t, n in model_calls]
         per_shape: dict[int, float] = {}
-        for c in model_calls:
-            per_shape[c.shape_id] = per_shape.get(c.shape_id, 0.0) + c.calls
-        tokens = sorted({c.tokens for c in model_calls})
+        for shape_id, _, _, n in rows:
+            per_shape[shape_id] = per_shape.get(shape_id, 0.0) + n
+        tokens = sorted({t for _, _, t, _ in rows})
         devices = []
         for dt in device_types:
-            shares = Shares()
-            steps = {t: Shares() for t in tokens}
-            for c in model_calls:
-                key = (c.shape_id, dt.id)
-                if key not in verdicts:
-                    verdicts[key] = _verdict(
+            dt_id, backend = dt.id, dt.backend
+            total = dict.fromkeys(OUTCOMES, 0.0)
+            by_step = {t: dict.fromkeys(OUTCOMES, 0.0) for t in tokens}
+            for shape_id, operator_id, tok, n in rows:
+                key = (shape_id, dt_id)
+                found_verdict = verdicts.get(key)
+                if found_verdict is None:
+                    found_verdict = verdicts[key] = _verdict(
                         found.get(key),
-                        current.get((c.shape.operator_id, dt.backend)),
+                        current.get((operator_id, backend)),
                         filters,
                         floor,
                     )
-                status, verdict, value = verdicts[key]
-                shares.add(verdict.outcome, c.calls)
-                steps[c.tokens].add(verdict.outcome, c.calls)
+                outcome = found_verdict[1].outcome
+                total[outcome] += n
+                by_step[tok][outcome] += n
             pieces = []
             for shape_id, n in per_shape.items():
-                status, verdict, value = verdicts[shape_id, dt.id]
+                status, verdict, value = verdicts[shape_id, dt_id]
                 if verdict.outcome != TILELANG:
                     pieces.append(
                         Piece(
@@ -194,18 +209,12 @@ def model_coverage(
                             status,
                             verdict,
                             value,
-                            elsewhere.get((shape_id, dt.id)),
+                            elsewhere.get((shape_id, dt_id)),
                         )
                     )
-            pieces.sort(
-                key=lambda p: (
-                    -p.calls,
-                    p.shape.operator.name,
-                    p.shape.dims_key,
-                    p.shape.dtype,
-                )
-            )
-            devices.append(DeviceCoverage(dt, shares, list(steps.items()), pieces))
+            pieces.sort(key=lambda p: (-p.calls, order[p.shape.pk]))
+            steps = [(t, Shares(by_step[t])) for t in tokens]
+            devices.append(DeviceCoverage(dt, Shares(total), steps, pieces))
         models.append(
             ModelCoverage(
                 name,

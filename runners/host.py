@@ -769,6 +769,19 @@ def jobs_execute(
         outbox_catch_up(
             outbox, unkept, make_room=lambda: kernel_cache_keep(config, urgent=True)
         )
+    for e in signed:
+        # A line a job, its id as a field: the same job_id is on the
+        # server's lines planning and storing it (JSON logs).
+        log.info(
+            "job %s ran: %s",
+            e["payload"]["job"],
+            e["payload"]["result"].get("status"),
+            extra={
+                "job_id": e["payload"]["job"],
+                "attempt": e["payload"]["attempt"],
+                "runner": config.name,
+            },
+        )
     statuses = ", ".join(
         f"{e['payload']['job']}:{e['payload']['result'].get('status')}" for e in signed
     )

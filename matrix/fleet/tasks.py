@@ -126,17 +126,13 @@ def ingest_messages(messages: list) -> Counter:
     outcomes = services.results_ingest(envelopes=everything)
     for envelope, outcome in zip(everything, outcomes, strict=True):
         counted[outcome.status] += 1
+        # Stored results are logged by ingest, a line each with its job.
         if outcome.status == "refused":
-            log.warning("refused result from %r: %s", _signer(envelope), outcome.reason)
-        else:
-            # A line a result is hundreds a second during a sweep: for
-            # debugging; the batch's line of counts says what was stored.
-            log.debug(
-                "result %s for job %s attempt %s %s",
-                outcome.result.pk,
-                outcome.result.job_id,
-                outcome.result.attempt,
-                COUNTED[outcome.status],
+            log.warning(
+                "refused result from %r: %s",
+                _signer(envelope),
+                outcome.reason,
+                extra={"job_id": _job_of(envelope), "runner": _signer(envelope)},
             )
     return counted
 
@@ -171,3 +167,10 @@ def reap():
 
 def _signer(envelope) -> str:
     return envelope.get("signer", "?") if isinstance(envelope, dict) else "?"
+
+
+def _job_of(envelope) -> int | None:
+    """The job id an envelope claims to be about (unchecked: for the log)."""
+    payload = envelope.get("payload") if isinstance(envelope, dict) else None
+    job = payload.get("job") if isinstance(payload, dict) else None
+    return job if isinstance(job, int) and not isinstance(job, bool) else None

@@ -728,6 +728,14 @@ class Cell(models.Model):
             # A signature's cells on every toolchain (the errors page with no
             # toolchain chosen); equality only, so no LIKE-ready copy.
             models.Index(fields=["error_signature"], name="cell_signature_any"),
+            # Where a failing cell passes on another toolchain (the gaps and
+            # Models reads; queries.passing_elsewhere), from the index alone:
+            # 45 to 24 ms of a Models read at 1M results.
+            models.Index(
+                fields=["shape", "device_type", "toolchain", "revision"],
+                condition=models.Q(status="pass"),
+                name="cell_passing",
+            ),
         ]
         constraints = [
             models.UniqueConstraint(

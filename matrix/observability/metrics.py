@@ -31,6 +31,7 @@ from prometheus_client.core import (
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.utils import floatToGoString
 
+from matrix.cache import answers_counted
 from matrix.models import DeviceType, JobState, Result, Sweep, ValidationJob
 from matrix.models.gate import ProposalState, UpgradeProposal
 from matrix.models.notifications import Channel, DeliveryAttempt
@@ -68,6 +69,7 @@ class ApplicationCollector:
             ("runners", self.runners),
             ("manifests", self.manifests),
             ("notifications", self.notifications),
+            ("reads", self.reads),
         ):
             try:
                 families = list(compute(now))
@@ -109,6 +111,21 @@ class ApplicationCollector:
         for reason, count in refusals_counted().items():
             refused.add_metric([reason], count)
         yield refused
+
+    def reads(self, now):
+        """Whole answers (pages, API answers) by how they were served,
+        counted in the cache every web process shares: the cache's hit rate
+        is (hit + earlier) / all."""
+        answers = CounterMetricFamily(
+            "tilematrix_read_answers",
+            "Whole answers of the cached reads, by how they were served: hit "
+            "(kept for their data version), earlier (the version before, "
+            "while another reader computed this one), computed",
+            labels=["outcome"],
+        )
+        for outcome, count in answers_counted().items():
+            answers.add_metric([outcome], count)
+        yield answers
 
     def ingest_lag(self, now):
         since = now - timedelta(seconds=LAG_WINDOW_S)

@@ -10,7 +10,7 @@ from django.utils.http import urlencode
 from django.utils.safestring import mark_safe
 from django.views.decorators.http import require_GET
 
-from matrix import error_groups, queries
+from matrix import error_groups, queries, read_versions
 from matrix.cache import cached_read, data_version, derived_key, read_key
 from matrix.page_cache import page_response
 
@@ -39,7 +39,7 @@ def errors_page(request):
     toolchains, _ = queries.catalogue_lists()
     filters = queries.MatrixFilters.from_params(request.GET, toolchains)
     toolchain = filters.toolchain
-    version = data_version()
+    version = data_version() + read_versions.filters_version(filters)
 
     def counts() -> dict:
         return cached_read(

@@ -28,7 +28,7 @@ from django.utils.http import urlencode
 from django.views.decorators.http import require_GET
 from django.views.decorators.vary import vary_on_headers
 
-from matrix import queries, revisions
+from matrix import queries, read_versions, revisions
 from matrix.cache import cache_seconds, cached_read, read_key
 from matrix.exports import spreadsheet_safe, unknown_toolchain
 from matrix.links import cell_link_prefix
@@ -155,7 +155,11 @@ def matrix_page(request):
 
         html = ""
         if name in names:
-            html = _rendered((*parts, name), body) if cacheable else body()
+            html = (
+                _rendered((*parts, name), body, _version(filters, catalogue))
+                if cacheable
+                else body()
+            )
         if not html:
             raise Http404("no such operator under these filters")
         return HttpResponse(html)
@@ -167,7 +171,9 @@ def matrix_page(request):
             template += "#matrix-table"
         return render(request, template, context)
     partial = "#matrix-table" if target == "matrix" else "#page-content"
-    key = read_key("matrix-page", (*parts, partial), version=queries.cells_version())
+    key = read_key(
+        "matrix-page", (*parts, partial), version=_version(filters, catalogue)
+    )
 
     def content() -> str:
         return cached_read(
@@ -191,10 +197,25 @@ def matrix_page(request):
     )
 
 
-def _rendered(parts: tuple, render_content) -> str:
+def _version(filters, catalogue: Catalogue):
+    """What the page shows of the results: its toolchain's (or its device
+    type's, or operator's) results, the newest in any case where the cache
+    is one per process (``read_versions``)."""
+    if filters.toolchain is None:
+        return read_versions.scope_version()
+    scope = {}
+    if filters.device_type is not None:
+        scope["device_type"] = filters.device_type.pk
+    elif filters.operator:
+        named = [op.pk for op in catalogue.operators if op.name == filters.operator]
+        scope["operator"] = named[0] if named else None
+    return read_versions.scope_version(filters.toolchain.pk, **scope)
+
+
+def _rendered(parts: tuple, render_content, version) -> str:
     """``render_content()``, kept per data version (``parts`` name the rest of
     what it depends on) for every reader."""
-    key = read_key("matrix-page", parts, queries.cells_version())
+    key = read_key("matrix-page", parts, version)
     return cached_read(key, render_content, cache_seconds())
 
 

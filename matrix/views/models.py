@@ -9,13 +9,16 @@ import csv
 
 from django.http import HttpResponse
 from django.shortcuts import render
+from django.template.loader import render_to_string
 from django.utils.http import urlencode
 from django.views.decorators.http import require_GET
 from django.views.decorators.vary import vary_on_headers
 
-from matrix import queries
+from matrix import queries, read_versions
+from matrix.cache import answer_read, cache_seconds, data_version, read_key
 from matrix.exports import spreadsheet_safe, unknown_toolchain
 from matrix.models import Backend, Dtype
+from matrix.page_cache import page_response
 from matrix.served_models import model_coverage
 from matrix.serving import OUTCOME_LABELS, OUTCOMES, serve_speedup_floor
 
@@ -23,9 +26,7 @@ PIECES_SHOWN = 15
 PIECES_MAX = 1000
 
 
-def _models_context(request) -> dict:
-    toolchains = queries.toolchain_list()
-    filters = queries.MatrixFilters.from_params(request.GET, toolchains)
+def _models_context(request, filters, toolchains) -> dict:
     models = model_coverage(filters)
     pieces = PIECES_MAX if request.GET.get("pieces") == "all" else PIECES_SHOWN
     params = filters.as_params()
@@ -63,11 +64,32 @@ def _models_context(request) -> dict:
 @require_GET
 @vary_on_headers("HX-Request")
 def models_page(request):
-    context = _models_context(request)
+    """Rendered once per version of what it shows for every reader (about
+    110 ms of Python at 1M results when computed each view)."""
+    toolchains = queries.toolchain_list()
+    filters = queries.MatrixFilters.from_params(request.GET, toolchains)
     template = "matrix/models.html"
     if request.htmx and request.htmx.target == "models-body":
         template += "#models-body"
-    return render(request, template, context)
+    if filters.unknown or not cache_seconds():
+        return render(request, template, _models_context(request, filters, toolchains))
+    version = data_version() + read_versions.filters_version(filters, everywhere=True)
+    key = read_key(
+        "models-page",
+        sorted(filters.as_params().items()),
+        request.GET.get("pieces") == "all",
+        template,
+        version=version,
+    )
+
+    def page(frame: dict) -> str:
+        context = _models_context(request, filters, toolchains)
+        return render_to_string(template, {**context, **frame}, request)
+
+    if template.endswith("#models-body"):
+        _, html = answer_read(key, lambda: page({}), cache_seconds())
+        return HttpResponse(html)
+    return page_response(request, key, page)
 
 
 CSV_FIELDS = [

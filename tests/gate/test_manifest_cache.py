@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import time
 
 import pytest
 
@@ -154,3 +155,28 @@ def test_a_serving_host_reads_only_its_own_device_types_entries(
     unknown = client.get(MANIFEST, {**params, "device_type": "NVIDIA H100"})
     assert unknown.status_code == 404
     assert str(world.h200) in unknown.json()["detail"]
+
+
+def test_while_one_reader_rebuilds_a_changed_manifest_the_others_get_the_one_before(
+    client, world, approved, django_assert_max_num_queries
+):
+    """Single flight: another web worker holds the rebuild's lock (as it
+    does while it reads the rows); this reader is given the manifest before
+    the change, with that manifest's own ETag, and reads no entry."""
+    from django.core.cache import cache
+
+    first = client.get(MANIFEST, {"toolchain": world.new.name})
+    world.record("softmax", world.cpu, world.new, Status.COMPILE_ERROR)
+    proposal_reevaluate(proposal=approved)
+    # The key of the changed manifest, as the view names it.
+    from matrix.cache import manifest_version, read_key
+
+    key = read_key("api-manifest", world.new.pk, None, version=manifest_version())
+    cache.add(key + ":computing", time.time(), 30)
+    with django_assert_max_num_queries(6):
+        during = client.get(MANIFEST, {"toolchain": world.new.name})
+    assert during["ETag"] == first["ETag"]
+    assert choices(during) == choices(first)
+    cache.delete(key + ":computing")
+    after = client.get(MANIFEST, {"toolchain": world.new.name})
+    assert after["ETag"] != first["ETag"] and after.json()["entries"] == []

@@ -170,7 +170,10 @@ def test_the_page_stays_within_a_fixed_number_of_queries(
         for s in Shape.objects.filter(served=True):
             ServedCall.objects.create(source=f"model-{i}", shape=s, tokens=1, calls=i)
     assert count() == few
-    assert few <= 9
+    # The page computed (the import changed the catalogue's stamp), not
+    # served from its cache: the stamp, and the calls and their shapes read
+    # apart (a shape once, not once a call).
+    assert few <= 11
 
 
 def test_the_csv_export_has_a_row_per_model_device_and_step(client, served):

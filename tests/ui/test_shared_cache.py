@@ -5,6 +5,7 @@ refused, while Redis cannot be reached."""
 from __future__ import annotations
 
 import os
+import time
 import uuid
 
 import pytest
@@ -62,16 +63,40 @@ def test_a_read_computed_once_is_kept_in_redis_for_every_process(
     assert again.json() == first.json()
 
 
-def test_a_new_result_is_read_through_the_shared_cache_at_once(
-    client, results, shared_cache, toolchains, device_types
+@pytest.mark.django_db(transaction=True)
+def test_a_new_result_is_read_through_the_shared_cache_within_the_bound(
+    client,
+    results,
+    shared_cache,
+    toolchains,
+    device_types,
+    monkeypatch,
+    django_capture_on_commit_callbacks,
 ):
+    from django.db import transaction
+
+    from matrix import read_versions
+    from matrix.events import results_stored
+    from matrix.models import Result
+
+    monkeypatch.setattr(read_versions, "COALESCE_S", 1e-6)
+
     def statuses():
         body = client.get(MATRIX, {"backend": "c", "limit": 5000}).json()
         return [c["status"] for c in body["cells"]]
 
     before = statuses()
-    record(results["second"], device_types["c"], toolchains[1], Status.MISMATCH)
-    assert statuses().count("mismatch") == before.count("mismatch") + 1
+    # As ingest sends it: inside the transaction storing the result.
+    with django_capture_on_commit_callbacks(execute=True), transaction.atomic():
+        result = record(
+            results["second"], device_types["c"], toolchains[1], Status.MISMATCH
+        )
+        results_stored.send(sender=Result, results=[result])
+    wanted = before.count("mismatch") + 1
+    deadline = time.monotonic() + read_versions.STALE_BOUND_S + 1
+    while statuses().count("mismatch") != wanted and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert statuses().count("mismatch") == wanted
 
 
 def test_pages_and_the_api_answer_while_the_shared_cache_is_down(

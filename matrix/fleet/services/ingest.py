@@ -12,6 +12,7 @@ and one upsert per kind of cell."""
 from __future__ import annotations
 
 import hashlib
+import logging
 import math
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -36,6 +37,7 @@ from matrix.fleet.services.planning import confirmations_plan
 from matrix.models import Blob, Cell, JobState, Result, Status, ValidationJob
 from matrix.models.blobs import texts_store
 
+log = logging.getLogger(__name__)
 ERROR_MESSAGE_CAP = 8 * 1024
 VERIFY_PARALLEL_FROM = 64
 VERIFY_THREADS = 4
@@ -97,6 +99,7 @@ JOB_ROW = {
     "device_model": "device_type__model",
     "device_backend": "device_type__backend",
     "confirms_id": "confirms_id",
+    "sweep_id": "sweep_id",
 }
 STATUSES = frozenset(Status.values)
 # Parts of a harness result that are objects when present (error is null
@@ -531,7 +534,32 @@ def results_ingest(
         # Inside the transaction: a batch rolled back and tried again
         # message by message is heard of once.
         results_checked.send(sender=Result, outcomes=outcomes)
+    _outcomes_log(outcomes, checked, jobs)
     return outcomes
+
+
+def _outcomes_log(outcomes: list[Outcome], checked: dict, jobs: dict) -> None:
+    """A line a result stored (or stored before), with the job, sweep and
+    runner it belongs to as fields (``extra``): in JSON logs, a job's id
+    finds its planning, its run on the runner and its storage here. The
+    control task logs refusals (matrix.fleet.tasks)."""
+    for i, (runner, payload, _) in checked.items():
+        outcome, job = outcomes[i], jobs.get(payload["job"])
+        if outcome.status == "refused":
+            continue
+        log.info(
+            "result %s for job %s %s",
+            outcome.result.pk,
+            payload["job"],
+            outcome.status,
+            extra={
+                "job_id": payload["job"],
+                "attempt": payload["attempt"],
+                "sweep_id": job.sweep_id if job else None,
+                "runner": runner.name,
+                "result_id": outcome.result.pk,
+            },
+        )
 
 
 def result_ingest(*, envelope) -> tuple[Result, bool]:

@@ -12,6 +12,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from matrix import read_versions
 from matrix.fleet.models import Runner
 from matrix.fleet.services.envelopes import (
     HEARTBEAT_MAX_AGE_S,
@@ -123,9 +124,11 @@ def jobs_lose(*, jobs: list[ValidationJob], reason: str) -> int:
         job.state, job.finished_at = JobState.LOST, now
     ValidationJob.objects.bulk_update(jobs, ["state", "finished_at"])
     message = Blob.stored(reason)
-    Result.objects.bulk_create(
-        [_infra_result(job, message) for job in jobs], ignore_conflicts=True
-    )
+    results = [_infra_result(job, message) for job in jobs]
+    Result.objects.bulk_create(results, ignore_conflicts=True)
+    # Their reads move as ingest's do (the gaps no longer show them queued).
+    keys = read_versions.scopes_of(results)
+    transaction.on_commit(lambda: read_versions.scopes_bump(keys))
     return len(jobs)
 
 

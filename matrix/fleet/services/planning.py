@@ -4,6 +4,7 @@ sending them, signed, to the runners (or in a bundle for an offline lab)."""
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -30,6 +31,7 @@ from matrix.models import (
 )
 from runners import config, protocol, signing
 
+log = logging.getLogger(__name__)
 JOBS_PER_MESSAGE_MIN = 5
 JOBS_PER_MESSAGE_MAX = 25
 
@@ -260,9 +262,29 @@ def job_chunks(jobs: list[ValidationJob]) -> list[tuple[str, list[ValidationJob]
 
 def jobs_publish(jobs: list[ValidationJob]) -> None:
     """Sign and enqueue jobs once the transaction that wrote them commits."""
-    _messages_publish(
-        [(queue, [job_payload(j) for j in chunk]) for queue, chunk in job_chunks(jobs)]
-    )
+    messages = [
+        (queue, [job_payload(j) for j in chunk]) for queue, chunk in job_chunks(jobs)
+    ]
+    _messages_publish(messages)
+    _planned_log(messages, {job.pk: job.sweep_id for job in jobs})
+
+
+def _planned_log(messages: list[tuple[str, list[dict]]], sweeps: dict) -> None:
+    """A line a job planned, with its id as a field: in JSON logs the same
+    job_id finds its run on the runner and its storage (ingest)."""
+    for queue, payloads in messages:
+        for payload in payloads:
+            log.info(
+                "job %s planned on %s",
+                payload["job"],
+                queue,
+                extra={
+                    "job_id": payload["job"],
+                    "attempt": payload["attempt"],
+                    "sweep_id": sweeps.get(payload["job"]),
+                    "queue": queue,
+                },
+            )
 
 
 def _messages_publish(messages: list[tuple[str, list[dict]]]) -> None:
@@ -496,7 +518,9 @@ def sweep_plan(
     )
     sweep.total = len(jobs)
     sweep.save(update_fields=["total"])
-    _messages_publish(_chunks(plan.payloads(jobs)))
+    messages = _chunks(plan.payloads(jobs))
+    _messages_publish(messages)
+    _planned_log(messages, {job["pk"]: sweep.pk for job in jobs})
     return sweep
 
 
