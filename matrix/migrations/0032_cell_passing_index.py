@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('matrix', '0030_bisection'),
+        ('matrix', '0031_alert_kind_current'),
     ]
 
     operations = [
