@@ -57,10 +57,13 @@ $(TOOLCHAIN_0114)/bin/python:
 
 toolchains: $(TOOLCHAIN_0113)/bin/python $(TOOLCHAIN_0114)/bin/python
 
-# One worker per core; a test file stays on one worker (--dist loadfile), so
-# its module-scoped set-up (a sandbox batch, a deployment, a browser) runs
-# once. The 20 slowest tests are printed last.
-XDIST ?= -n auto --dist loadfile
+# Three workers on this 2-core machine: the end-to-end and browser files
+# spend much of their time waiting on the processes they started (a
+# deployment's sweep used 0.6 of a core), so a third worker fills the idle
+# core. A test file stays on one worker (--dist loadfile), so its
+# module-scoped set-up (a sandbox batch, a deployment, a browser) runs once.
+# The 20 slowest tests are printed last.
+XDIST ?= -n 3 --dist loadfile
 test: install toolchains
 	$(PY) -m pytest $(XDIST) --durations=20 $(PYTEST_ARGS)
 
