@@ -143,9 +143,10 @@ def alerts_from_results(*, results) -> Changes:
     slow_keys = {f.cell.key for f in slower}
     if findings:
         _record(findings, now, changes)
-    recovered = [c for c in passing if c.key not in slow_keys]
-    if recovered:
-        _passing_again(recovered, now, changes)
+    if passing:
+        # A pass ends the failures alerted on its cell, slow or not; only a
+        # slowdown alert waits for a pass that is not slower.
+        _passing_again(passing, now, changes, still_slower=slow_keys)
     return changes
 
 
@@ -509,19 +510,29 @@ def _tallies_update(alerts: list[Alert]) -> None:
         )
 
 
-def _passing_again(cells: list[Written], now, changes: Changes) -> None:
-    """Mark the alerted cells that pass again; an alert none of whose cells
-    still fails is fixed, by the system, audited."""
+def _passing_again(
+    cells: list[Written], now, changes: Changes, *, still_slower: set = frozenset()
+) -> None:
+    """Mark the alerted cells that pass again (for a slowdown alert: pass
+    and are no longer slower, not in ``still_slower``); an alert none of
+    whose cells still fails is fixed, by the system, audited."""
     keys = {c.key for c in cells}
     rows = [
         (pk, alert_id)
-        for pk, alert_id, s, d, t in AlertCell.objects.filter(
+        for pk, alert_id, status, s, d, t in AlertCell.objects.filter(
             shape_id__in={k[0] for k in keys},
             device_type_id__in={k[1] for k in keys},
             toolchain_id__in={k[2] for k in keys},
             passing_since__isnull=True,
-        ).values_list("pk", "alert_id", "shape_id", "device_type_id", "toolchain_id")
-        if (s, d, t) in keys
+        ).values_list(
+            "pk",
+            "alert_id",
+            "alert__status",
+            "shape_id",
+            "device_type_id",
+            "toolchain_id",
+        )
+        if (s, d, t) in keys and not (status == SLOWER and (s, d, t) in still_slower)
     ]
     if not rows:
         return

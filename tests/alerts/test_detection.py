@@ -163,3 +163,35 @@ def test_a_significantly_slower_pass_opens_a_slower_alert(cpu_runner):
 
     (alert,) = Alert.objects.all()
     assert (alert.status, alert.kind, alert.cell_count) == ("slower", "revision", 1)
+
+
+def test_a_fix_that_passes_slower_ends_the_failure_and_alerts_the_slowdown(
+    cpu_runner,
+):
+    """A busy host can time the fixing run slower than the last pass: the
+    compile error is over all the same, and the slowdown is its own cause."""
+    from .conftest import served_shapes
+
+    shapes = served_shapes(1)
+    ingest(cpu_runner, claimed(cpu_runner, shapes), **timed(SAMPLES_FAST))
+    new_revision()
+    ingest(
+        cpu_runner, claimed(cpu_runner, shapes), status="compile_error", **COMPILE_ERROR
+    )
+    (broken,) = Alert.objects.all()
+
+    new_revision()
+    ingest(
+        cpu_runner,
+        claimed(cpu_runner, shapes),
+        **timed([x * 1.5 for x in SAMPLES_FAST]),
+    )
+
+    broken.refresh_from_db()
+    assert (broken.state, broken.open_cells) == (AlertState.FIXED, 0)
+    (slower,) = Alert.objects.exclude(pk=broken.pk)
+    assert (slower.status, slower.state, slower.open_cells) == (
+        "slower",
+        AlertState.NEW,
+        1,
+    )

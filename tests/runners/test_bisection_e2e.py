@@ -339,4 +339,8 @@ def test_a_revision_breaking_a_served_cell_alerts_once_is_bisected_and_fixed(
     assert cluster.sql(
         "SELECT state, open_cells FROM matrix_alert WHERE id = ?", (alert,)
     ) == [("fixed", 0)]
-    assert len(inbox.messages) == 1 and len(hooks.requests) == 1
+    # The fix tells no one. (A busy host may time the fixing run slower
+    # than the pass before the break: that slowdown is an alert of its own.)
+    about = f"alert #{alert}"
+    assert [m for m in inbox.messages if about in m["body"]] == [email]
+    assert [r for r in hooks.requests if about in r["json"]["text"]] == [request]
