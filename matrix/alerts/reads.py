@@ -127,24 +127,32 @@ def fixed_on_candidate(alerts: list[Alert]) -> dict[int, Candidate]:
     for alert_id, cells in by_alert.items():
         if not all(newer for _, newer in cells):
             continue
-        # The toolchain most of the cells pass on names the candidate.
-        (toolchain_id, name), _ = Counter(
-            pair for _, newer in cells for pair in newer
-        ).most_common(1)[0]
-        found[alert_id] = (cells[0][0], toolchain_id, name)
+        # The toolchains most of the cells pass on name the candidate.
+        counts = Counter(pair for _, newer in cells for pair in newer)
+        most = max(counts.values())
+        found[alert_id] = (cells[0][0], [p for p, n in counts.items() if n == most])
     proposals = {
         (b, c): pk
         for b, c, pk in UpgradeProposal.objects.filter(
-            candidate_id__in={c for _, c, _ in found.values()}
+            candidate_id__in={t for _, pairs in found.values() for t, _ in pairs}
         )
         .exclude(state__in=[ProposalState.REJECTED])
         .order_by("pk")
         .values_list("baseline_id", "candidate_id", "pk")
     }
-    return {
-        alert_id: Candidate(name, proposals.get((baseline, candidate)))
-        for alert_id, (baseline, candidate, name) in found.items()
-    }
+    chosen = {}
+    for alert_id, (baseline, pairs) in found.items():
+        # Of those, a proposal's candidate first, then the nearest release.
+        toolchain_id, name = min(
+            pairs,
+            key=lambda p: (
+                (baseline, p[0]) not in proposals,
+                releases.get(p[0]) or (),
+                p[0],
+            ),
+        )
+        chosen[alert_id] = Candidate(name, proposals.get((baseline, toolchain_id)))
+    return chosen
 
 
 @dataclass

@@ -226,3 +226,55 @@ def online_runner(name, *, device_types, toolchains, nvcc=False):
             runner=runner, toolchain=toolchain, interpreter="/usr/bin/python3"
         )
     return runner
+
+
+def cpu_host(tmp_path, *, name: str, interpreters: list[str]):
+    """A CPU runner hosting one toolchain per interpreter: registered with
+    what each one probes, approved, online (so the planner routes ``c``
+    validate jobs to it), its key on disk. Its HostConfig runs jobs in the
+    sandboxed harness; where results go is the caller's to patch."""
+    from datetime import timedelta
+
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from matrix.fleet import keys, services
+    from runners import host, protocol, signing
+
+    key = Ed25519PrivateKey.generate()
+    registered = services.runner_register(
+        token=services.token_create(expires=timedelta(hours=1)),
+        name=name,
+        public_key=signing.public_key_hex(key),
+        inventory={
+            "devices": [host.cpu_device()],
+            "toolchains": [host.toolchain_probe(i) for i in interpreters],
+            "nvcc": False,
+            "host": {"hostname": f"{name}-test"},
+        },
+    )
+    services.runner_approve(name=name)
+    services.runner_heartbeat(
+        envelope=protocol.heartbeat_envelope(
+            runner_name=registered.name, sequence=1, state="online", key=key
+        )
+    )
+    directory = tmp_path / "runner"
+    signing.key_write(directory / "runner.key", key)
+    hosted = {
+        rt.toolchain.fingerprint: {
+            "interpreter": rt.interpreter,
+            "name": rt.toolchain.name,
+            "id": rt.toolchain_id,
+        }
+        for rt in RunnerToolchain.objects.filter(runner=registered).select_related(
+            "toolchain"
+        )
+    }
+    return host.HostConfig(
+        directory=directory,
+        name=registered.name,
+        server="http://testserver",
+        server_public_key=keys.server_public_key(),
+        queues=registered.queues(),
+        toolchains=hosted,
+    )

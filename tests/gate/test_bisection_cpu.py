@@ -13,15 +13,12 @@ from __future__ import annotations
 
 import os
 import sys
-from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from matrix.bisection.services import bisection_start
-from matrix.fleet import keys, services
-from matrix.fleet.models import RunnerToolchain
+from matrix.fleet import services
 from matrix.models import (
     AuditEvent,
     Bisection,
@@ -32,7 +29,8 @@ from matrix.models import (
     ValidationJob,
 )
 from matrix.services import operator_sync_library
-from runners import host, protocol, signing
+from runners import host
+from tests.gate.conftest import cpu_host
 
 REPO = Path(__file__).resolve().parents[2]
 TOOLCHAINS = REPO / "var" / "toolchains"
@@ -57,36 +55,7 @@ def cpu_runner(tmp_path, monkeypatch, versions: list[str]) -> host.HostConfig:
     interpreters = [
         sys.executable if v == "0.1.15" else interpreter(v) for v in versions
     ]
-    key = Ed25519PrivateKey.generate()
-    registered = services.runner_register(
-        token=services.token_create(expires=timedelta(hours=1)),
-        name="cpu-bisect",
-        public_key=signing.public_key_hex(key),
-        inventory={
-            "devices": [host.cpu_device()],
-            "toolchains": [host.toolchain_probe(i) for i in interpreters],
-            "nvcc": False,
-            "host": {"hostname": "bisect-test"},
-        },
-    )
-    services.runner_approve(name="cpu-bisect")
-    services.runner_heartbeat(
-        envelope=protocol.heartbeat_envelope(
-            runner_name=registered.name, sequence=1, state="online", key=key
-        )
-    )
-    directory = tmp_path / "runner"
-    signing.key_write(directory / "runner.key", key)
-    hosted = {
-        rt.toolchain.fingerprint: {
-            "interpreter": rt.interpreter,
-            "name": rt.toolchain.name,
-            "id": rt.toolchain_id,
-        }
-        for rt in RunnerToolchain.objects.filter(runner=registered).select_related(
-            "toolchain"
-        )
-    }
+    config = cpu_host(tmp_path, name="cpu-bisect", interpreters=interpreters)
 
     def deliver(envelopes):
         # Ingest in place, its receivers included (the bisection's next step
@@ -96,14 +65,7 @@ def cpu_runner(tmp_path, monkeypatch, versions: list[str]) -> host.HostConfig:
         assert [o.status for o in outcomes] == ["stored"] * len(envelopes), outcomes
 
     monkeypatch.setattr(host, "results_send", deliver)
-    return host.HostConfig(
-        directory=directory,
-        name=registered.name,
-        server="http://testserver",
-        server_public_key=keys.server_public_key(),
-        queues=registered.queues(),
-        toolchains=hosted,
-    )
+    return config
 
 
 def execute(config, jobs) -> list[str]:

@@ -15,15 +15,12 @@ import os
 import re
 import sys
 import time
-from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from django.core.exceptions import ValidationError
 
-from matrix.fleet import keys, services
-from matrix.fleet.models import RunnerToolchain
+from matrix.fleet import services
 from matrix.gate.manifest import manifest_for
 from matrix.gate.services import (
     exception_grant,
@@ -44,7 +41,8 @@ from matrix.models import (
 )
 from matrix.models.gate import UpgradeProposal
 from matrix.services import operator_sync_library
-from runners import host, protocol, signing
+from runners import host
+from tests.gate.conftest import cpu_host
 
 REPO = Path(__file__).resolve().parents[2]
 TOOLCHAIN_0113 = Path(
@@ -72,45 +70,7 @@ def runner(db, tmp_path, monkeypatch, server_http, control_worker):
     monkeypatch.setenv(host.HARNESS_ENV, host.DEFAULT_HARNESS)
     # Absolute but not resolved: the venv's python is a symlink to the base one.
     interpreters = [os.path.abspath(python_0113), sys.executable]
-    key = Ed25519PrivateKey.generate()
-    registered = services.runner_register(
-        token=services.token_create(expires=timedelta(hours=1)),
-        name="cpu-ab",
-        public_key=signing.public_key_hex(key),
-        inventory={
-            "devices": [host.cpu_device()],
-            "toolchains": [host.toolchain_probe(i) for i in interpreters],
-            "nvcc": False,
-            "host": {"hostname": "ab-test"},
-        },
-    )
-    services.runner_approve(name="cpu-ab")
-    # Online, so the planner routes validate jobs for `c` to it.
-    services.runner_heartbeat(
-        envelope=protocol.heartbeat_envelope(
-            runner_name=registered.name, sequence=1, state="online", key=key
-        )
-    )
-    directory = tmp_path / "runner"
-    signing.key_write(directory / "runner.key", key)
-    hosted = {
-        rt.toolchain.fingerprint: {
-            "interpreter": rt.interpreter,
-            "name": rt.toolchain.name,
-            "id": rt.toolchain_id,
-        }
-        for rt in RunnerToolchain.objects.filter(runner=registered).select_related(
-            "toolchain"
-        )
-    }
-    config = host.HostConfig(
-        directory=directory,
-        name=registered.name,
-        server="http://testserver",
-        server_public_key=keys.server_public_key(),
-        queues=registered.queues(),
-        toolchains=hosted,
-    )
+    config = cpu_host(tmp_path, name="cpu-ab", interpreters=interpreters)
 
     def deliver(envelopes):
         # Ingest marks the proposals these results touch; once it commits,

@@ -311,7 +311,8 @@ def test_a_revision_breaking_a_served_cell_alerts_once_is_bisected_and_fixed(
     ((said,),) = cluster.sql(
         "SELECT bisection FROM matrix_alert WHERE id = ?", (alert,)
     )
-    said = json.loads(said)
+    # PostgreSQL hands back the decoded object, SQLite its text.
+    said = said if isinstance(said, dict) else json.loads(said)
     assert (said["id"], said["state"], said["release_version"]) == (
         bisection,
         "found",

@@ -416,5 +416,8 @@ def test_a_batch_stores_its_texts_in_as_many_queries_whatever_its_size(cpu_runne
         assert [o.status for o in outcomes] == ["stored"] * len(batch)
         return len(queries.captured_queries)
 
-    assert ingest_counting(jobs[:2]) == ingest_counting(jobs[2:8])
+    # A first batch fills what ingest caches (the current revisions): the
+    # batches compared are both warm.
+    ingest_counting(jobs[:1])
+    assert ingest_counting(jobs[1:3]) == ingest_counting(jobs[3:8])
     assert Blob.objects.count() == 16
