@@ -35,6 +35,10 @@ ROOT = Path(__file__).resolve().parent.parent
 RUNNER = "online-bench"
 
 
+# Served besides the demo's models: 188 cells in all.
+PROFILES = ("mixtral-8x7b", "qwen2.5-7b")
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -90,7 +94,7 @@ class Deployment:
     def up(self) -> None:
         self.manage("migrate", "--noinput")
         self.manage("seed_demo")
-        for profile in ("mixtral-8x7b", "qwen2.5-7b"):
+        for profile in PROFILES:
             self.manage("import_shapes", "--profile", profile)
         self.start("web", "runserver", f"127.0.0.1:{self.port}", "--noreload")
         self.start("control", "control", "work")

@@ -95,3 +95,21 @@ def draw(
     """``operator``'s seeded inputs, the first shaped by ``distribution``."""
     specs = [tensors.spec_dict(s) for s in operator.inputs(shape, dtype)]
     return tensors.seeded_inputs(specs, seed, device, distribution)
+
+
+def input_sets(operator, shape: dict, dtype: str, seed: int, device: str):
+    """Yield (distribution, inputs) for every distribution ``operator`` is
+    checked on, each the same tensors ``draw`` gives. The uniform draw is
+    hashed once: only the first input differs between distributions, so
+    each other one is a copy of it, shaped, beside the same other inputs (a
+    GEMM's 500M-element weight hashed once, not once per distribution)."""
+    specs = [tensors.spec_dict(s) for s in operator.inputs(shape, dtype)]
+    uniform = tensors.seeded_inputs(specs, seed, device)
+    first = uniform[0].clone() if uniform else None
+    for distribution in checked_on(operator.name):
+        if distribution == UNIFORM or first is None:
+            yield distribution, uniform
+            continue
+        shaped = first.clone()
+        distribution.shape(shaped, tensors.other_scale(specs))
+        yield distribution, [shaped, *uniform[1:]]

@@ -170,11 +170,11 @@ def _validate(job: dict, operator, kernel, tolerance, result: dict) -> dict:
     out_specs = [tensors.spec_dict(s) for s in operator.outputs(shape, dtype)]
     result["distributions"] = []
     timed = None
-    for distribution in distributions.checked_on(job["operator"]):
-        inputs = distributions.draw(
-            operator, shape, dtype, job["seed"], device, distribution
-        )
-        references = _references(operator, inputs, device, result)
+    widened: dict[int, object] = {}
+    for distribution, inputs in distributions.input_sets(
+        operator, shape, dtype, job["seed"], device
+    ):
+        references = _references(operator, inputs, device, result, widened)
         if isinstance(references, dict):
             return references
         problems = []
@@ -200,14 +200,24 @@ def _validate(job: dict, operator, kernel, tolerance, result: dict) -> dict:
     return result
 
 
-def _references(operator, inputs, device: str, result: dict):
-    """The reference's outputs on ``inputs``, or the failed result."""
+def _references(operator, inputs, device: str, result: dict, widened: dict):
+    """The reference's outputs on ``inputs``, or the failed result.
+    ``widened`` keeps the wide copies of the inputs after the first, which
+    every input set shares (a GEMM's weight, 4 GB in float64): made once."""
     import torch
 
     # float64 where the device has it cheaply; the CPU reference stays float32.
     wide = torch.float32 if device == "cpu" else torch.float64
+    for index, x in enumerate(inputs[1:], 1):
+        if widened.get(index, (None,))[0] is not x:
+            widened[index] = (x, x.to(wide))
     try:
-        references = list(operator.reference(*[x.to(wide) for x in inputs]))
+        references = list(
+            operator.reference(
+                *[x.to(wide) for x in inputs[:1]],
+                *[widened[i][1] for i in range(1, len(inputs))],
+            )
+        )
     except Exception as exc:
         return set_error(
             result, "infra_error", f"reference failed: {type(exc).__name__}: {exc}"

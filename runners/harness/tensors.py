@@ -279,9 +279,14 @@ def seeded_inputs(
             flat[start:stop] = values
         tensors.append(out)
     if tensors:
-        others = max((s["scale"] for s in specs[1:]), default=1.0)
-        distribution.shape(tensors[0], others)
+        distribution.shape(tensors[0], other_scale(specs))
     return tensors
+
+
+def other_scale(specs: list[dict]) -> float:
+    """The magnitude bound of every input but the first (the one a
+    distribution shapes)."""
+    return max((s["scale"] for s in specs[1:]), default=1.0)
 
 
 def poisoned_outputs(specs: list[dict], device: str) -> list:

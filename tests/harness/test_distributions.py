@@ -233,3 +233,24 @@ def test_nan_in_a_few_rows_lands_in_the_last_and_never_in_a_lone_row():
         assert x.isnan().any(-1).sum().item() == expected
         if 2 <= rows < 5:
             assert x[-1].isnan().any()
+
+
+@pytest.mark.parametrize("name", ["gemm", "softmax", "elementwise_add", "rmsnorm"])
+def test_input_sets_are_the_draws_with_the_uniform_one_hashed_once(name):
+    """What the library's validation runs on (the uniform draw hashed once,
+    the first input copied and shaped per distribution) is, bit for bit,
+    what drawing each distribution whole gives, and the shaping never
+    reaches the uniform set or the inputs it shares."""
+    op = kernels.get(name)
+    shape = {d: 13 for d in op.dims}
+    sets = list(distributions.input_sets(op, shape, "float16", 9, "cpu"))
+    assert [d for d, _ in sets] == list(distributions.checked_on(name))
+    for distribution, inputs in sets:
+        drawn = distributions.draw(op, shape, "float16", 9, "cpu", distribution)
+        assert len(inputs) == len(drawn)
+        for got, want in zip(inputs, drawn, strict=True):
+            assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+    uniform = sets[0][1]
+    for _, inputs in sets[1:]:
+        assert all(a is b for a, b in zip(inputs[1:], uniform[1:], strict=True))
+        assert inputs[0] is not uniform[0]
