@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import sys
 import tempfile
 import time
 from collections import defaultdict
-import multiprocessing
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
