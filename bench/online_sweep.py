@@ -227,6 +227,10 @@ def sweep(deployment: Deployment, device_type: str, timeout: float) -> dict:
         "lost": jobs.filter(state=JobState.LOST).count(),
         "results_per_job": results.count() / max(1, jobs.count()),
         "job_wall_s_median": round(statistics.median(walls), 2) if walls else None,
+        # Compiling (or loading from the kernel cache) runs side by side;
+        # the rest of a job's wall is mostly its turn on the device.
+        "job_compile_s_median": _median(results.values_list("compile_s", flat=True)),
+        "job_wall_s_sum": round(sum(walls), 1),
         "runner_state_samples": dict(states),
         # What did not pass, and why: a distribution or a run it failed on
         # is named in the message.
@@ -259,6 +263,11 @@ def sweep(deployment: Deployment, device_type: str, timeout: float) -> dict:
             .annotate(source_sha256=F("source__sha256"))
         ],
     }
+
+
+def _median(values) -> float | None:
+    values = [v for v in values if v is not None]
+    return round(statistics.median(values), 2) if values else None
 
 
 def main() -> int:
