@@ -78,15 +78,18 @@ def compare_one(name: str, out, ref, tolerance) -> Comparison:
             1.0,
             f"{name} has shape {list(out.shape)}, the reference {list(ref.shape)}",
         )
-    total = max(out.numel(), 1)
+    if not out.numel():
+        return Comparison(0.0, 0.0, 0.0, None)
+    total = out.numel()
     # Where the reference is infinite (an add of an infinite input), the
     # kernel must give the same infinity, and where it is NaN (a NaN input)
     # NaN; elsewhere its error is measured. A NaN there may be the poison
     # left unwritten: it is the right answer either way.
     ref_inf = torch.isinf(ref)
     ref_nan = torch.isnan(ref)
+    out_nan = torch.isnan(out)
     inf_right = ref_inf & (out == ref)
-    nan_right = ref_nan & torch.isnan(out)
+    nan_right = ref_nan & out_nan
     measured = ~ref_inf & ~ref_nan
     ref = torch.where(measured, ref, 0.0)
     finite = torch.isfinite(out)
@@ -96,46 +99,72 @@ def compare_one(name: str, out, ref, tolerance) -> Comparison:
     # outlier channels) it grows with their root mean square, so a verdict
     # does not change with the units: an element that cancels to near zero
     # is held to the same error relative to its row's terms.
-    ref_norm = torch.linalg.vector_norm(ref).item()
-    ref_rms = ref_norm / max(int(measured.sum().item()), 1) ** 0.5
-    bound = tolerance.atol * max(1.0, ref_rms) + tolerance.rtol * ref.abs()
-    mismatched = (
-        (ref_inf & ~inf_right) | (ref_nan & ~nan_right) | (measured & ~finite)
-    ) | (diff > bound)
-    mismatch_ratio = mismatched.sum().item() / total
-    floor = 0.0
-    if ref_norm > 0 and out_dtype != wide:
-        rounded = ref.to(out_dtype).to(wide)
-        floor = torch.linalg.vector_norm(rounded - ref).item() / ref_norm
-    if (finite | inf_right | nan_right).all():
-        err_norm = torch.linalg.vector_norm(diff).item()
+    ref_norm = torch.linalg.vector_norm(ref)
+    ref_rms = ref_norm / measured.sum().clamp_min(1).to(wide).sqrt()
+    bound = tolerance.atol * ref_rms.clamp_min(1.0) + tolerance.rtol * ref.abs()
+    missed = ref_inf & ~inf_right
+    missed_nan = ref_nan & ~nan_right
+    mismatched = missed | missed_nan | (measured & ~finite) | (diff > bound)
+    if out_dtype != wide:
+        floor_norm = torch.linalg.vector_norm(ref.to(out_dtype).to(wide) - ref)
+    else:
+        floor_norm = torch.zeros((), dtype=wide, device=ref.device)
+    # Every figure at once, in float64 (a count stays exact past 2**24):
+    # one wait for the device, not one per figure.
+    figures = torch.stack(
+        [
+            t.double()
+            for t in (
+                ref_norm,
+                floor_norm,
+                torch.linalg.vector_norm(diff),
+                diff.max(),
+                torch.where(measured, out, 0.0).abs().max(),
+            )
+        ]
+        + [
+            t.sum().double()
+            for t in (
+                mismatched,
+                finite | inf_right | nan_right,
+                out_nan & ~ref_nan,
+                out_nan,
+                missed,
+                missed_nan,
+                ref_inf,
+                ref_nan,
+            )
+        ]
+    ).tolist()
+    ref_norm, floor_norm, err_norm, diff_max, out_max = figures[:5]
+    mismatch_count, accounted, nan_count, out_nan_count = map(int, figures[5:9])
+    missed_count, missed_nan_count, inf_count, nan_ref_count = map(int, figures[9:])
+    mismatch_ratio = mismatch_count / total
+    floor = floor_norm / ref_norm if ref_norm > 0 and out_dtype != wide else 0.0
+    if accounted == total:
         rel_err = err_norm / ref_norm if ref_norm > 0 else err_norm
-        max_abs_err = diff.max().item() if out.numel() else 0.0
+        max_abs_err = diff_max
     else:
         rel_err = max_abs_err = float("inf")
-
     problem = None
-    nan_count = (torch.isnan(out) & ~ref_nan).sum().item()
-    missed = (ref_inf & ~inf_right).sum().item()
-    missed_nan = (ref_nan & ~nan_right).sum().item()
-    if out.numel() and torch.isnan(out).all():
+    if out_nan_count == total:
         # The poison is NaN: a kernel that wrote NaN everywhere reads the same.
         problem = f"{name} is NaN everywhere (never written, or written as NaN)"
     elif nan_count:
-        problem = f"{name} has {nan_count} of {out.numel()} elements NaN"
-    elif missed_nan:
+        problem = f"{name} has {nan_count} of {total} elements NaN"
+    elif missed_nan_count:
         problem = (
-            f"{name} is not NaN at {missed_nan} of {ref_nan.sum().item()} places "
+            f"{name} is not NaN at {missed_nan_count} of {nan_ref_count} places "
             "where the reference is (a NaN input was dropped)"
         )
-    elif missed:
+    elif missed_count:
         problem = (
-            f"{name} is not the reference's infinity at {missed} of "
-            f"{ref_inf.sum().item()} places"
+            f"{name} is not the reference's infinity at {missed_count} of "
+            f"{inf_count} places"
         )
-    elif not (finite | inf_right | nan_right).all():
+    elif accounted != total:
         problem = f"{name} has infinite values"
-    elif ref_norm > 0 and not torch.where(measured, out, 0.0).abs().max().item() > 0:
+    elif ref_norm > 0 and not out_max > 0:
         problem = f"{name} is all zeros and the reference is not"
     return Comparison(rel_err, max_abs_err, mismatch_ratio, problem, floor)
 
