@@ -64,6 +64,13 @@ toolchains: $(TOOLCHAIN_0113)/bin/python $(TOOLCHAIN_0114)/bin/python
 # module-scoped set-up (a sandbox batch, a deployment, a browser) runs once.
 # The 20 slowest tests are printed last.
 XDIST ?= -n 3 --dist loadfile
+# Every process of the suite, and what it starts, runs torch on one thread:
+# three workers and their children already fill two cores, and torch's
+# other threads only spin there (tests/harness/test_distributions.py and
+# test_library_cpu.py: 62.5 s with torch's default, 41.7 s with one thread,
+# under load). A value in the environment is kept.
+OMP_NUM_THREADS ?= 1
+test: export OMP_NUM_THREADS := $(OMP_NUM_THREADS)
 test: install toolchains
 	$(PY) -m pytest $(XDIST) --durations=20 $(PYTEST_ARGS)
 
