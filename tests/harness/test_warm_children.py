@@ -6,6 +6,8 @@ started with another environment, is never given a batch."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from runners.harness import children, warm
@@ -64,7 +66,9 @@ def test_a_changed_environment_or_target_gets_a_fresh_child(
     cache_dir, started, monkeypatch
 ):
     run_batch(batch(3), cache_dir=cache_dir, keep_warm=True)
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    # Another value than the one the suite runs with (make test sets one).
+    threads = int(os.environ.get("OMP_NUM_THREADS") or 1) + 1
+    monkeypatch.setenv("OMP_NUM_THREADS", str(threads))
     run_batch(batch(3), cache_dir=cache_dir, keep_warm=True)
     assert len(started) == 2
     # Both are kept, each for the environment it was started with.
