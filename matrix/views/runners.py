@@ -10,7 +10,7 @@ from datetime import timedelta
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db.models import Count
-from django.http import HttpResponseBadRequest
+from django.http import HttpResponse, HttpResponseBadRequest
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.debug import sensitive_post_parameters, sensitive_variables
 from django.views.decorators.http import require_GET, require_POST
@@ -21,6 +21,9 @@ from matrix.fleet.models import Runner
 from matrix.models import JobState, ValidationJob
 
 TOKEN_LIFETIME = timedelta(hours=1)
+# Longer than the gap between a double click's two requests on a loaded host,
+# shorter than reading one command and clicking again for the next runner.
+DOUBLE_CLICK_WINDOW = timedelta(seconds=2)
 
 
 def can_manage_runners(user) -> bool:
@@ -116,7 +119,19 @@ def runner_token_create(request):
         raise PermissionDenied(
             "registering runners needs runners.add_registrationtoken"
         )
-    token = services.token_create(expires=TOKEN_LIFETIME, created_by=request.user)
+    token = services.token_create_unless_just_made(
+        expires=TOKEN_LIFETIME, created_by=request.user, within=DOUBLE_CLICK_WINDOW
+    )
+    if token is None:
+        # The first request's token is already on the page: leave it there.
+        if request.htmx:
+            return HttpResponse(status=204)
+        return render(
+            request,
+            "matrix/runners.html#token-just-made",
+            {"window_s": int(DOUBLE_CLICK_WINDOW.total_seconds())},
+            status=409,
+        )
     context = {
         "token": token,
         "server": request.build_absolute_uri("/").rstrip("/"),

@@ -10,15 +10,25 @@ from django.utils import timezone
 
 from matrix.fleet.models import RegistrationToken, Runner, token_digest, validate_queue
 from matrix.models import AuditEvent, Shape, ValidationJob
+from matrix.views import runners as runners_views
 
 pytestmark = pytest.mark.django_db
 
 
-@pytest.fixture
-def runner_admin(django_user_model):
-    user = django_user_model.objects.create_user("labadmin", password="lab-pass-123")
+def _runner_admin(django_user_model, name):
+    user = django_user_model.objects.create_user(name, password="lab-pass-123")
     user.groups.add(Group.objects.get(name="runner admin"))
     return user
+
+
+@pytest.fixture
+def runner_admin(django_user_model):
+    return _runner_admin(django_user_model, "labadmin")
+
+
+@pytest.fixture
+def other_runner_admin(django_user_model):
+    return _runner_admin(django_user_model, "labadmin2")
 
 
 def test_it_lists_runners_with_devices_toolchains_and_queue_depth(
@@ -76,6 +86,39 @@ def test_a_token_is_shown_once_with_the_command_and_stored_hashed(client, runner
     assert "manage.py runner register" in body
     assert RegistrationToken.objects.filter(digest=token_digest(token)).exists()
     assert token not in client.get(reverse("runners")).content.decode()
+
+
+def test_a_second_request_of_a_double_click_makes_no_second_token(
+    client, runner_admin
+):
+    # The second click's request may come after the first's answer (a fast
+    # server, a loaded browser): the page keeps the first token.
+    client.force_login(runner_admin)
+    first = client.post(reverse("runner-token"), HTTP_HX_REQUEST="true")
+    token = re.search(r"--token (\S+)", first.content.decode()).group(1)
+    second = client.post(reverse("runner-token"), HTTP_HX_REQUEST="true")
+    assert second.status_code == 204 and second.content == b""
+    without_js = client.post(reverse("runner-token"))
+    assert without_js.status_code == 409
+    assert "this second click made none" in without_js.content.decode()
+    assert list(RegistrationToken.objects.values_list("digest", flat=True)) == [
+        token_digest(token)
+    ]
+
+
+def test_the_next_runner_gets_its_token_once_the_double_click_window_passed(
+    client, runner_admin, other_runner_admin
+):
+    client.force_login(runner_admin)
+    client.post(reverse("runner-token"), HTTP_HX_REQUEST="true")
+    RegistrationToken.objects.update(
+        created_at=timezone.now() - runners_views.DOUBLE_CLICK_WINDOW
+    )
+    assert client.post(reverse("runner-token")).status_code == 200
+    # The window is each admin's own: another's click is not a repeat.
+    client.force_login(other_runner_admin)
+    assert client.post(reverse("runner-token")).status_code == 200
+    assert RegistrationToken.objects.count() == 3
 
 
 def test_maintenance_toggles_and_is_audited(client, cpu_runner, runner_admin):

@@ -45,6 +45,7 @@ from matrix.fleet.services.registration import (
     runner_register,
     runner_revoke,
     token_create,
+    token_create_unless_just_made,
 )
 from matrix.fleet.services.requests import (
     jobs_claim,
@@ -88,4 +89,5 @@ __all__ = [
     "silent_cutoff",
     "sweep_plan",
     "token_create",
+    "token_create_unless_just_made",
 ]

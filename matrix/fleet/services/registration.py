@@ -13,6 +13,7 @@ import logging
 import secrets
 from datetime import timedelta
 
+from django.contrib.auth import get_user_model
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import IntegrityError, transaction
 from django.utils import timezone
@@ -59,6 +60,23 @@ def token_create(*, expires: timedelta, created_by=None) -> str:
         after={"expires_at": record.expires_at.isoformat()},
     )
     return token
+
+
+@transaction.atomic
+def token_create_unless_just_made(
+    *, expires: timedelta, created_by, within: timedelta
+) -> str | None:
+    """A token for ``created_by``, or None where they had one made less than
+    ``within`` ago: the second click of a double click, however late its
+    request comes (after the first's answer, on a fast server), makes none.
+    The user's row is locked so two such requests at once make one token."""
+    get_user_model().objects.select_for_update().filter(pk=created_by.pk).first()
+    recent = RegistrationToken.objects.filter(
+        created_by=created_by, created_at__gt=timezone.now() - within
+    )
+    if recent.exists():
+        return None
+    return token_create(expires=expires, created_by=created_by)
 
 
 def _clean_device(i: int, raw) -> dict:
