@@ -577,9 +577,11 @@ def results_send(envelopes: list[dict]) -> None:
 
 
 # A result is sent within RESULTS_FLUSH_S of its job's end; the results of
-# one message that end within that time of each other travel in one control
+# one message that end within that time of the first travel in one control
 # message (at most RESULTS_PER_MESSAGE), so fast compile-only jobs do not
-# make one message each.
+# make one message each. The window runs from the first job's end, not from
+# when this thread saw it: a send that took long (a busy server, a loaded
+# host) must not hold the next result for a later one.
 RESULTS_FLUSH_S = 1.0
 RESULTS_PER_MESSAGE = 50
 RESULTS_POLL_S = 0.1
@@ -587,19 +589,33 @@ RESULTS_POLL_S = 0.1
 
 def results_stream(ended: queue.SimpleQueue, running: Future) -> None:
     """Send the signed results that ``running`` (a message's jobs, run in
-    another thread) puts in ``ended``, from this thread, until it is done."""
-    while not (running.done() and ended.empty()):
-        try:
-            batch = [ended.get(timeout=RESULTS_POLL_S)]
-        except queue.Empty:
-            continue
-        deadline = time.monotonic() + RESULTS_FLUSH_S
-        while len(batch) < RESULTS_PER_MESSAGE and time.monotonic() < deadline:
+    another thread) puts in ``ended`` as (``time.monotonic()`` at the job's
+    end, envelope), from this thread, until it is done."""
+    carried = None  # a result that ended after the last window closed
+    while carried is not None or not (running.done() and ended.empty()):
+        if carried is None:
             try:
-                batch.append(ended.get(timeout=RESULTS_POLL_S))
+                carried = ended.get(timeout=RESULTS_POLL_S)
             except queue.Empty:
-                if running.done():
+                continue
+        first_end, envelope = carried
+        carried = None
+        batch = [envelope]
+        deadline = first_end + RESULTS_FLUSH_S
+        while len(batch) < RESULTS_PER_MESSAGE:
+            # Past the deadline, results already waiting that ended inside
+            # the window still join it.
+            wait = min(RESULTS_POLL_S, deadline - time.monotonic())
+            try:
+                end, envelope = ended.get(timeout=max(wait, 0.0))
+            except queue.Empty:
+                if wait <= 0 or running.done():
                     break
+                continue
+            if end > deadline:
+                carried = (end, envelope)
+                break
+            batch.append(envelope)
         try:
             results_send(batch)
         except Exception as exc:  # the broker is away past the send's retries
@@ -751,13 +767,14 @@ def jobs_execute(
     unkept: list[tuple[dict, dict]] = []
 
     def kept(job: dict, envelope_: dict) -> None:
+        end = time.monotonic()
         # A result the outbox cannot hold (a full disk) is sent all the same.
         try:
             outbox_keep(outbox, job, envelope_)
         except OSError as exc:
             log.warning("result of job %s not kept in the outbox: %s", job["job"], exc)
             unkept.append((job, envelope_))
-        ended.put(envelope_)
+        ended.put((end, envelope_))
 
     with ThreadPoolExecutor(1, thread_name_prefix="jobs") as pool:
         running = pool.submit(

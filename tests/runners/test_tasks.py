@@ -2,6 +2,9 @@ from __future__ import annotations
 
 import copy
 import logging
+import queue
+import time
+from concurrent.futures import Future
 
 import pytest
 from celery.exceptions import Reject
@@ -252,6 +255,26 @@ def test_results_reach_the_server_job_by_job_while_the_message_runs(
     assert sent == [[job.pk] for job in jobs]
     assert done_after == [1, 2, 3]
     assert Result.objects.count() == 3
+
+
+def test_the_window_results_share_runs_from_the_first_ones_end_not_from_its_send(
+    monkeypatch,
+):
+    from runners import host
+
+    sent = []
+    monkeypatch.setattr(host, "results_send", sent.append)
+    ended = queue.SimpleQueue()
+    now = time.monotonic()
+    # All three wait at once, as after a slow send: "a"'s window closed
+    # before "b" ended; "c" ended inside "b"'s.
+    ended.put((now - 2.0, "a"))
+    ended.put((now - 0.5, "b"))
+    ended.put((now - 0.2, "c"))
+    jobs_done = Future()
+    jobs_done.set_result(None)
+    host.results_stream(ended, jobs_done)
+    assert sent == [["a"], ["b", "c"]]
 
 
 def test_results_that_end_together_travel_in_one_message(
