@@ -88,9 +88,7 @@ def test_a_token_is_shown_once_with_the_command_and_stored_hashed(client, runner
     assert token not in client.get(reverse("runners")).content.decode()
 
 
-def test_a_second_request_of_a_double_click_makes_no_second_token(
-    client, runner_admin
-):
+def test_a_second_request_of_a_double_click_makes_no_second_token(client, runner_admin):
     # The second click's request may come after the first's answer (a fast
     # server, a loaded browser): the page keeps the first token.
     client.force_login(runner_admin)
