@@ -22,26 +22,45 @@ CHROMIUM_ARGS = [
 ]
 
 
-# The slowest files, by make test's durations, go first: a file stays on one
-# worker (--dist loadfile), and a long one handed out last runs on alone.
+# The slowest files go first (longest first: a file stays on one worker with
+# --dist loadfile, and a long one handed out last runs on alone while the
+# other workers idle). Seconds: the sum of a file's slowest durations in a
+# make test pass on this 2-core machine (2026-12-07); refresh them from
+# --durations when a file grows.
 SLOW_FILES_FIRST = (
-    "tests/runners/test_worker_e2e.py",
-    "tests/browser/test_run_missing.py",
-    "tests/browser/test_decisions_in_processes.py",
-    "tests/security/test_forged_verdicts.py",
-    "tests/harness/test_submitted.py",
-    "tests/security/test_sandbox_escapes.py",
-    "tests/foundation/test_smoke.py",
-    "tests/runners/test_broker_restart_e2e.py",
-    "tests/security/test_native_code.py",
-    "tests/runners/test_several_hosts_e2e.py",
-    "tests/kernels/test_gpu_lowering.py",
-    "tests/harness/test_error_signatures.py",
-    "tests/browser/test_pages_at_two_widths.py",
-    "tests/runners/test_run_dev_e2e.py",
-    "tests/harness/test_warm_children.py",
-    "tests/harness/test_distributions.py",
-    "tests/security/test_permission_matrix.py",
+    "tests/runners/test_worker_e2e.py",  # 247 s
+    "tests/kernels/test_gpu_lowering.py",  # 90 s
+    "tests/browser/test_decisions_in_processes.py",  # 80 s
+    "tests/security/test_forged_verdicts.py",  # 68 s
+    "tests/runners/test_bisection_e2e.py",  # 66 s
+    "tests/browser/test_run_missing.py",  # 66 s
+    "tests/runners/test_broker_restart_e2e.py",  # 62 s
+    "tests/harness/test_submitted.py",  # 57 s
+    "tests/gate/test_demo_upgrade.py",  # 56 s
+    "tests/security/test_sandbox_escapes.py",  # 49 s
+    "tests/runners/test_broker_isolation_e2e.py",  # 48 s
+    "tests/deploy/test_slow_clients.py",  # 48 s
+    "tests/browser/test_pages_at_two_widths.py",  # 42 s
+    "tests/foundation/test_smoke.py",  # 42 s
+    "tests/runners/test_tasks.py",  # 37 s
+    "tests/harness/test_warm_children.py",  # 34 s
+    "tests/security/test_permission_matrix.py",  # 32 s
+    "tests/runners/test_run_dev_e2e.py",  # 31 s
+    "tests/harness/test_error_signatures.py",  # 31 s
+    "tests/security/test_native_code.py",  # 30 s
+    "tests/runners/test_several_hosts_e2e.py",  # 29 s
+    "tests/gate/test_bisection_cpu.py",  # 29 s
+    "tests/runners/test_disk_full_e2e.py",  # 28 s
+    "tests/harness/test_distributions.py",  # 24 s
+    "tests/harness/test_library_cpu.py",  # 23 s
+    "tests/runners/test_serve.py",  # 22 s
+    "tests/runners/test_agent_without_the_server.py",  # 21 s
+    "tests/runners/test_command_runner.py",  # 21 s
+    "tests/gate/test_real_ab.py",  # 21 s
+    "tests/security/test_form_fuzz.py",  # 20 s
+    "tests/foundation/test_migrations.py",  # 19 s
+    "tests/kernels/test_decode_variants.py",  # 19 s
+    "tests/browser/test_runners_page.py",  # 15 s
 )
 
 
