@@ -219,41 +219,74 @@ def shape_import(*, rows, source_profile: str, served: bool = True) -> int:
         else:
             weights[key] = weights.get(key, 0.0) + weight
             steps[tokens] = steps.get(tokens, 0.0) + weight
+    # A few statements for the whole import, not a few per shape: the demo
+    # catalogue's import made 4 per shape, at every start and in every test
+    # that seeds it. A shape named by several rows is written once, with
+    # the first row's dims.
+    first_dims: dict[tuple, dict] = {}
     for op, dims, dtype, _, _ in clean:
-        key = (op, dims_key(dims), dtype)
-        if key not in weights:
-            continue  # a shape named by several rows is written once
-        weight = weights.pop(key)
-        shape, created = Shape.objects.get_or_create(
+        first_dims.setdefault((op, dims_key(dims), dtype), dims)
+    shapes = _shapes_of(weights)
+    missing = [
+        Shape(
             operator=op,
-            dims_key=key[1],
+            dims_key=key,
             dtype=dtype,
-            defaults={
-                "dims": dims,
-                "served": served,
-                "weight": weight,
-                "source_profile": source_profile,
-            },
+            dims=first_dims[(op, key, dtype)],
+            served=served,
+            weight=weight,
+            source_profile=source_profile,
         )
-        if served:
-            ServedCall.objects.filter(source=source_profile, shape=shape).delete()
-            ServedCall.objects.bulk_create(
-                ServedCall(source=source_profile, shape=shape, tokens=t, calls=n)
-                for t, n in sorted(calls[key].items())
+        for (op, key, dtype), weight in weights.items()
+        if (op.pk, key, dtype) not in shapes
+    ]
+    if missing:
+        # Another import may write the same shapes meanwhile: theirs stand.
+        Shape.objects.bulk_create(missing, ignore_conflicts=True)
+        shapes = _shapes_of(weights)
+    if served:
+        named = [shapes[(op.pk, key, dtype)] for op, key, dtype in weights]
+        ServedCall.objects.filter(source=source_profile, shape__in=named).delete()
+        ServedCall.objects.bulk_create(
+            ServedCall(
+                source=source_profile,
+                shape=shapes[(op.pk, key, dtype)],
+                tokens=t,
+                calls=n,
             )
-            # A shape several models call weighs their calls together: the
-            # order of imports, or importing one again, changes nothing.
-            weight = (
-                ServedCall.objects.filter(shape=shape).aggregate(total=Sum("calls"))[
-                    "total"
-                ]
-                or weight
-            )
-        if served and (not shape.served or shape.weight != weight):
-            shape.served, shape.weight = True, weight
-            shape.source_profile = shape.source_profile or source_profile
-            shape.save(update_fields=["served", "weight", "source_profile"])
+            for (op, key, dtype), steps in calls.items()
+            for t, n in sorted(steps.items())
+        )
+        # A shape several models call weighs their calls together: the
+        # order of imports, or importing one again, changes nothing.
+        totals = dict(
+            ServedCall.objects.filter(shape__in=named)
+            .values_list("shape")
+            .annotate(total=Sum("calls"))
+        )
+        changed = []
+        for (op, key, dtype), weight in weights.items():
+            shape = shapes[(op.pk, key, dtype)]
+            weight = totals.get(shape.pk) or weight
+            if not shape.served or shape.weight != weight:
+                shape.served, shape.weight = True, weight
+                shape.source_profile = shape.source_profile or source_profile
+                changed.append(shape)
+        Shape.objects.bulk_update(changed, ["served", "weight", "source_profile"])
     return len(clean)
+
+
+def _shapes_of(keys) -> dict[tuple, Shape]:
+    """The stored shapes among ``keys`` ((operator, dims key, dtype)), by
+    (operator id, dims key, dtype)."""
+    keys = {(op.pk, key, dtype) for op, key, dtype in keys}
+    candidates = Shape.objects.filter(
+        operator_id__in={k[0] for k in keys},
+        dims_key__in={k[1] for k in keys},
+        dtype__in={k[2] for k in keys},
+    )
+    found = {(s.operator_id, s.dims_key, s.dtype): s for s in candidates}
+    return {k: shape for k, shape in found.items() if k in keys}
 
 
 @transaction.atomic

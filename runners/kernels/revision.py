@@ -13,6 +13,7 @@ imported: a runner checks its copy before any kernel code runs.
 from __future__ import annotations
 
 import ast
+import functools
 import hashlib
 from pathlib import Path
 
@@ -32,17 +33,27 @@ def library_source(name: str, package: Path = PACKAGE) -> str | None:
         if stem in found or not (package / f"{stem}.py").is_file():
             continue
         found.append(stem)
-        tree = ast.parse((package / f"{stem}.py").read_text())
-        for node in ast.walk(tree):
-            if isinstance(node, ast.ImportFrom) and node.level == 1:
-                if node.module:
-                    pending.append(node.module.split(".")[0])
-                else:  # from . import a, b
-                    pending.extend(alias.name for alias in node.names)
+        pending.extend(_package_imports((package / f"{stem}.py").read_text()))
     return "".join(
         f"{HEADER}{stem}.py\n{(package / f'{stem}.py').read_text()}"
         for stem in [name, *sorted(found[1:])]
     )
+
+
+@functools.lru_cache(maxsize=64)
+def _package_imports(text: str) -> tuple[str, ...]:
+    """The modules of this package a module's text imports. Cached by the
+    text itself: parsing was most of a catalogue sync (every operator's
+    modules, at every start and in every test that seeds the catalogue),
+    and a module whose text changed is parsed again."""
+    names = []
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.ImportFrom) and node.level == 1:
+            if node.module:
+                names.append(node.module.split(".")[0])
+            else:  # from . import a, b
+                names.extend(alias.name for alias in node.names)
+    return tuple(names)
 
 
 def revision_sha256(source: str) -> str:
