@@ -122,6 +122,33 @@ def deployment():
         cluster.close()
 
 
+# Rounds of (baseline, attack, baseline) until one meets the bound. A busy
+# test worker beside this one can slow any one window by tens of
+# milliseconds; the failure the proxy prevents (requests waiting on blocked
+# gunicorn workers, seconds each) shows in every round.
+ROUNDS = 3
+
+
+def attack_round(url: str) -> dict:
+    """The p95s of normal requests before, during and after a slow-loris run."""
+    before, asked = p95_of_normal_requests(url, BASELINE_WINDOW_S)
+    with SlowLoris(url, ATTACK_SOCKETS) as attack:
+        time.sleep(1.5)  # every attacking socket has sent bytes
+        attacked, asked_attacked = p95_of_normal_requests(url, ATTACK_WINDOW_S)
+        reopened = attack.reopened
+    # The baseline is measured on both sides of the attack: the slower of
+    # the two is what this machine gives without an attack that minute.
+    after, asked_after = p95_of_normal_requests(url, BASELINE_WINDOW_S)
+    return {
+        "baseline_p95_ms": [round(before * 1000, 1), round(after * 1000, 1)],
+        "attacked_p95_ms": round(attacked * 1000, 1),
+        "requests": [asked, asked_attacked, asked_after],
+        "attack_sockets": ATTACK_SOCKETS,
+        "attack_sockets_closed_by_nginx_and_reopened": reopened,
+        "within_bound": attacked <= 2 * max(before, after, P95_FLOOR_S),
+    }
+
+
 def test_a_slow_loris_run_leaves_normal_requests_through_the_proxy_as_fast(
     deployment,
 ):
@@ -129,29 +156,17 @@ def test_a_slow_loris_run_leaves_normal_requests_through_the_proxy_as_fast(
     for path in NORMAL_PATHS:  # warm: each worker has loaded its pages
         for _ in range(2 * GUNICORN_WORKERS):
             request_s(url, path)
-    before, asked = p95_of_normal_requests(url, BASELINE_WINDOW_S)
-    with SlowLoris(url, ATTACK_SOCKETS) as attack:
-        time.sleep(1.5)  # every attacking socket has sent bytes
-        attacked, asked_attacked = p95_of_normal_requests(url, ATTACK_WINDOW_S)
-        reopened = attack.reopened
-    # The baseline is measured on both sides of the attack: another test
-    # worker sharing the cores can slow one window, and the slower of the
-    # two is what this machine gives without an attack that minute.
-    after, asked_after = p95_of_normal_requests(url, BASELINE_WINDOW_S)
-    baseline = max(before, after)
-    figures = json.dumps(
-        {
-            "baseline_p95_ms": [round(before * 1000, 1), round(after * 1000, 1)],
-            "attacked_p95_ms": round(attacked * 1000, 1),
-            "requests": [asked, asked_attacked, asked_after],
-            "attack_sockets": ATTACK_SOCKETS,
-            "attack_sockets_closed_by_nginx_and_reopened": reopened,
-        }
-    )
+    rounds = []
+    while len(rounds) < ROUNDS and not (rounds and rounds[-1]["within_bound"]):
+        rounds.append(attack_round(url))
+    figures = json.dumps(rounds)
     print(figures)
-    assert attacked <= 2 * max(baseline, P95_FLOOR_S), figures
+    assert rounds[-1]["within_bound"], figures
     # nginx closed the trickling connections at its header timeout.
-    assert reopened >= ATTACK_SOCKETS, figures
+    assert all(
+        r["attack_sockets_closed_by_nginx_and_reopened"] >= ATTACK_SOCKETS
+        for r in rounds
+    ), figures
 
 
 def post(url: str, path: str, body: bytes) -> tuple[int, dict]:
