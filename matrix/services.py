@@ -209,8 +209,11 @@ def shape_import(*, rows, source_profile: str, served: bool = True) -> int:
         clean.append((operators[name], dims, dtype, weight, tokens))
     weights: dict[tuple, float] = {}
     calls: dict[tuple, dict[int, float]] = {}
+    # A shape named by several rows is written once, with the first's dims.
+    first_dims: dict[tuple, dict] = {}
     for op, dims, dtype, weight, tokens in clean:
         key = (op, dims_key(dims), dtype)
+        first_dims.setdefault(key, dims)
         steps = calls.setdefault(key, {})
         if tokens is None:
             weights[key] = weight
@@ -221,11 +224,7 @@ def shape_import(*, rows, source_profile: str, served: bool = True) -> int:
             steps[tokens] = steps.get(tokens, 0.0) + weight
     # A few statements for the whole import, not a few per shape: the demo
     # catalogue's import made 4 per shape, at every start and in every test
-    # that seeds it. A shape named by several rows is written once, with
-    # the first row's dims.
-    first_dims: dict[tuple, dict] = {}
-    for op, dims, dtype, _, _ in clean:
-        first_dims.setdefault((op, dims_key(dims), dtype), dims)
+    # that seeds it.
     shapes = _shapes_of(weights)
     missing = [
         Shape(
