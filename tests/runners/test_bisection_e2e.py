@@ -264,10 +264,18 @@ def test_a_revision_breaking_a_served_cell_alerts_once_is_bisected_and_fixed(
     )
     assert (kind, status, cells) == ("revision", "compile_error", 1)
     opened = time.monotonic()
+    # The receivers hear a message before the delivery task records it as
+    # sent: wait for both records to leave `pending` too.
     cluster.wait(
-        lambda: inbox.messages and hooks.requests,
+        lambda: (
+            inbox.messages
+            and hooks.requests
+            and not cluster.sql(
+                "SELECT 1 FROM matrix_delivery WHERE state = 'pending'"
+            )
+        ),
         timeout=60,
-        what="the alert's email and webhook",
+        what="the alert's email and webhook, each recorded",
     )
     told_within = time.monotonic() - opened
     (email,) = inbox.messages
