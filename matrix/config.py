@@ -78,6 +78,19 @@ def parse_bool(variable: str, raw: str | None, default: bool) -> bool:
     raise bad(variable, f"expected one of 1/0/true/false/yes/no, got {raw!r}")
 
 
+def parse_count(variable: str, raw: str | None, default: int, *, most: int) -> int:
+    """A whole number from 1 to ``most``; unset or empty: ``default``."""
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        value = 0
+    if not 1 <= value <= most:
+        raise bad(variable, f"expected a whole number from 1 to {most}, got {raw!r}")
+    return value
+
+
 def parse_broker_admin(raw: str | None, broker_url: str) -> str:
     """RabbitMQ's management API (``http://USER:PASS@HOST:15672/``), through
     which each approved runner gets a broker user of its own

@@ -39,6 +39,15 @@ CELERY_BROKER_TRANSPORT = config.broker_transport(CELERY_BROKER_URL)
 TILEMATRIX_BROKER_ADMIN_URL = config.parse_broker_admin(
     os.environ.get("TILEMATRIX_BROKER_ADMIN_URL"), CELERY_BROKER_URL
 )
+# Signed results go to this many ingest queues, each runner's always to the
+# same one, so as many control workers can store them side by side
+# (matrix/fleet/ingest_queues.py); 1 keeps them on the control queue.
+TILEMATRIX_INGEST_QUEUES = config.parse_count(
+    "TILEMATRIX_INGEST_QUEUES",
+    os.environ.get("TILEMATRIX_INGEST_QUEUES"),
+    1,
+    most=64,
+)
 CACHES = config.parse_cache(
     os.environ.get("TILEMATRIX_SESSION_CACHE_URL"),
     os.environ.get("TILEMATRIX_CACHE_URL"),

@@ -8,8 +8,9 @@ defaults reach past that, so the worker is set up to stay inside it:
 - its queues are declared by the server and only consumed here
   (``no_declare``): declaring them needs the configure permission, which
   would also let a runner delete a queue it shares with other runners;
-- what it sends the control worker goes to the ``control`` exchange by name,
-  not to the default exchange (which reaches every queue);
+- what it sends the control worker goes to the ``control`` exchange (or its
+  ingest queue's) by name, not to the default exchange (which reaches every
+  queue);
 - a job message it retries comes back through its own queue's exchange;
 - its remote-control mailbox is ``runner.<name>.pidbox``, not the shared
   ``celery.pidbox`` through which it could stop any worker.
@@ -25,12 +26,11 @@ from urllib.parse import quote, urlsplit, urlunsplit
 
 from kombu import Exchange, Queue
 
-from runners.protocol import CONTROL
+from runners.protocol import CONTROL, INGEST_QUEUE, PUBLISH_BY_NAME
 
 AMQP_SCHEMES = ("amqp", "amqps", "pyamqp")
-# Celery settings of this project's own, read by protocol.control_send and
-# jobs.execute_job: the exchange and routing key they publish with.
-CONTROL_ROUTE = "tilematrix_control_route"
+# A Celery setting of this project's own, read by jobs.execute_job: the
+# exchange and routing key a retried job message is published with.
 RETRY_ROUTE = "tilematrix_retry_route"
 
 
@@ -78,11 +78,13 @@ def app_isolate(
         broker_url=url,
         task_queues=[
             Queue(name, Exchange(name, no_declare=True), name, no_declare=True)
-            for name in dict.fromkeys([*queues, CONTROL])
+            for name in dict.fromkeys(
+                [*queues, CONTROL, app.conf.get(INGEST_QUEUE) or CONTROL]
+            )
         ],
         control_exchange=mailbox(runner_name),
         **{
-            CONTROL_ROUTE: {"exchange": CONTROL, "routing_key": CONTROL},
+            PUBLISH_BY_NAME: True,
             RETRY_ROUTE: {"exchange": own, "routing_key": own},
         },
     )

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from runners import broker_login, client, host, signing
+from runners import broker_login, client, host, protocol, signing
 from runners import config as agent_config
 from runners.files import FileProblem, OutputFile, read_json
 from runners.protocol import PENDING
@@ -308,6 +308,14 @@ class HostCommands:
         os.environ[host.RUNNER_DIR_ENV] = str(config.directory)
         reply = self._approved(config)
         queues = reply["queues"]
+        # An older server says nothing: results go to the control queue.
+        ingest = reply.get("ingest") or protocol.CONTROL
+        if not protocol.ingest_queue_valid(ingest):
+            raise Refused(
+                f"the server named {ingest!r} as this runner's results queue; "
+                "expected control or ingest.N"
+            )
+        app.conf[protocol.INGEST_QUEUE] = ingest
         if reply.get("broker"):
             try:
                 broker_login.app_isolate(

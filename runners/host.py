@@ -556,13 +556,15 @@ def outbox_catch_up(
 
 
 def results_send(envelopes: list[dict]) -> None:
-    """Hand signed results to the control queue in one message. They stay
+    """Hand signed results to the control worker in one message, on the
+    queue the server gave this runner (``protocol.results_queue``). They stay
     in the outbox until the server says their jobs are no longer waiting
     for them: results a broker or a control worker lost are sent again
     (``outbox_flush``)."""
     protocol.control_send(
         protocol.INGEST_RESULT,
         envelopes,
+        queue=protocol.results_queue(),
         compression="zlib",
         argsrepr=f"{len(envelopes)} results",
         kwargsrepr="{}",

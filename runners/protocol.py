@@ -7,6 +7,8 @@ meaning across an upgrade of either side only while these stay as they are.
 
 from __future__ import annotations
 
+import re
+
 from celery import current_app
 
 from runners import signing
@@ -65,13 +67,37 @@ def request_envelope(*, kind: str, runner_name: str, key, **fields) -> dict:
     )
 
 
-def control_send(task: str, message, **options) -> None:
-    """Send ``message`` to the control worker's ``task``, by its wire name:
-    the agent holds no server code. Where a process holds that task too (the
-    test suite runs the whole chain in one process), the send runs it as the
-    app says, in place when eager. On a runner's own broker login it goes
-    to the control exchange by name (``runners.broker_login``)."""
-    route = current_app.conf.get("tilematrix_control_route") or {}
+# Celery settings of the agent's own: the queue its results go to, as the
+# server's queues reply says (``runners.cli``); and, on a runner's own
+# broker login, to publish to a queue's exchange by name, never through the
+# default exchange (``runners.broker_login``).
+INGEST_QUEUE = "tilematrix_ingest_queue"
+PUBLISH_BY_NAME = "tilematrix_publish_by_name"
+
+
+def ingest_queue_valid(name) -> bool:
+    return isinstance(name, str) and (
+        name == CONTROL or re.fullmatch(r"ingest\.[0-9]{1,2}", name) is not None
+    )
+
+
+def results_queue() -> str:
+    """The control queue, or the ingest queue the server gave this runner
+    (``matrix/fleet/ingest_queues.py``)."""
+    return current_app.conf.get(INGEST_QUEUE) or CONTROL
+
+
+def control_send(task: str, message, *, queue: str = CONTROL, **options) -> None:
+    """Send ``message`` to the control worker's ``task``, by its wire name,
+    on ``queue`` (the control queue or an ingest queue): the agent holds no
+    server code. Where a process holds that task too (the test suite runs
+    the whole chain in one process), the send runs it as the app says, in
+    place when eager."""
+    route = (
+        {"exchange": queue, "routing_key": queue}
+        if current_app.conf.get(PUBLISH_BY_NAME)
+        else {}
+    )
     current_app.signature(task).apply_async(
-        args=[message], queue=CONTROL, **route, **options
+        args=[message], queue=queue, **route, **options
     )

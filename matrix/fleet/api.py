@@ -90,6 +90,11 @@ class QueuesReply(Schema):
         description="the runner's own RabbitMQ login, limited to its queues; "
         "null where runners keep the broker URL they were configured with",
     )
+    ingest: str = Field(
+        "control",
+        description="the queue the runner sends its signed results to: "
+        "`control`, or one of the ingest queues when the server has several",
+    )
 
 
 class UploadReply(Schema):
@@ -205,7 +210,7 @@ def outbox_pending(request, envelope: Body[Any]):
 def runner_queues(request, envelope: Body[Any]):
     """The queues the runner's worker consumes, the runner's health and,
     where the server gives each runner a broker user of its own, that
-    user's login (signed request, payload ``{"kind": "queues", "runner"}``);
+    user's login, and the queue its results go to (signed request, payload ``{"kind": "queues", "runner"}``);
     a pending runner has none until it is approved."""
     return _signed(services.runner_queues, envelope)
 

@@ -14,7 +14,8 @@ queue and exchange names alike):
   configure permission on them (configure would let it delete a queue it
   shares with other runners);
 - write: the ``control`` exchange (its results and heartbeats, never the
-  control queue's messages: it cannot read them) and its own
+  control queue's messages: it cannot read them), its one ingest queue's
+  exchange where the server has several (``ingest_queues``), and its own
   ``runner.<name>`` exchange (a job message it retries later comes back to
   it there); never the default exchange, which reaches every queue;
 - configure, read and write: its own remote-control mailbox
@@ -45,6 +46,7 @@ from django.conf import settings
 from django.utils.crypto import salted_hmac
 from kombu import Connection
 
+from matrix.fleet import ingest_queues
 from runners.broker_login import mailbox
 from runners.protocol import CONTROL
 
@@ -106,12 +108,17 @@ def login(runner) -> dict | None:
 
 def permissions(runner) -> dict:
     name = re.escape(runner.name)
+    # Its results go to the control exchange or to its one ingest queue's.
+    sends = "|".join(
+        re.escape(e)
+        for e in dict.fromkeys([CONTROL, ingest_queues.of_runner(runner.name)])
+    )
     # The worker's mailbox: its exchange, and its node queue, named after the
     # worker's host name (``<name>@<host>``, as `runner work` sets it).
     pidbox = rf"({name}@[^@]*\.)?{re.escape(mailbox(runner.name))}\.pidbox"
     return {
         "configure": f"^{pidbox}$",
-        "write": f"^({pidbox}|{re.escape(CONTROL)}|{re.escape(runner.queue)})$",
+        "write": f"^({pidbox}|{sends}|{re.escape(runner.queue)})$",
         "read": f"^({pidbox}|{'|'.join(re.escape(q) for q in runner.queues())})$",
     }
 
@@ -166,7 +173,9 @@ def queues_declare(runner) -> None:
     ) as connection:
         try:
             channel = connection.default_channel
-            for name in [CONTROL, *runner.queues()]:
+            for name in dict.fromkeys(
+                [CONTROL, ingest_queues.of_runner(runner.name), *runner.queues()]
+            ):
                 app.amqp.queues[name](channel).declare()
         except (
             OSError,

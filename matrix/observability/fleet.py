@@ -4,6 +4,7 @@ is a change of the import below alone."""
 
 from __future__ import annotations
 
+from matrix.fleet import ingest_queues
 from matrix.fleet.models import CONTROL_QUEUE, Receipt, Runner, RunnerHealth
 from matrix.fleet.services.liveness import MISSED_HEARTBEATS
 
@@ -31,10 +32,15 @@ def runners_watched():
 
 
 def broker_queues(job_queues=()) -> list[str]:
-    """The broker queues worth a depth: the control queue, every queue a
+    """The broker queues worth a depth: the control and ingest queues, every queue a
     watched runner consumes, and ``job_queues`` (where queued jobs wait,
     which may be a queue no runner consumes any more)."""
-    queues = {CONTROL_QUEUE, *runners_watched().queues_read(), *job_queues}
+    queues = {
+        CONTROL_QUEUE,
+        *ingest_queues.names(),
+        *runners_watched().queues_read(),
+        *job_queues,
+    }
     return sorted(q for q in queues if q and not q.startswith(BUNDLE_PREFIX))
 
 

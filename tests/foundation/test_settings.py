@@ -228,6 +228,14 @@ def test_a_bad_number_of_seconds_names_the_variable(raw):
         config.parse_seconds("TILEMATRIX_REAP_S", raw, 30.0)
 
 
+@pytest.mark.parametrize("raw", ["0", "-1", "two", "1.5", "65"])
+def test_a_bad_number_of_ingest_queues_names_the_variable(raw):
+    with pytest.raises(ImproperlyConfigured, match="^TILEMATRIX_INGEST_QUEUES: "):
+        config.parse_count("TILEMATRIX_INGEST_QUEUES", raw, 1, most=64)
+    assert config.parse_count("TILEMATRIX_INGEST_QUEUES", " ", 1, most=64) == 1
+    assert config.parse_count("TILEMATRIX_INGEST_QUEUES", "4", 1, most=64) == 4
+
+
 def test_production_refuses_a_weak_or_missing_secret(tmp_path):
     with pytest.raises(ImproperlyConfigured, match="^DJANGO_SECRET_KEY: "):
         config.parse_secret("short", debug=False, embedded_file=tmp_path / "k")

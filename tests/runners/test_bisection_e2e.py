@@ -270,9 +270,7 @@ def test_a_revision_breaking_a_served_cell_alerts_once_is_bisected_and_fixed(
         lambda: (
             inbox.messages
             and hooks.requests
-            and not cluster.sql(
-                "SELECT 1 FROM matrix_delivery WHERE state = 'pending'"
-            )
+            and not cluster.sql("SELECT 1 FROM matrix_delivery WHERE state = 'pending'")
         ),
         timeout=60,
         what="the alert's email and webhook, each recorded",

@@ -187,6 +187,25 @@ def test_a_runner_publishes_to_the_control_queue_and_its_own_queue(two_runners, 
         assert message is not None and json.loads(message.body) == {"forged": True}
 
 
+def test_with_two_ingest_queues_a_runner_publishes_to_its_own_and_reads_neither(
+    two_runners, rabbit
+):
+    a, _ = two_runners
+    with override_settings(TILEMATRIX_INGEST_QUEUES=2):
+        # Asked again at each worker start: the login follows the setting.
+        reply = services.runner_queues(envelope=a.request("queues"))
+        own = reply["ingest"]
+        other = {"ingest.0": "ingest.1", "ingest.1": "ingest.0"}[own]
+        url = broker_login.url_with_login("amqp://127.0.0.1:5672/", reply["broker"])
+        before = depth(rabbit, own)
+
+        publish(url, own, own)
+
+        assert depth(rabbit, own) == before + 1
+        assert "ACCESS_REFUSED" in refused(lambda: publish(url, other, other))
+        assert "ACCESS_REFUSED" in refused(lambda: consume(url, own))
+
+
 def test_revoking_a_runner_drops_its_connection_and_refuses_new_ones(
     two_runners, rabbit
 ):

@@ -13,8 +13,9 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from celery.exceptions import Reject
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from django.test import override_settings
 
-from matrix.fleet import services
+from matrix.fleet import ingest_queues, services
 from matrix.fleet.models import Runner, SpentNonce
 from matrix.models import JobState, Result, ValidationJob
 from runners import client, host, protocol, signing
@@ -260,7 +261,19 @@ def test_queues_are_the_servers_view(client, cpu_runner):
         # No broker user of its own without TILEMATRIX_BROKER_ADMIN_URL: the
         # runner keeps the broker URL it was configured with.
         "broker": None,
+        # One ingest queue: results travel on the control queue.
+        "ingest": "control",
     }
+
+
+def test_with_several_ingest_queues_a_runner_is_told_its_own(client, cpu_runner):
+    with override_settings(TILEMATRIX_INGEST_QUEUES=4):
+        said = post(client, "queues", cpu_runner.request("queues")).json()
+        again = post(client, "queues", cpu_runner.request("queues")).json()
+        expected = ingest_queues.of_runner(cpu_runner.name)
+
+    assert said["ingest"] == again["ingest"] == expected
+    assert said["ingest"] in {"ingest.0", "ingest.1", "ingest.2", "ingest.3"}
 
 
 # The runner side ----------------------------------------------------------

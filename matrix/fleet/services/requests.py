@@ -16,7 +16,7 @@ from datetime import datetime, timedelta
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from matrix.fleet import broker_access
+from matrix.fleet import broker_access, ingest_queues
 from matrix.fleet.models import Runner, SpentNonce
 from matrix.fleet.services.envelopes import (
     REQUEST_MAX_AGE_S,
@@ -141,4 +141,5 @@ def runner_queues(*, envelope) -> dict:
         "queues": runner.queues(),
         "health": runner.health,
         "broker": broker_access.login(runner),
+        "ingest": ingest_queues.of_runner(runner.name),
     }

@@ -1,16 +1,19 @@
 """`manage.py control work`: the control worker. It holds the database and
 serves the control queue (signed results, heartbeats) and, unless told
 otherwise, beat (the reaper); runner hosts run `manage.py runner work`, in
-processes of their own, so neither ever waits behind the other."""
+processes of their own, so neither ever waits behind the other. With
+several ingest queues (TILEMATRIX_INGEST_QUEUES), as many control workers
+each store the results of their own (`--ingest`); exactly one runs beat."""
 
 from __future__ import annotations
 
 import os
 
 from django.conf import settings
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 
-from matrix.fleet.tasks import CONTROL, INGEST_BATCH_MESSAGES
+from matrix.fleet import ingest_queues
+from matrix.fleet.tasks import INGEST_BATCH_MESSAGES
 
 
 def ingest_processes() -> int:
@@ -23,7 +26,9 @@ def ingest_processes() -> int:
 
 
 class Command(BaseCommand):
-    help = "The control worker: control work [--concurrency N] [--no-beat]."
+    help = (
+        "The control worker: control work [--concurrency N] [--no-beat] [--ingest 0,1]."
+    )
 
     def add_arguments(self, parser):
         sub = parser.add_subparsers(dest="action", required=True)
@@ -43,15 +48,33 @@ class Command(BaseCommand):
             action="store_true",
             help="run no beat here: a deployment runs exactly one",
         )
+        work.add_argument(
+            "--ingest",
+            metavar="N[,N...]",
+            help="with TILEMATRIX_INGEST_QUEUES above 1: the ingest queues this "
+            "worker stores results from, by number (default: all of them); "
+            "the control queue is served whatever this says",
+        )
         work.add_argument("--loglevel", default="info")
 
-    def handle(self, *args, action, concurrency, no_beat, loglevel, **_):
+    def handle(self, *args, action, concurrency, no_beat, ingest, loglevel, **_):
         from matrix.celery import app
 
+        try:
+            queues = ingest_queues.served(ingest)
+        except ValueError as exc:
+            raise CommandError(str(exc)) from None
+        # Unique per worker on a host: two with one name would share a
+        # remote-control mailbox (pause, resume, the bench's consumers).
+        node = "control"
+        if ingest is not None:
+            node += "".join(
+                f"-{q.removeprefix(ingest_queues.PREFIX)}" for q in queues[1:]
+            )
         argv = [
             "worker",
-            f"--queues={CONTROL}",
-            "--hostname=control@%h",
+            f"--queues={','.join(queues)}",
+            f"--hostname={node}@%h",
             f"--concurrency={concurrency}",
             # Enough messages in hand to fill a batch of results per process
             # (runners.ingest_result); the runner workers keep taking one
