@@ -38,6 +38,9 @@ runs out first; the count is printed):
   while results keep arriving, as during a sweep, and the same mix without
   the gaps (page and API) and the upgrade diff,
 - the largest web worker's RSS after the diff page,
+- with ``--parts ingest-scale`` (bench/load_ingest_scale.py): the same
+  results stored by one control worker on one queue and by two on two
+  ingest queues,
 - with ``--parts steady`` (bench/load_steady.py): reads of generated
   addresses while the real control worker ingests a steady stream
   (``--steady-rate`` results a second), the manifest with its cache just
@@ -51,6 +54,7 @@ runs' p95 side by side.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -69,6 +73,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import load_ingest_scale  # noqa: E402
 import load_seed  # noqa: E402
 import load_steady  # noqa: E402
 from load_web import (  # noqa: E402
@@ -150,7 +155,8 @@ def main() -> None:
         "--parts",
         default="pages,cost,ingest,mixed",
         help="which parts to run (a comma list of pages, cost, ingest, mixed, "
-        "steady: reads during steady ingest, bench/load_steady.py)",
+        "steady: reads during steady ingest, bench/load_steady.py; "
+        "ingest-scale: one ingest queue and two, bench/load_ingest_scale.py)",
     )
     parser.add_argument("--steady-rate", type=float, default=1000.0)
     parser.add_argument(
@@ -262,6 +268,8 @@ def main() -> None:
     for size in sizes:
         if "steady" in report["sizes"][size]:
             load_steady.print_table(size, report["sizes"][size]["steady"])
+        if "ingest_scale" in report["sizes"][size]:
+            load_ingest_scale.print_table(size, report["sizes"][size]["ingest_scale"])
     print(f"wrote {args.out}")
 
 
@@ -352,6 +360,10 @@ def run_size(args) -> dict:
                 args.ingest_results, args.ingest_budget_s
             )
             print(f"{args.size} ingest: {out['ingest']}", file=sys.stderr, flush=True)
+        if "ingest-scale" in parts:
+            out["ingest_scale"] = load_ingest_scale.run(
+                fixture, ControlWorker, args.ingest_results, args.ingest_budget_s
+            )
         if "mixed" in parts:
             out["drain_s_before_mixed"] = server.drain(client)
             out["mixed"] = mixed_load(
@@ -432,7 +444,8 @@ class Fixture:
         self.inside = DeviceType.objects.filter(pk__in=covered, backend="cuda").first()
         self.sources = load_seed.kernel_sources()
         self.rng = random.Random(5)
-        self.lock = threading.Lock()
+        self.lock = threading.RLock()
+        self.signers = {}
 
     def describe(self) -> dict:
         from django.db.models import Count
@@ -607,6 +620,35 @@ class Fixture:
             i += size
         return messages
 
+    @contextlib.contextmanager
+    def signer(self, name: str):
+        """Jobs and results within are runner ``name``'s, signed with a key
+        of its own (made on first use)."""
+        from cryptography.hazmat.primitives.asymmetric.ed25519 import (
+            Ed25519PrivateKey,
+        )
+
+        from matrix.fleet.models import Runner
+        from runners import signing
+
+        if name not in self.signers:
+            key = Ed25519PrivateKey.generate()
+            runner, _ = Runner.objects.update_or_create(
+                name=name,
+                defaults={
+                    "public_key": signing.public_key_hex(key),
+                    "state": Runner.State.ONLINE,
+                },
+            )
+            self.signers[name] = (runner, key)
+        with self.lock:
+            own = self.runner, self.key
+            self.runner, self.key = self.signers[name]
+            try:
+                yield
+            finally:
+                self.runner, self.key = own
+
     def newest_result_id(self) -> int:
         from matrix.models import Result
 
@@ -656,14 +698,24 @@ class Fixture:
 
 class ControlWorker:
     """The control worker as production runs it (``manage.py control work``,
-    one process per core plus one), on the bench's database and Redis broker."""
+    one process per core plus one, unless ``args`` say otherwise), on the
+    bench's database and Redis broker; ``env``: settings of its own."""
+
+    def __init__(self, *args: str, env: dict | None = None):
+        self.args, self.env = args, {**os.environ, **(env or {})}
+        # Its remote-control name (``manage.py control``): its ingest queues.
+        shards = args[args.index("--ingest") + 1] if "--ingest" in args else None
+        prefix = "control" + "".join(
+            f"-{s.strip()}" for s in (shards.split(",") if shards else [])
+        )
+        self.node = f"{prefix}@{socket.gethostname()}"
 
     def __enter__(self):
         self.log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
         self.process = subprocess.Popen(
-            [sys.executable, "manage.py", "control", "work", "--no-beat"],
+            [sys.executable, "manage.py", "control", "work", "--no-beat", *self.args],
             cwd=ROOT,
-            env=os.environ,
+            env=self.env,
             stdout=self.log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -705,7 +757,7 @@ def ingest_timed(messages: list[list], after_id: int, budget_s: float) -> dict:
     # Runners send from their own hosts: the messages are queued while the
     # worker does not read its queue, so their sending is not counted on
     # the control host's cores.
-    worker = [f"control@{socket.gethostname()}"]
+    worker = [ControlWorker().node]
     if not app.control.cancel_consumer(
         CONTROL, reply=True, limit=1, destination=worker
     ):

@@ -49,6 +49,7 @@ SLOW_FILES_FIRST = (
     "tests/harness/test_error_signatures.py",  # 31 s
     "tests/security/test_native_code.py",  # 30 s
     "tests/runners/test_several_hosts_e2e.py",  # 29 s
+    "tests/runners/test_ingest_queues_e2e.py",  # 30 s alone
     "tests/gate/test_bisection_cpu.py",  # 29 s
     "tests/runners/test_disk_full_e2e.py",  # 28 s
     "tests/harness/test_distributions.py",  # 24 s
