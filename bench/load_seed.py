@@ -51,7 +51,7 @@ from load_catalogue import (  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 # 4: kernel sources and error messages in blobs (matrix/models/blobs.py).
 SEED_VERSION = 4
-SIZES = {"10k": 10_000, "100k": 100_000, "1m": 1_000_000}
+SIZES = {"10k": 10_000, "100k": 100_000, "1m": 1_000_000, "10m": 10_000_000}
 DEFAULT_SERVER = "postgres://postgres@127.0.0.1:5432/"
 CELLS_PER_RESULT = 377_000 / 1_000_000
 # Outcome shares of a cell's latest result, per backend: CUDA hosts validate,
