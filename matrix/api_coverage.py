@@ -682,8 +682,9 @@ class PieceOut(Schema):
     reason: str
     rerun_helps: bool = Field(description="a fresh run (Run missing) could close it")
     passes_on: str | None = Field(
-        description="a toolchain on which this failing cell passes (same device "
-        "type and kernel revision): an upgrade closes it, a run here does not"
+        description="a toolchain on which the kernel revision failing here passes "
+        "(same device type): an upgrade closes it; a run here does not, unless "
+        "that revision is an older one than the current (rerun_helps says)"
     )
     upgrade: int | None = Field(description="the open proposal that brings it")
     speedup: float | None
@@ -775,9 +776,9 @@ def _models_answer(filters, params) -> dict:
                             "status": p.status,
                             "serves": p.verdict.outcome,
                             "reason": p.verdict.reason,
-                            "rerun_helps": p.verdict.rerun_helps and not p.passes_on,
-                            "passes_on": p.passes_on[0] if p.passes_on else None,
-                            "upgrade": p.passes_on[1] if p.passes_on else None,
+                            "rerun_helps": p.rerun_helps,
+                            "passes_on": p.passes_on.toolchain if p.passes_on else None,
+                            "upgrade": p.passes_on.proposal if p.passes_on else None,
                             "speedup": p.speedup,
                         }
                         for p in device.pieces[: params.pieces]

@@ -443,10 +443,9 @@ class Gap:
     stage: str | None
     # Its place in the order (see ORDER_KEY).
     key: tuple
-    # Failing here, passing on another toolchain (queries.passing_elsewhere):
-    # (that toolchain's name, the open proposal to it or None); set for a
-    # page's rows only.
-    passes_on: tuple[str, int | None] | None = None
+    # Failing here, its revision passing on another toolchain
+    # (queries.PassesOn); set for a page's rows only.
+    passes_on: tuple | None = None
 
     @property
     def cursor(self) -> str:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import NamedTuple
 
 from django.db import connection
 from django.db.models import Count, Exists, OuterRef, Q
@@ -402,20 +403,30 @@ def backend_groups(device_types: list[DeviceType]) -> list[tuple[str, int]]:
     return groups
 
 
+class PassesOn(NamedTuple):
+    """Where a cell failing on one toolchain passes on another: that
+    toolchain's name, the open or approved proposal to it (None: none), and
+    whether the revision that failed and passes there is an older one than
+    the current (``stale``: a run here would try the current revision)."""
+
+    toolchain: str
+    proposal: int | None
+    stale: bool = False
+
+
 def passing_elsewhere(failing: set[tuple[int, int]], toolchain) -> dict:
-    """(shape id, device type id) -> (toolchain name, proposal id or None)
-    for each of the ``failing`` cells (failing on ``toolchain``, on the
-    current kernel revision) that passes on another toolchain on the current
-    revision, with the open proposal from ``toolchain`` to it, if any: a run
-    on ``toolchain`` fails the same way; the upgrade closes it. Two queries,
-    and none where nothing fails."""
+    """(shape id, device type id) -> PassesOn for each of the ``failing``
+    cells (failing on ``toolchain``) whose kernel revision passes on another
+    toolchain, same shape and device type: the same code fails here and
+    passes there, so the toolchain makes the difference and the upgrade
+    closes it. Two queries, and none where nothing fails."""
     from matrix.models.gate import ProposalState, UpgradeProposal
 
     if not failing or toolchain is None:
         return {}
-    # The passing cells of those shapes and device types first, by the
-    # cells' (shape, device type, toolchain) index, then whether their
-    # revision is current: left to itself, PostgreSQL walked every cell by
+    # The failing and the passing cells of those shapes and device types
+    # first, each by the cells' (shape, device type, toolchain) index, then
+    # matched by revision: left to itself, PostgreSQL walked every cell by
     # revision to find them (140 ms of a gaps page at 1M results).
     table = {
         m: connection.ops.quote_name(m._meta.db_table)
@@ -423,39 +434,59 @@ def passing_elsewhere(failing: set[tuple[int, int]], toolchain) -> dict:
     }
     shapes = sorted({s for s, _ in failing})
     device_types = sorted({d for _, d in failing})
+    among = (
+        f"shape_id IN ({', '.join(['%s'] * len(shapes))}) "
+        f"AND device_type_id IN ({', '.join(['%s'] * len(device_types))})"
+    )
     sql = f"""
-        WITH passing AS MATERIALIZED (
+        WITH here AS MATERIALIZED (
+            SELECT shape_id, device_type_id, revision_id FROM {table[Cell]}
+            WHERE {among} AND toolchain_id = %s
+        ), passing AS MATERIALIZED (
             SELECT shape_id, device_type_id, toolchain_id, revision_id
             FROM {table[Cell]}
-            WHERE shape_id IN ({", ".join(["%s"] * len(shapes))})
-                AND device_type_id IN ({", ".join(["%s"] * len(device_types))})
-                AND status = %s AND toolchain_id <> %s
+            WHERE {among} AND status = %s AND toolchain_id <> %s
         )
-        SELECT p.shape_id, p.device_type_id, p.toolchain_id, t.name
+        SELECT p.shape_id, p.device_type_id, p.toolchain_id, t.name,
+            r.revision_id IS NULL
         FROM passing p
+        JOIN here h ON h.shape_id = p.shape_id
+            AND h.device_type_id = p.device_type_id
+            AND h.revision_id = p.revision_id
         JOIN {table[Shape]} s ON s.id = p.shape_id
         JOIN {table[DeviceType]} d ON d.id = p.device_type_id
-        JOIN {table[CurrentRevision]} r ON r.operator_id = s.operator_id
+        LEFT JOIN {table[CurrentRevision]} r ON r.operator_id = s.operator_id
             AND r.backend = d.backend AND r.revision_id = p.revision_id
         JOIN {table[Toolchain]} t ON t.id = p.toolchain_id
         ORDER BY p.toolchain_id
     """
     with connection.cursor() as cursor:
-        cursor.execute(sql, [*shapes, *device_types, Status.PASS, toolchain.pk])
+        cursor.execute(
+            sql,
+            [
+                *shapes,
+                *device_types,
+                toolchain.pk,
+                *shapes,
+                *device_types,
+                Status.PASS,
+                toolchain.pk,
+            ],
+        )
         rows = cursor.fetchall()
     if not rows:
         return {}
     proposals = dict(
         UpgradeProposal.objects.filter(
-            candidate_id__in={t for _, _, t, _ in rows}, baseline=toolchain
+            candidate_id__in={t for _, _, t, _, _ in rows}, baseline=toolchain
         )
         .exclude(state__in=[ProposalState.REJECTED, ProposalState.ROLLED_OUT])
         .order_by("pk")
         .values_list("candidate_id", "pk")
     )
     return {
-        (s, d): (name, proposals.get(toolchain_id))
-        for s, d, toolchain_id, name in rows
+        (s, d): PassesOn(name, proposals.get(toolchain_id), bool(stale))
+        for s, d, toolchain_id, name, stale in rows
         if (s, d) in failing
     }
 

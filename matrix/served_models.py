@@ -65,11 +65,18 @@ class Piece:
     status: str
     verdict: Verdict
     speedup: float | None
-    # Where it fails here but passes on another toolchain (same device type,
-    # the current kernel revision): that toolchain's name and the open or
-    # approved proposal that brings it, if any. A run here cannot close it;
-    # the upgrade can.
-    passes_on: tuple[str, int | None] | None = None
+    # Where it fails here but its revision passes on another toolchain (same
+    # device type): queries.PassesOn. A run here cannot close it unless the
+    # revision that failed is not the current one; the upgrade can.
+    passes_on: queries.PassesOn | None = None
+
+    @property
+    def rerun_helps(self) -> bool:
+        """A fresh run could close it: never run, stale or failing, unless
+        another toolchain passes the very revision a run here would try."""
+        return self.verdict.rerun_helps and not (
+            self.passes_on and not self.passes_on.stale
+        )
 
 
 @dataclass
@@ -84,9 +91,9 @@ class DeviceCoverage:
     @property
     def rerunnable(self) -> list[Piece]:
         """The pieces a fresh run could close: never run, stale, failing
-        (but not where another toolchain already passes: the same one fails
-        the same way again)."""
-        return [p for p in self.pieces if p.verdict.rerun_helps and not p.passes_on]
+        (but not where another toolchain already passes the current
+        revision: the same one fails the same way again)."""
+        return [p for p in self.pieces if p.rerun_helps]
 
 
 @dataclass
@@ -153,12 +160,7 @@ def model_coverage(
     backend = {d.id: d.backend for d in device_types}
     operator = {s.pk: s.operator_id for s in shapes_by_id.values()}
     elsewhere = queries.passing_elsewhere(
-        {
-            (s, d)
-            for (s, d), (status, revision_id, *_) in found.items()
-            if status in FAILURES
-            and revision_id == current.get((operator[s], backend[d]))
-        },
+        {(s, d) for (s, d), (status, *_) in found.items() if status in FAILURES},
         filters.toolchain,
     )
 

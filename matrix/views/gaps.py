@@ -104,11 +104,7 @@ def _gaps_context(request, scope: gaps.GapScope, toolchains, can_run: bool) -> d
     offset = (page - 1) * PAGE_SIZE
     rows = gaps.gap_page(scope, limit=PAGE_SIZE, offset=offset) if summary.total else []
     elsewhere = queries.passing_elsewhere(
-        {
-            (g.shape_id, g.device_type.pk)
-            for g in rows
-            if g.status in FAILURES and not g.stale
-        },
+        {(g.shape_id, g.device_type.pk) for g in rows if g.status in FAILURES},
         filters.toolchain,
     )
     for g in rows:
@@ -211,7 +207,7 @@ def gap_rows_html(rows: list[gaps.Gap], query: str) -> SafeString:
         url = cell.format(g.shape_id, g.device_type.pk)
         why = escape(", ".join(g.reasons))
         if g.passes_on:
-            name, proposal = g.passes_on
+            name, proposal, older = g.passes_on
             upgrade = (
                 f' (<a href="{reverse("upgrade", args=[proposal])}">upgrade '
                 f"#{proposal}</a>)"
@@ -222,7 +218,13 @@ def gap_rows_html(rows: list[gaps.Gap], query: str) -> SafeString:
             where = "fixed on candidate" if proposal else "passes on"
             why += (
                 f'<br><span class="passes-on">{where} {escape(name)}{upgrade}: '
-                "a run here fails the same way</span>"
+                + (
+                    "the revision that failed here passes there; a run tries "
+                    "the current one"
+                    if older
+                    else "a run here fails the same way"
+                )
+                + "</span>"
             )
         parts.append(
             f"<tr><td>{g.rank}</td><td>{escape(g.operator)}</td>"

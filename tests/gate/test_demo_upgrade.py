@@ -259,6 +259,17 @@ def test_the_upgrades_compile_errors_are_one_alert_fixed_on_candidate_bisected(
     body = client.get(reverse("alert", args=[alert.pk])).content.decode()
     assert "fixed on candidate " + proposal.candidate.name in body
     assert "Not tested: TileLang 0.1.14" in body
+    # The Models and Gaps pages say so of each of its cells: the softmax
+    # revision that failed passes on the candidate.
+    fixed = (
+        f"fixed on candidate {proposal.candidate.name} "
+        f'(<a href="/upgrades/{proposal.pk}/">upgrade #{proposal.pk}</a>): '
+        "the revision that failed here passes there"
+    )
+    models = client.get(reverse("models"), {"model": "llama-3-8b"})
+    assert fixed in models.content.decode()
+    gaps = client.get(reverse("gaps"), {"operator": "softmax"})
+    assert gaps.content.decode().count(fixed) == alert.cell_count
     # Run again, the demo bisects nothing more.
     assert "bisection" not in run("demo_upgrade", *DEMO)
 

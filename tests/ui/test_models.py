@@ -5,13 +5,21 @@ back to the reference, or is not validated yet."""
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import re
 
 import pytest
 from django.urls import reverse
 
-from matrix.models import DeviceType, ServedCall, Shape, Status, Toolchain
+from matrix.models import (
+    DeviceType,
+    KernelRevision,
+    ServedCall,
+    Shape,
+    Status,
+    Toolchain,
+)
 from tests.ui.conftest import record
 
 pytestmark = pytest.mark.django_db
@@ -320,7 +328,7 @@ def test_a_cell_failing_here_that_passes_on_a_proposed_toolchain_says_so(
     response = client.get(reverse("models"), {"model": "alpha"})
     alpha = coverage(response, "alpha", "cuda")
     piece = next(p for p in alpha.pieces if p.shape == served["gemm_big"])
-    assert piece.passes_on == ("tl-0.1.13", proposal.pk)
+    assert piece.passes_on == ("tl-0.1.13", proposal.pk, False)
     # A run here would fail the same way: it is no longer offered as one.
     assert [p.shape for p in alpha.rerunnable] == [served["norm_big"]]
     body = response.content.decode()
@@ -329,3 +337,63 @@ def test_a_cell_failing_here_that_passes_on_a_proposed_toolchain_says_so(
         f"#{proposal.pk}</a>): a run here fails the same way"
     ) in body
     assert "Run missing for this cell" in body
+
+
+def test_an_older_revision_failing_here_and_passing_on_the_candidate_is_fixed_there(
+    client, served, toolchains, device_types, django_user_model
+):
+    """As the demo's H200 softmax: one kernel revision fails to compile on
+    the current toolchain and passes on the candidate, and the current
+    revision is another one, never run here. The page says the candidate
+    fixes the revision that failed, and still offers a run of the current
+    one, which may fail or pass."""
+    from matrix.gate.services import proposal_open
+
+    old, current = toolchains
+    cuda = device_types["cuda"]
+    norm = served["norm_big"]
+    earlier = KernelRevision.objects.create(
+        operator=norm.operator,
+        source_sha256=hashlib.sha256(b"rmsnorm, an earlier revision").hexdigest(),
+        origin=KernelRevision.Origin.LIBRARY,
+        review_state=KernelRevision.Review.APPROVED,
+    )
+    record(norm, cuda, current, Status.COMPILE_ERROR, revision=earlier)
+    record(norm, cuda, old, Status.PASS, revision=earlier, kernel_ms=1, reference_ms=1)
+    # The current revision passing there says nothing of the one failing
+    # here: gemm M=4096 fails on the current revision, and only an earlier
+    # one passes on tl-0.1.13.
+    gemm_earlier = KernelRevision.objects.create(
+        operator=served["gemm_big"].operator,
+        source_sha256=hashlib.sha256(b"gemm, an earlier revision").hexdigest(),
+        origin=KernelRevision.Origin.LIBRARY,
+        review_state=KernelRevision.Review.APPROVED,
+    )
+    record(served["gemm_big"], cuda, old, Status.PASS, revision=gemm_earlier)
+    proposer = django_user_model.objects.create_superuser("prop", password="x")
+    proposal = proposal_open(
+        baseline=current, candidate=old, device_types=[cuda], by=proposer
+    )
+
+    response = client.get(reverse("models"), {"model": "alpha"})
+
+    alpha = coverage(response, "alpha", "cuda")
+    pieces = {p.shape: p for p in alpha.pieces}
+    assert pieces[norm].passes_on == ("tl-0.1.13", proposal.pk, True)
+    assert pieces[served["gemm_big"]].passes_on is None
+    # Both stay offered to Run missing: each runs the current revision.
+    assert {p.shape for p in alpha.rerunnable} == {norm, served["gemm_big"]}
+    body = response.content.decode()
+    assert (
+        f'fixed on candidate tl-0.1.13 (<a href="/upgrades/{proposal.pk}/">upgrade '
+        f"#{proposal.pk}</a>): the revision that failed here passes there; a run "
+        "tries the current one"
+    ) in body
+    api = client.get("/api/v1/models", {"model": "alpha"}).json()
+    (cuda_row,) = [
+        d for d in api["models"][0]["devices"] if d["device_type_id"] == cuda.pk
+    ]
+    by_dims = {(p["operator"], p["dims"]["M"]): p for p in cuda_row["pieces"]}
+    assert by_dims["rmsnorm", 4096]["passes_on"] == "tl-0.1.13"
+    assert by_dims["rmsnorm", 4096]["rerun_helps"] is True
+    assert by_dims["gemm", 4096]["passes_on"] is None
