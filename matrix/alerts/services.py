@@ -12,9 +12,9 @@ from django.db import transaction
 from django.utils import timezone
 
 from matrix.accounts.roles import REVIEWER, has_role
-from matrix.bisection.services import bisection_start
+from matrix.bisection.services import bisection_start, release_to_compare
 from matrix.models import AuditEvent
-from matrix.models.alerts import Alert, AlertState
+from matrix.models.alerts import SLOWER, Alert, AlertState
 from matrix.models.bisection import Bisection
 
 # Where a person may move an alert from each state.
@@ -87,12 +87,27 @@ def alert_triage(
     return alert
 
 
-def alert_bisectable(alert: Alert) -> bool:
-    """Its cells passed on one toolchain and fail on another: a toolchain
-    change, or the current toolchain failing where a newer one passes."""
-    return bool(alert.good_toolchain_id) and alert.good_toolchain_id != (
-        alert.toolchain_id
+def alert_bisect_ends(alert: Alert) -> tuple | None:
+    """(last good, first bad) toolchains to bisect the alert's first bad
+    cell between, or None. Where its cells passed on one toolchain and fail
+    on another (a toolchain change, or the current toolchain failing where
+    a newer one passes), those two. Where a kernel revision fails on the
+    toolchain it passed on before (a revision change, or nothing pinned
+    changed), that toolchain and another hosted release
+    (``release_to_compare``): which release, if any, the revision passes on.
+    A slowdown's cells pass: no verdict for a search to split."""
+    if alert.good_toolchain_id and alert.good_toolchain_id != alert.toolchain_id:
+        return alert.good_toolchain, alert.toolchain
+    if alert.status == SLOWER or alert.first_bad_result_id is None:
+        return None
+    other = release_to_compare(
+        toolchain=alert.toolchain, device_type=alert.first_bad_result.device_type
     )
+    return None if other is None else (other, alert.toolchain)
+
+
+def alert_bisectable(alert: Alert) -> bool:
+    return alert_bisect_ends(alert) is not None
 
 
 def alert_bisect(*, alert: Alert, by) -> Bisection:
@@ -100,18 +115,22 @@ def alert_bisect(*, alert: Alert, by) -> Bisection:
     its last good and its first bad toolchain, on the kernel revision that
     failed. Its conclusion comes back onto the alert
     (``alert_bisection_record``); while it runs, the alert links it."""
-    if not alert_bisectable(alert):
+    ends = alert_bisect_ends(alert)
+    if ends is None:
         raise ValidationError(
-            "only an alert whose cells pass on one toolchain and fail on another "
-            f"can be bisected across toolchains; this one is a "
-            f"{alert.get_kind_display()} on {alert.toolchain.name}"
+            "only an alert whose cells pass on one toolchain and fail on another, "
+            "or whose failing kernel revision another hosted TileLang release "
+            "could run, can be bisected across toolchains; this one is a "
+            f"{alert.get_kind_display()} on {alert.toolchain.name}, and no online "
+            "runner with its device type hosts another release"
         )
     first = alert.first_bad_result
+    last_good, first_bad = ends
     bisection = bisection_start(
         shape=first.shape,
         device_type=first.device_type,
-        last_good=alert.good_toolchain,
-        first_bad=alert.toolchain,
+        last_good=last_good,
+        first_bad=first_bad,
         revision=alert.revision,
         by=by,
     )

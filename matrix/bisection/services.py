@@ -121,6 +121,27 @@ def bisection_start(
     return bisection_advance(bisection=bisection)
 
 
+def release_to_compare(*, toolchain, device_type):
+    """For a cell failing on ``toolchain`` with nothing to compare it with
+    (a kernel revision's failure): the newest release an online runner with
+    ``device_type`` validates on, newer than ``toolchain``'s, to find the
+    first that fixes it; else the oldest older one, to find where it broke.
+    None where no other release is hosted, or ``toolchain`` is no release."""
+    here = release_key(toolchain.tilelang_version)
+    if here is None:
+        return None
+    validating = {t for d, t in capabilities_online().validate if d == device_type.pk}
+    hosted = [
+        (key, t.pk, t)
+        for t in Toolchain.objects.filter(pk__in=validating)
+        if (key := release_key(t.tilelang_version)) is not None and key != here
+    ]
+    newer = [h for h in hosted if h[0] > here]
+    if newer:
+        return max(newer)[2]
+    return min(hosted)[2] if hosted else None
+
+
 def bisection_from_diff_row(*, row: DiffRow, by=None) -> Bisection:
     """Bisect an upgrade diff's row that passes on one side and fails on the
     other: a regression (green to red) or a fix (red to green)."""

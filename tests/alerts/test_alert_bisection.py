@@ -101,7 +101,58 @@ def test_a_step_answered_by_ingest_writes_the_conclusion_onto_the_alert(
     assert alert.bisection["release"] == "tilelang-0.1.14-cpu"
 
 
-def test_an_alert_of_a_kernel_revision_is_not_bisected_across_toolchains(
+def test_a_kernel_revisions_alert_is_bisected_over_the_hosted_releases(
+    client, lab, reviewing
+):
+    """A new revision fails to compile on the current 0.1.13, where the one
+    before passed: Bisect asks which hosted release runs the revision that
+    failed, between the newest (0.1.15) and 0.1.13, and names the first."""
+    hand, toolchains = lab
+    shapes = served_shapes(1)
+    run(hand, shapes, toolchains["0.1.13"])
+    revision = new_revision()
+    run(hand, shapes, toolchains["0.1.13"], "compile_error", **COMPILE_ERROR)
+    alert = Alert.objects.get()
+    assert (alert.kind, alert.revision) == ("revision", revision)
+    client.force_login(reviewing)
+    url = reverse("alert-bisect", args=[alert.pk])
+    page = client.get(reverse("alert", args=[alert.pk])).content.decode()
+    assert f'action="{url}"' in page
+
+    client.post(url)
+
+    bisection = Bisection.objects.get()
+    assert (bisection.revision, bisection.last_good, bisection.first_bad) == (
+        revision,
+        toolchains["0.1.15"],
+        toolchains["0.1.13"],
+    )
+    # The runner validates each step planned: 0.1.14 fails as 0.1.13 does,
+    # 0.1.15 passes.
+    while bisection.is_running:
+        jobs = list(
+            ValidationJob.objects.filter(
+                bisection_steps__bisection=bisection, state="queued"
+            )
+        )
+        assert jobs, bisection.ladder
+        for job in jobs:
+            ValidationJob.objects.filter(pk=job.pk).update(
+                state="running", runner=hand.runner
+            )
+            job.refresh_from_db()
+            if job.toolchain == toolchains["0.1.15"]:
+                ingest(hand, [job])
+            else:
+                ingest(hand, [job], status="compile_error", **COMPILE_ERROR)
+        bisection.refresh_from_db()
+    alert.refresh_from_db()
+    assert alert.bisection["state"] == "found"
+    assert alert.bisection["release"] == "tilelang-0.1.15-cpu"
+    assert alert.bisection["summary"].startswith("First good release: TileLang 0.1.15")
+
+
+def test_a_kernel_revisions_alert_with_no_other_release_hosted_is_not_bisected(
     client, cpu_runner, green, reviewing
 ):
     shapes = green(1)

@@ -198,14 +198,11 @@ sweep = services.sweep_plan(cells=[(Shape.objects.get(pk={shape}),
 print(sweep.pk)
 """
 
+# What Bisect on the alert's page does (matrix/views/alerts.py).
 BISECT = """
-from matrix.bisection.services import bisection_start
-from matrix.models import DeviceType, Shape, Toolchain
-hosted = Toolchain.objects.filter(runners__name={runner!r})
-print(bisection_start(
-    shape=Shape.objects.get(pk={shape}), device_type=DeviceType.objects.get(backend="c"),
-    last_good=hosted.get(tilelang_version="0.1.15"), first_bad=hosted.get(pk={old}),
-).pk)
+from matrix.alerts.services import alert_bisect
+from matrix.models.alerts import Alert
+print(alert_bisect(alert=Alert.objects.get(pk={alert}), by=None).pk)
 """
 
 
@@ -294,15 +291,12 @@ def test_a_revision_breaking_a_served_cell_alerts_once_is_bisected_and_fixed(
         ("sent", 1),
     ], f"told within {told_within:.1f} s"
 
-    # Bisect the new revision between 0.1.13 (where it fails) and 0.1.15:
-    # the runner worker runs the releases it must, and the conclusion is
-    # written onto the alert.
+    # Bisect from the alert: the new revision between 0.1.13 (where it
+    # fails) and the newest release the runner hosts, 0.1.15. The runner
+    # worker runs the releases it must, and the conclusion is written onto
+    # the alert.
     bisection = int(
-        last_line(
-            cluster.manage(
-                "shell", "-c", BISECT.format(runner=runner, shape=shape, old=old)
-            )
-        )
+        last_line(cluster.manage("shell", "-c", BISECT.format(alert=alert)))
     )
     cluster.wait(
         lambda: (
