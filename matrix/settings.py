@@ -48,6 +48,15 @@ TILEMATRIX_INGEST_QUEUES = config.parse_count(
     1,
     most=64,
 )
+# With RabbitMQ's management API: the control and ingest queues each hold at
+# most this many MB; past it the oldest message is dropped (a result is
+# sent again from its runner's outbox). Set by `control work` at its start.
+TILEMATRIX_CONTROL_QUEUE_MAX_MB = config.parse_count(
+    "TILEMATRIX_CONTROL_QUEUE_MAX_MB",
+    os.environ.get("TILEMATRIX_CONTROL_QUEUE_MAX_MB"),
+    2048,
+    most=1 << 20,
+)
 CACHES = config.parse_cache(
     os.environ.get("TILEMATRIX_SESSION_CACHE_URL"),
     os.environ.get("TILEMATRIX_CACHE_URL"),

@@ -204,6 +204,33 @@ def access_grant(runner) -> None:
         _admin("PUT", f"user-limits/{user}/{limit}", {"value": value})
 
 
+QUEUE_CAP_POLICY = "tilematrix-results-cap"
+
+
+def queue_caps_ensure() -> None:
+    """Bound the control queue and the ingest queues: past
+    ``TILEMATRIX_CONTROL_QUEUE_MAX_MB`` each, RabbitMQ drops the oldest
+    message, so a flood (a runner host misbehaving, control workers down
+    for long) fills no broker disk. A result dropped is sent again from its
+    runner's outbox while its job waits for it; a heartbeat dropped is
+    followed by the next. A policy, not a queue argument: it applies to the
+    queues already declared, and changing it needs no redeclaration."""
+    if not enabled():
+        return
+    _admin(
+        "PUT",
+        f"policies/{_q(vhost())}/{QUEUE_CAP_POLICY}",
+        {
+            "pattern": rf"^({re.escape(CONTROL)}|{re.escape(ingest_queues.PREFIX)}[0-9]+)$",
+            "definition": {
+                "max-length-bytes": settings.TILEMATRIX_CONTROL_QUEUE_MAX_MB * 2**20
+            },
+            "apply-to": "queues",
+            "priority": 0,
+        },
+    )
+
+
 def access_revoke(runner_name: str) -> int:
     """Delete the runner's user (no new connection is accepted) and close
     the connections it has open; how many were closed."""

@@ -206,6 +206,38 @@ def test_with_two_ingest_queues_a_runner_publishes_to_its_own_and_reads_neither(
         assert "ACCESS_REFUSED" in refused(lambda: consume(url, own))
 
 
+def test_the_control_and_ingest_queues_are_capped_dropping_the_oldest(rabbit):
+    from matrix.celery import app
+
+    with override_settings(TILEMATRIX_CONTROL_QUEUE_MAX_MB=1):
+        broker_access.queue_caps_ensure()
+        broker_access.queue_caps_ensure()  # again: the same policy
+    (policy,) = admin("GET", f"policies/{rabbit}")
+    assert policy["definition"] == {"max-length-bytes": 2**20}
+    with connect(AMQP + rabbit) as connection:
+        channel = connection.default_channel
+        for name in ("control", "ingest.3", "runner.a"):
+            app.amqp.queues[name](channel).declare()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(
+        q.get("effective_policy_definition", {}).get("max-length-bytes") != 2**20
+        for q in admin("GET", f"queues/{rabbit}")
+        if q["name"] != "runner.a"
+    ):
+        time.sleep(0.2)
+
+    body = {"results": "x" * 400_000}
+    for queue in ("control", "ingest.3", "runner.a"):
+        for _ in range(4):
+            publish(AMQP + rabbit, queue, queue, body)
+
+    # 1 MB holds two of these; the two oldest are gone. A runner's job queue
+    # is not the policy's.
+    assert depth(rabbit, "control") == 2
+    assert depth(rabbit, "ingest.3") == 2
+    assert depth(rabbit, "runner.a") == 4
+
+
 def test_revoking_a_runner_drops_its_connection_and_refuses_new_ones(
     two_runners, rabbit
 ):

@@ -64,6 +64,15 @@ def cluster():
 
 
 def test_each_runners_results_are_stored_by_the_worker_of_its_queue(cluster):
+    # The control worker bounds its queues as it starts.
+    policies = cluster.wait(
+        lambda: rabbit_admin("GET", f"policies/{cluster.rabbit_vhost}"),
+        timeout=60,
+        what="the control worker's queue cap",
+    )
+    assert [(p["name"], p["pattern"]) for p in policies] == [
+        ("tilematrix-results-cap", r"^(control|ingest\.[0-9]+)$")
+    ]
     zero, one = runner_on(0), runner_on(1)
     cluster.register(zero)
     cluster.register(one)

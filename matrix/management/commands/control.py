@@ -12,7 +12,7 @@ import os
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
-from matrix.fleet import ingest_queues
+from matrix.fleet import broker_access, ingest_queues
 from matrix.fleet.tasks import INGEST_BATCH_MESSAGES
 
 
@@ -64,6 +64,11 @@ class Command(BaseCommand):
             queues = ingest_queues.served(ingest)
         except ValueError as exc:
             raise CommandError(str(exc)) from None
+        try:
+            broker_access.queue_caps_ensure()
+        except broker_access.BrokerAdminError as exc:
+            # Results still flow; the queues are only unbounded.
+            self.stderr.write(f"the control and ingest queues are not capped: {exc}")
         # Unique per worker on a host: two with one name would share a
         # remote-control mailbox (pause, resume, the bench's consumers).
         node = "control"
