@@ -742,47 +742,11 @@ class ControlWorker:
 
 
 def ingest_timed(messages: list[list], after_id: int, budget_s: float) -> dict:
-    """Messages sent to the control queue as a runner sends them
-    (``results_send``), all at once as when a sweep's jobs end together,
-    and stored by the control worker: timed from when the worker reads its
-    queue until the last result is stored, or until the budget is spent."""
-    from django.db import connection
-
-    from matrix.celery import app
-    from matrix.fleet.tasks import CONTROL
-    from matrix.models import Result
-    from runners import host
-
-    total = sum(len(m) for m in messages)
-    # Runners send from their own hosts: the messages are queued while the
-    # worker does not read its queue, so their sending is not counted on
-    # the control host's cores.
-    worker = [ControlWorker().node]
-    if not app.control.cancel_consumer(
-        CONTROL, reply=True, limit=1, destination=worker
-    ):
-        raise SystemExit("the control worker did not answer")
-    for message in messages:
-        host.results_send(message)
-    started = time.perf_counter()
-    app.control.add_consumer(CONTROL, reply=True, limit=1, destination=worker)
-    deadline = time.monotonic() + budget_s
-    stored = 0
-    count = f"SELECT count(*) FROM {Result._meta.db_table} WHERE id > %s"
-    with connection.cursor() as cursor:
-        while stored < total and time.monotonic() < deadline:
-            time.sleep(0.05)
-            cursor.execute(count, [after_id])
-            stored = cursor.fetchone()[0]
-    elapsed = time.perf_counter() - started
-    return {
-        "results": stored,
-        "not_stored": total - stored,
-        "messages": len(messages),
-        "seconds": round(elapsed, 2),
-        "per_s": round(stored / elapsed, 1),
-        "budget_spent": stored < total,
-    }
+    """Messages sent to the control queue as a runner sends them and stored
+    by the control worker (``load_ingest_scale.queued_then_timed``)."""
+    return load_ingest_scale.queued_then_timed(
+        {"control": ControlWorker().node}, {"control": messages}, after_id, budget_s
+    )
 
 
 COPY_ROUNDS = 5

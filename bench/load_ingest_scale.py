@@ -96,15 +96,8 @@ def run(fixture, control_worker, total: int, budget_s: float) -> dict:
 
 def timed(fixture, workers: dict, signers: dict, total: int, budget_s: float) -> dict:
     """``total`` results, shared evenly by the queues, each queue's signed
-    by the runner whose results take it (``signers``: queue → name); stored by ``workers`` (queue →
-    ControlWorker), timed from when they read their queues again."""
-    from django.db import connection
-
-    from matrix.celery import app
-    from matrix.models import Result
-    from runners import host, protocol
-
-    after_id = fixture.newest_result_id()
+    by the runner whose results take it (``signers``: queue → name); stored
+    by ``workers`` (queue → ControlWorker)."""
     per_queue = {}
     for queue, name in signers.items():
         with fixture.signer(name):
@@ -113,21 +106,45 @@ def timed(fixture, workers: dict, signers: dict, total: int, budget_s: float) ->
                 device_type=fixture.outside,
                 toolchain=fixture.current,
             )
+    return queued_then_timed(
+        {queue: worker.node for queue, worker in workers.items()},
+        per_queue,
+        fixture.newest_result_id(),
+        budget_s,
+    )
+
+
+def queued_then_timed(
+    nodes: dict, per_queue: dict, after_id: int, budget_s: float
+) -> dict:
+    """Messages (``per_queue``: queue → messages) sent as a runner's agent
+    sends them (``results_send``), all at once as when a sweep's jobs end
+    together, while the control workers (``nodes``: queue → the worker's
+    remote-control name) do not read those queues: runners send from their
+    own hosts, so the sending is not counted on the control host's cores.
+    Timed from when the workers read their queues again until the last
+    result is stored (a result id above ``after_id``), or the budget is
+    spent."""
+    from django.db import connection
+
+    from matrix.celery import app
+    from matrix.models import Result
+    from runners import host, protocol
+
     expected = sum(len(m) for messages in per_queue.values() for m in messages)
-    for queue, worker in workers.items():
+    for queue, node in nodes.items():
         if not app.control.cancel_consumer(
-            queue, reply=True, limit=1, destination=[worker.node]
+            queue, reply=True, limit=1, destination=[node]
         ):
-            raise SystemExit(f"the control worker {worker.node} did not answer")
+            raise SystemExit(f"the control worker {node} did not answer")
     for queue, messages in per_queue.items():
-        # Sent as the runner's agent sends them, to the queue it was given.
         app.conf[protocol.INGEST_QUEUE] = queue
         for message in messages:
             host.results_send(message)
     app.conf[protocol.INGEST_QUEUE] = None
     started = time.perf_counter()
-    for queue, worker in workers.items():
-        app.control.add_consumer(queue, reply=True, limit=1, destination=[worker.node])
+    for queue, node in nodes.items():
+        app.control.add_consumer(queue, reply=True, limit=1, destination=[node])
     deadline = time.monotonic() + budget_s
     stored = 0
     count = f"SELECT count(*) FROM {Result._meta.db_table} WHERE id > %s"

@@ -5,24 +5,17 @@ revocation closes its connection (issue 40, part 3)."""
 
 from __future__ import annotations
 
-import os
 import signal
-import urllib.error
 
 import pytest
 
-from .cluster import Cluster, rabbit_admin
+from .cluster import Cluster, rabbit_admin, rabbitmq_or_skip
 from .test_worker_e2e import online, smoke_cells
 
 
 @pytest.fixture(scope="module")
 def cluster():
-    try:
-        rabbit_admin("GET", "overview")
-    except (OSError, urllib.error.URLError) as exc:
-        if os.environ.get("TILEMATRIX_REQUIRE_RABBITMQ"):
-            raise
-        pytest.skip(f"RabbitMQ's management API is not on 127.0.0.1:15672: {exc}")
+    rabbitmq_or_skip()
     cluster = Cluster(broker="rabbitmq")
     try:
         cluster.start_web()

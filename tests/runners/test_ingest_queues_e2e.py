@@ -7,15 +7,13 @@ results, and none is lost, until a worker serves it."""
 
 from __future__ import annotations
 
-import os
 import re
 import sys
-import urllib.error
 import zlib
 
 import pytest
 
-from .cluster import Cluster, rabbit_admin
+from .cluster import Cluster, rabbit_admin, rabbitmq_or_skip
 from .test_worker_e2e import online, smoke_cells
 
 PY = sys.executable
@@ -43,12 +41,7 @@ def stored(cluster: Cluster, worker: str) -> int:
 
 @pytest.fixture(scope="module")
 def cluster():
-    try:
-        rabbit_admin("GET", "overview")
-    except (OSError, urllib.error.URLError) as exc:
-        if os.environ.get("TILEMATRIX_REQUIRE_RABBITMQ"):
-            raise
-        pytest.skip(f"RabbitMQ's management API is not on 127.0.0.1:15672: {exc}")
+    rabbitmq_or_skip()
     cluster = Cluster(broker="rabbitmq")
     cluster.env["TILEMATRIX_INGEST_QUEUES"] = "2"
     try:
