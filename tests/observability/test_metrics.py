@@ -299,6 +299,21 @@ def test_queue_depth_is_what_the_broker_holds(broker_dir, register, scrape):
     assert scrape()[("tilematrix_broker_up", ())] == 1
 
 
+def test_each_ingest_queue_has_its_depth(broker_dir, register, scrape, settings):
+    settings.TILEMATRIX_INGEST_QUEUES = 2
+    register(name=f"obs-{uuid.uuid4().hex[:8]}")
+    with broker_connection(2) as conn:
+        waiting = conn.SimpleQueue("ingest.1")
+        try:
+            waiting.put({"results": []})
+            samples = scrape()
+            assert samples[("tilematrix_queue_messages", (("queue", "ingest.1"),))] == 1
+            assert samples[("tilematrix_queue_messages", (("queue", "ingest.0"),))] == 0
+            waiting.get(timeout=2).ack()
+        finally:
+            waiting.close()
+
+
 def test_a_dead_broker_leaves_depths_out_and_the_scrape_answers(
     cpu_runner, settings, scrape
 ):
