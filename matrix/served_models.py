@@ -162,6 +162,7 @@ def model_coverage(
     elsewhere = queries.passing_elsewhere(
         {(s, d) for (s, d), (status, *_) in found.items() if status in FAILURES},
         filters.toolchain,
+        {key: revision_id for key, (_, revision_id, *_) in found.items()},
     )
 
     by_model: dict[str, list[tuple]] = {}
