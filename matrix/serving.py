@@ -9,6 +9,7 @@ an infrastructure error that is retried)."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from matrix.models import EVIDENCE, Status
@@ -72,11 +73,15 @@ class Verdict:
     rerun_helps: bool
 
 
+# Kept by its arguments: the Models read asks for every served shape on
+# every device type (9,240 cells at 100k results), mostly the same few
+# statuses, and building each verdict again was half its Python.
+@functools.lru_cache(maxsize=8192)
 def serving_verdict(
     status: str, stale: bool, speedup_value: float | None, floor: float
 ) -> Verdict:
     """What production runs for a cell in ``status`` (``EMPTY`` when never
-    run) and why, in a few words."""
+    run) and why, in a few words. Frozen, so shared by every cell asking."""
     if status == EMPTY:
         return Verdict(UNVALIDATED, "never run", True)
     if stale:
