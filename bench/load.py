@@ -446,6 +446,7 @@ class Fixture:
         self.rng = random.Random(5)
         self.lock = threading.RLock()
         self.signers = {}
+        self.times = {}
 
     def describe(self) -> dict:
         from django.db.models import Count
@@ -525,7 +526,11 @@ class Fixture:
                 "operator_id", "pk"
             )
         )
-        shapes = list(Shape.objects.only("id", "operator_id").order_by("?")[:count])
+        shapes = list(
+            Shape.objects.select_related("operator")
+            .only("id", "operator_id", "dims", "dtype", "operator__name")
+            .order_by("?")[:count]
+        )
         while len(shapes) < count:
             shapes += shapes[: count - len(shapes)]
         now = timezone.now()
@@ -581,8 +586,8 @@ class Fixture:
             ),
             "timings": {
                 "compile_s": 2.5,
-                "kernel_ms": 0.5 if ran else None,
-                "reference_ms": 0.6 if ran else None,
+                "kernel_ms": self.kernel_ms(job, device_type) if ran else None,
+                "reference_ms": 1.2 * self.kernel_ms(job, device_type) if ran else None,
             },
             "error": {"signature": "", "message": message} if message else None,
             "fingerprint": {"hash": "f" * 64, "components": {"tilelang": "0.1.15"}},
@@ -598,6 +603,27 @@ class Fixture:
             runner_name=self.runner.name,
             key=self.key,
         )
+
+    def kernel_ms(self, job, device_type) -> float:
+        """A time the device could have run the job's kernel in: at least
+        0.5 ms, and 1.5 times the fastest its datasheet allows (ingest
+        refuses a faster one as implausible, as it would a real runner's)."""
+        from runners import kernels
+        from runners.kernels import peaks
+
+        key = (job.shape_id, device_type.pk)
+        if key not in self.times:
+            shape, fastest = job.shape, 0.0
+            peak = peaks.device_peak(device_type.model, device_type.backend)
+            if peak is not None:
+                operator = kernels.get(shape.operator.name)
+                fastest = peak.fastest_ms(
+                    flops=operator.flops(shape.dims),
+                    bytes_moved=operator.bytes_moved(shape.dims, shape.dtype),
+                    dtype=shape.dtype,
+                )
+            self.times[key] = max(0.5, round(1.5 * fastest, 4))
+        return self.times[key]
 
     def one_new_result(self) -> None:
         """One result on the current toolchain, through ingest: the home

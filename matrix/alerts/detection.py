@@ -355,6 +355,8 @@ def _current_failures(
             toolchain_id=current,
             status=Status.PASS,
         )
+        # Not the model's ordering: it would add created_at to DISTINCT.
+        .order_by()
         .values_list("shape_id", "device_type_id")
         .distinct()
     )
