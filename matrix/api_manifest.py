@@ -9,7 +9,7 @@ from ninja.errors import HttpError
 from matrix import queries
 from matrix.api_errors import Problem
 from matrix.cache import json_answer, manifest_version, read_key
-from matrix.gate.manifest import manifest_for
+from matrix.gate.manifest import manifest_for, snapshot_keep, snapshot_read
 from matrix.models import DeviceType, Toolchain
 
 router = Router(tags=["manifest"])
@@ -67,8 +67,14 @@ def manifest(request, toolchain: str | None = None, device_type: str | None = No
     # approval, the others are given the one before (matrix.cache), not
     # each a rebuild of their own.
     key = read_key("api-manifest", chosen.pk, device and device.pk, version=version)
+    # Kept in the database too: a cache restarted or evicted does not make
+    # every serving host's next read a rebuild.
     return json_answer(
-        request, key, lambda: manifest_for(toolchain=chosen, device_type=device), None
+        request,
+        key,
+        lambda: manifest_for(toolchain=chosen, device_type=device),
+        None,
+        snapshots=(snapshot_read, snapshot_keep),
     )
 
 

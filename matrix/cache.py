@@ -477,22 +477,34 @@ def gzipped_read(key: str, render) -> tuple[str, bytes]:
 RENDERER = StrictJSONRenderer()
 
 
-def json_answer(request, key: str, compute, schema) -> HttpResponse:
+def json_answer(request, key: str, compute, schema, snapshots=None) -> HttpResponse:
     """An API answer for ``key``: 304 when the client holds it already (its
     If-None-Match names the ETag), else the JSON of ``compute()``, checked
     against ``schema`` (where the answer has one) and rendered as the API
     renders, from the cache when another request computed it; gzipped for
-    a client that accepts it."""
+    a client that accepts it. ``snapshots``: (read, keep), functions that
+    read and keep the gzipped answer of a key outside the cache, consulted
+    before computing it where the cache lost it."""
     coding = "gzip" if accepts_gzip(request) else ""
     not_modified = get_conditional_response(request, etag=etag_of(key, coding))
     if not_modified is None:
 
         def render() -> bytes:
+            if snapshots is not None:
+                packed = snapshots[0](key)
+                if packed is not None:
+                    cache.set(key + ":gzip", packed)
+                    return gzip.decompress(packed)
             data = compute()
             if schema is not None:
                 data = schema.model_validate(data).model_dump(by_alias=True)
             content = RENDERER.render(request, data, response_status=200)
-            return content.encode() if isinstance(content, str) else content
+            content = content.encode() if isinstance(content, str) else content
+            if snapshots is not None:
+                packed = gzip.compress(content, GZIP_LEVEL, mtime=0)
+                cache.set(key + ":gzip", packed)
+                snapshots[1](key, packed)
+            return content
 
         # Under load, the answer to the version before while another request
         # computes this one, sent with that answer's own ETag.

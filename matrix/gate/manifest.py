@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from matrix.gate.diff import CellDiff, serve_floor
@@ -10,6 +11,7 @@ from matrix.gate.sustained import sustained_key, sustained_speeds
 from matrix.models import DeviceType, Status, Toolchain
 from matrix.models.gate import (
     ManifestEntry,
+    ManifestSnapshot,
     Policy,
     ProposalState,
     UpgradeProposal,
@@ -184,3 +186,27 @@ def manifest_for(
         "generated_at": timezone.now().isoformat(),
         "entries": rows,
     }
+
+
+def snapshot_read(key: str) -> bytes | None:
+    """The gzipped manifest kept for ``key`` (its version included), or None."""
+    packed = (
+        ManifestSnapshot.objects.filter(key=key)
+        .values_list("body_gzip", flat=True)
+        .first()
+    )
+    return None if packed is None else bytes(packed)
+
+
+def snapshot_keep(key: str, packed: bytes) -> None:
+    """Keep ``packed`` as the snapshot of ``key``'s read, in place of the
+    version before (one row a read). Two readers keeping it at once: the
+    second's write is the first's, or is left out."""
+    read = key.partition("@")[0]
+    try:
+        with transaction.atomic():
+            ManifestSnapshot.objects.update_or_create(
+                read=read, defaults={"key": key, "body_gzip": packed}
+            )
+    except IntegrityError:
+        pass

@@ -835,6 +835,7 @@ from matrix.models.gate import (  # noqa: E402, F401
     BackendException,
     DiffRow,
     ManifestEntry,
+    ManifestSnapshot,
     Policy,
     SustainedSpeed,
     UpgradeProposal,

@@ -180,3 +180,44 @@ def test_while_one_reader_rebuilds_a_changed_manifest_the_others_get_the_one_bef
     cache.delete(key + ":computing")
     after = client.get(MANIFEST, {"toolchain": world.new.name})
     assert after["ETag"] != first["ETag"] and after.json()["entries"] == []
+
+
+def test_a_cache_that_lost_the_manifest_answers_from_its_snapshot_not_a_rebuild(
+    client, world, approved, monkeypatch
+):
+    from django.core.cache import cache
+
+    from matrix import api_manifest
+    from matrix.models import ManifestSnapshot
+
+    first = client.get(MANIFEST, {"toolchain": world.new.name})
+    packed = client.get(
+        MANIFEST, {"toolchain": world.new.name}, headers={"Accept-Encoding": "gzip"}
+    )
+    (snapshot,) = ManifestSnapshot.objects.all()
+    assert gzip.decompress(bytes(snapshot.body_gzip)) == first.content
+
+    # The shared cache restarts empty; building the manifest would fail.
+    cache.clear()
+    monkeypatch.setattr(api_manifest, "manifest_for", fail_if_built)
+    again = client.get(MANIFEST, {"toolchain": world.new.name})
+    zipped = client.get(
+        MANIFEST, {"toolchain": world.new.name}, headers={"Accept-Encoding": "gzip"}
+    )
+
+    assert (again.content, again["ETag"]) == (first.content, first["ETag"])
+    assert (zipped.content, zipped["ETag"]) == (packed.content, packed["ETag"])
+    # Another version is never answered from it: a withdrawn approval
+    # builds the new manifest, which replaces the snapshot of that read.
+    monkeypatch.undo()
+    world.record("softmax", world.cpu, world.new, Status.COMPILE_ERROR)
+    proposal_reevaluate(proposal=approved)
+    cache.clear()
+    changed = client.get(MANIFEST, {"toolchain": world.new.name})
+    assert changed.json()["entries"] == []
+    (snapshot,) = ManifestSnapshot.objects.all()
+    assert gzip.decompress(bytes(snapshot.body_gzip)) == changed.content
+
+
+def fail_if_built(**_):
+    raise AssertionError("the manifest was built again")
