@@ -15,7 +15,9 @@ chains, the manifest of each device type. Measured:
 
 - each kind of read alone, one request at a time: p50, p95, errors;
 - the manifest with its cache just emptied (its keys deleted and each web
-  process's near copy expired) before each request;
+  process's near copy expired) before each request, answered from its
+  snapshot in the database; and rebuilt, its snapshots deleted too (the
+  first read after an approval);
 - 50 connections (wrk) over thousands of generated URLs: p95, errors;
 - the cache's hit rate over each part, from /metrics
   (``tilematrix_read_answers``: hit and earlier over all whole answers);
@@ -408,16 +410,24 @@ def summary(samples: list[float], statuses: dict, urls: int) -> dict:
     }
 
 
-def manifest_emptied(client, redis_url: str, trials: int) -> dict:
+def manifest_emptied(
+    client, redis_url: str, trials: int, *, snapshots: bool = True
+) -> dict:
     """GET /api/v1/manifest right after its cache was emptied, ``trials``
-    times (the whole manifest, gzipped as clients take it)."""
+    times (the whole manifest, gzipped as clients take it): answered from
+    its snapshot in the database, or with ``snapshots=False`` (those
+    deleted too) built again, as the first read after an approval is."""
     import redis
+
+    from matrix.models import ManifestSnapshot
 
     store = redis.Redis.from_url(redis_url)
     samples, statuses = [], {}
     for _ in range(trials):
         for key in store.scan_iter("*api-manifest*"):
             store.delete(key)
+        if not snapshots:
+            ManifestSnapshot.objects.all().delete()
         time.sleep(NEAR_EXPIRY_S)
         ms, status = timed(client, "/api/v1/manifest")
         samples.append(ms)
@@ -477,6 +487,10 @@ def run(client, fixture, worker_class, port: int, args, token: str) -> dict:
                 client, args.redis, args.steady_manifest_trials
             )
             say(f"steady manifest emptied: {rows['api_manifest_emptied']}")
+            rows["api_manifest_rebuilt"] = manifest_emptied(
+                client, args.redis, args.steady_manifest_trials, snapshots=False
+            )
+            say(f"steady manifest rebuilt: {rows['api_manifest_rebuilt']}")
             # The pools of every kind in one, each kind's Zipf-drawn.
             share = max(1, args.steady_urls // len(KINDS))
             mix = [u for kind in KINDS for u in zipf_draw(rng, pools[kind], share)]

@@ -456,11 +456,17 @@ def accepts_gzip(request) -> bool:
     return qualities.get("gzip", qualities.get("*", 0.0)) > 0
 
 
-def gzipped_read(key: str, render) -> tuple[str, bytes]:
+def gzipped_read(key: str, render, snapshot=None) -> tuple[str, bytes]:
     """``(key served, body)`` as ``answer_read``, the body gzipped: compressed
     by the first reader asking for it and kept for the others, so that a
-    reader of a kept answer reads only the small copy."""
+    reader of a kept answer reads only the small copy. ``snapshot(key)``:
+    the gzipped body kept outside the cache, or None, asked where the
+    cache has none."""
     packed = cache.get(key + ":gzip")
+    if packed is None and snapshot is not None:
+        packed = snapshot(key)
+        if packed is not None:
+            cache.set(key + ":gzip", packed)
     if packed is not None:
         _answer_counted("hit")
     else:
@@ -508,7 +514,12 @@ def json_answer(request, key: str, compute, schema, snapshots=None) -> HttpRespo
 
         # Under load, the answer to the version before while another request
         # computes this one, sent with that answer's own ETag.
-        key, content = (gzipped_read if coding else answer_read)(key, render)
+        if coding:
+            key, content = gzipped_read(
+                key, render, snapshots[0] if snapshots is not None else None
+            )
+        else:
+            key, content = answer_read(key, render)
         response = HttpResponse(
             content,
             content_type=f"{RENDERER.media_type}; charset={RENDERER.charset}",
