@@ -257,6 +257,10 @@ def sweep(deployment: Deployment, device_type: str, timeout: float) -> dict:
                 "kernel_ms_samples": r.details.get("kernel_ms_samples"),
                 "reference_ms_samples": r.details.get("reference_ms_samples"),
                 "kernel_source_sha256": r.source_sha256,
+                # Where the job's time went: its compile (or cache load),
+                # and the rest of its wall, mostly its turn on the device.
+                "compile_s": r.compile_s,
+                "wall_s": r.wall_s,
             }
             for r in results.filter(status="pass")
             .select_related("shape__operator")
