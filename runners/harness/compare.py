@@ -198,6 +198,21 @@ def compare_outputs(names, outs, refs, tolerance) -> Comparison:
 VALIDATION_RUNS = 3
 
 
+def same_outputs(outs, earlier) -> bool:
+    """Whether ``outs`` hold what ``earlier`` held, element for element (a
+    NaN never counts as the same). A run that repeats an earlier run's
+    outputs repeats its comparison, which is then not made again: compared
+    in float64 over every element, three runs of each input distribution
+    were 29% of the served cells' validation on the H100, 2.5 s of a large
+    GEMM's 4.2 s."""
+    import torch
+
+    return len(outs) == len(earlier) and all(
+        o.dtype == e.dtype and o.shape == e.shape and torch.equal(o, e)
+        for o, e in zip(outs, earlier, strict=True)
+    )
+
+
 def repeated_verdict(problems: list[str | None]) -> tuple[str, str] | None:
     """The verdict of several runs on one input set, from each run's problem
     (None where it matched): None when every run matched, ``mismatch`` when

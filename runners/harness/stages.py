@@ -177,7 +177,7 @@ def _validate(job: dict, operator, kernel, tolerance, result: dict) -> dict:
         references = _references(operator, inputs, device, result, widened)
         if isinstance(references, dict):
             return references
-        problems = []
+        problems, first = [], None
         for _ in range(compare.VALIDATION_RUNS):
             outputs = tensors.poisoned_outputs(out_specs, device)
             try:
@@ -186,6 +186,10 @@ def _validate(job: dict, operator, kernel, tolerance, result: dict) -> dict:
             except Exception as exc:
                 message = f"{type(exc).__name__}: {exc}"
                 return set_error(result, "runtime_error", message)
+            if first is not None and compare.same_outputs(outputs, first):
+                problems.append(problems[0])  # the first run's verdict, again
+                continue
+            first = first if first is not None else outputs
             problems.append(_compare(out_specs, outputs, references, tolerance, result))
         failed = compare.repeated_verdict(problems)
         if failed:

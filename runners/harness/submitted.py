@@ -339,7 +339,7 @@ def judge(
     checked = [*zip(runs, sets, strict=True), ([tensors.TIMED_SET], sets[0])]
     labels.append("on the first input set, as the timed calls left it")
     for (names, (_, references)), label in zip(checked, labels, strict=True):
-        problems = []
+        problems, first = [], None
         for name in names:
             outs = []
             for index, out_spec in enumerate(out_specs):
@@ -348,6 +348,10 @@ def judge(
                 if out is None:  # never written
                     out = tensors.poisoned_outputs([out_spec], "cpu")[0]
                 outs.append(out)
+            if first is not None and compare.same_outputs(outs, first):
+                problems.append(problems[0])  # the first run's verdict, again
+                continue
+            first = first if first is not None else outs
             verdict = compare.compare_outputs(
                 [s["name"] for s in out_specs], outs, references, tolerance
             )

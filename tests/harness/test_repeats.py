@@ -72,6 +72,41 @@ def test_a_race_on_a_later_distribution_names_it():
     assert result["error"]["message"].endswith("(on zero rows inputs)")
 
 
+def test_only_runs_whose_outputs_differ_from_the_first_are_compared_again(
+    monkeypatch,
+):
+    compared = []
+    real = compare.compare_outputs
+
+    def counted(names, outs, refs, tolerance):
+        compared.append(1)
+        return real(names, outs, refs, tolerance)
+
+    monkeypatch.setattr(compare, "compare_outputs", counted)
+    # Right on every run: once for each distribution, except where the
+    # outputs hold NaN (the NaN draw), which never count as the same.
+    assert _validate(_racy_add(set()))["status"] == "pass"
+    assert len(compared) == 7 + 3
+    compared.clear()
+    # The second run differs from the first and is compared; the third
+    # repeats the first and takes its verdict.
+    assert _validate(_racy_add({1}))["status"] == "unstable"
+    assert len(compared) == 2
+
+
+def test_outputs_are_the_same_only_element_for_element():
+    import torch
+
+    a = torch.tensor([[1.0, -0.0], [2.0, 3.0]])
+    assert compare.same_outputs([a], [a.clone()])
+    assert not compare.same_outputs([a], [a + 1e-7])
+    assert not compare.same_outputs([a], [a.double()])
+    assert not compare.same_outputs([a], [a.reshape(4)])
+    assert not compare.same_outputs([a, a], [a])
+    nan = torch.tensor([float("nan")])
+    assert not compare.same_outputs([nan], [nan.clone()])
+
+
 @pytest.mark.parametrize(
     ("failures", "runs", "low", "high"),
     [(0, 3, 0.0, 0.5615), (1, 3, 0.0615, 0.7923), (3, 3, 0.4385, 1.0)],
