@@ -50,7 +50,14 @@ def served_cells(device_type: str) -> list[dict]:
             "import_shapes", "--profile", profile, stdout=open(os.devnull, "w")
         )
 
-    target = DeviceType.objects.named(device_type).get().target
+    named = DeviceType.objects.named(device_type).first()
+    if named is None:
+        raise SystemExit(
+            f"no device type {device_type!r} in the scratch deployment: use one "
+            f"of {sorted(str(t) for t in DeviceType.objects.all())} with the "
+            "same target (the H200's is the H100's: cuda sm_90a)"
+        )
+    target = named.target
     return [
         {
             "operator": shape.operator.name,
