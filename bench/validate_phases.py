@@ -3,6 +3,7 @@ cells' validate stage run in this process (no sandbox, no runner), warm
 kernel cache, each phase timed with the device synchronised around it.
 
     python bench/validate_phases.py --device-type H100 [--every 2] [--out DIR]
+        [--again] [--profile]
 
 The runner takes the device in turn for the whole validate stage (one
 child at a time), so the sum of these run times is what bounds a warm
@@ -187,6 +188,17 @@ def main() -> int:
     parser.add_argument("--save-cells", type=Path)
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "out")
     parser.add_argument("--label", default="head")
+    parser.add_argument(
+        "--again",
+        action="store_true",
+        help="time every cell a second time, its kernel already loaded in "
+        "this process (what a cell's first call costs is the difference)",
+    )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="cProfile the timed pass: print the top functions, save the stats",
+    )
     args = parser.parse_args()
     os.environ.setdefault(
         "TILELANG_CACHE_DIR", str(Path(tempfile.gettempdir(), "tm-phases-cache"))
@@ -209,12 +221,19 @@ def main() -> int:
         flush=True,
     )
     measure(jobs[:3])  # the first calls' libraries and contexts, not timed
-    rows = measure(jobs)
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.profile:
+        rows = _profiled(measure, jobs, args.out / f"validate_phases-{args.label}.prof")
+    else:
+        rows = measure(jobs)
+    again = measure(jobs) if args.again else None
     from bench._scratch import table
 
     headers = ("operator", "cells", "run_s", *PHASES, "other")
     print(table(summary(rows), headers))
-    args.out.mkdir(parents=True, exist_ok=True)
+    if again:
+        print("again, every kernel loaded in this process:")
+        print(table(summary(again), headers))
     path = args.out / f"validate_phases-{args.label}.json"
     path.write_text(
         json.dumps(
@@ -227,12 +246,37 @@ def main() -> int:
                 "by_operator": [
                     dict(zip(headers, r, strict=True)) for r in summary(rows)
                 ],
+                **(
+                    {
+                        "again_rows": again,
+                        "again_by_operator": [
+                            dict(zip(headers, r, strict=True)) for r in summary(again)
+                        ],
+                    }
+                    if again
+                    else {}
+                ),
             },
             indent=1,
         )
     )
     print(f"wrote {path}")
     return 0
+
+
+def _profiled(fn, jobs: list[dict], path: Path):
+    """``fn(jobs)`` under cProfile: the functions that took most of their own
+    time printed, the stats saved to ``path`` (read with pstats)."""
+    import cProfile
+    import pstats
+
+    profiler = cProfile.Profile()
+    rows = profiler.runcall(fn, jobs)
+    profiler.dump_stats(path)
+    stats = pstats.Stats(profiler, stream=sys.stdout).strip_dirs()
+    stats.sort_stats("tottime").print_stats(25)
+    stats.sort_stats("cumulative").print_stats(40)
+    return rows
 
 
 def _nothing() -> None:
