@@ -88,3 +88,39 @@ def test_metal_kernels_cover_all_but_attention():
 def test_kernel_lowers_for_metal_at_a_ragged_shape(tilelang, name):
     source = lower(get(name).program(RAGGED[name], "float16", METAL), METAL)
     assert "#include <metal_stdlib>" in source and f"{name}_kernel" in source
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
+def test_a_fresh_cuda_kernel_leaves_the_build_with_its_host_library_linked(
+    tilelang, tmp_path, monkeypatch
+):
+    """No GPU here: what is checked is that the link TileLang would run at
+    a fresh kernel's first call (0.2 s a kernel on the H100's host, inside
+    the device turn) ran in the build, so the first call finds it made."""
+    from tvm.contrib import cc
+
+    from runners.harness.job import parse_job
+    from runners.harness.stages import compile_program
+
+    monkeypatch.setenv("TILELANG_CACHE_DIR", str(tmp_path))  # fresh: no cache hit
+    job = parse_job(
+        {
+            "operator": "elementwise_add",
+            "shape": {"M": 64, "N": 256},
+            "dtype": "float16",
+            "target": CUDA,
+            "stage": "validate",
+            "seed": 1,
+        }
+    )
+    program = get("elementwise_add").program(job["shape"], "float16", CUDA)
+    kernel, source = compile_program(job, lambda: program, {}, lambda stage: None)
+    assert "__global__" in source
+
+    def no_compiler(*args, **kwargs):
+        raise AssertionError("the host library was linked at the first call")
+
+    monkeypatch.setattr(cc, "create_shared", no_compiler)
+    # What the kernel's first call runs before it launches (tvm_ffi adapter).
+    executable = kernel.adapter.get_exportable_executable()
+    assert executable.jit().get_function("main", query_imports=True) is not None
