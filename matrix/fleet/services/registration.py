@@ -443,13 +443,29 @@ def runner_revoke(*, name: str, by=None) -> Runner:
 def broker_users_prune() -> int:
     """Delete the broker users (and close their connections) of runners
     that may no longer hold one: revoked, or gone. The backstop of a
-    revocation whose broker part failed; 0 without per-runner users."""
+    revocation whose broker part failed; 0 without per-runner users.
+
+    A runner being approved has its user made before its approval commits,
+    while ``runner_approve`` holds its row: seen from here it is still
+    pending, and its user is not stale. So the rows of the runners waiting
+    for approval are locked first: those held by an approval are kept, and
+    the others stay locked until the prune is done, so no approval starts
+    in between (an approval that has committed is read as approved)."""
     if not broker_access.enabled():
         return 0
-    keep = {
-        runner.name
-        for runner in Runner.objects.filter(revoked_at__isnull=True).exclude(
-            health__in=[Runner.Health.PENDING, Runner.Health.EVIDENCE]
+    with transaction.atomic():
+        waiting = Runner.objects.filter(
+            revoked_at__isnull=True,
+            health__in=[Runner.Health.PENDING, Runner.Health.EVIDENCE],
         )
-    }
-    return broker_access.users_prune(keep=keep)
+        free = set(
+            waiting.select_for_update(skip_locked=True).values_list("name", flat=True)
+        )
+        being_approved = set(waiting.values_list("name", flat=True)) - free
+        keep = being_approved | {
+            runner.name
+            for runner in Runner.objects.filter(revoked_at__isnull=True).exclude(
+                health__in=[Runner.Health.PENDING, Runner.Health.EVIDENCE]
+            )
+        }
+        return broker_access.users_prune(keep=keep)
