@@ -462,10 +462,8 @@ def broker_users_prune() -> int:
             waiting.select_for_update(skip_locked=True).values_list("name", flat=True)
         )
         being_approved = set(waiting.values_list("name", flat=True)) - free
-        keep = being_approved | {
-            runner.name
-            for runner in Runner.objects.filter(revoked_at__isnull=True).exclude(
-                health__in=[Runner.Health.PENDING, Runner.Health.EVIDENCE]
-            )
-        }
+        approved = Runner.objects.filter(revoked_at__isnull=True).exclude(
+            health__in=[Runner.Health.PENDING, Runner.Health.EVIDENCE]
+        )
+        keep = being_approved | set(approved.values_list("name", flat=True))
         return broker_access.users_prune(keep=keep)
