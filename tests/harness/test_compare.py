@@ -3,10 +3,14 @@ outputs never pass, however loose the bounds."""
 
 from __future__ import annotations
 
+from math import inf, nan
+
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from runners.harness.compare import compare_outputs
+from runners.harness.compare import _figures, _figures_finite, compare_outputs
 from runners.kernels.base import Tolerance
 
 LOOSE = Tolerance(rel_err=1e9, atol=1e9, rtol=1e9, max_mismatch_ratio=1.0, reason="")
@@ -127,3 +131,30 @@ def test_a_verdict_does_not_change_with_the_units():
     worse = ref.clone()
     worse[0, 2] = 2.7e-5  # off by 2.5e-5: past atol, the norm still close
     assert "mismatch" in verdict(worse * scaled, TIGHT, ref * scaled)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    values=st.lists(
+        st.floats(-1e4, 1e4, allow_nan=False, width=32), min_size=1, max_size=24
+    ),
+    noise=st.floats(0, 1e-1),
+    broken=st.lists(
+        st.tuples(st.integers(0, 23), st.sampled_from([nan, inf, -inf, 0.0, 7.0]))
+    ),
+    out_dtype=st.sampled_from([torch.float16, torch.bfloat16, torch.float32]),
+    wide=st.sampled_from([torch.float32, torch.float64]),
+)
+def test_the_finite_reference_shortcut_reads_every_figure_as_the_general_compare(
+    values, noise, broken, out_dtype, wide
+):
+    # Every served cell's reference is finite, so compare_one takes the
+    # shortcut; its figures must be the general compare's, bit for bit,
+    # whatever the kernel wrote (NaN, infinities, zeros, noise).
+    ref = torch.tensor(values, dtype=wide)
+    out = (ref * (1 + noise)).to(out_dtype).to(wide)
+    for index, value in broken:
+        out[index % len(values)] = value
+    shortcut = _figures_finite(out, ref, out_dtype, TIGHT)
+    general = _figures(out, ref, out_dtype, TIGHT)
+    assert [repr(x) for x in shortcut] == [repr(x) for x in general]
