@@ -72,23 +72,16 @@ def test_llama_3_8b_served_shapes_are_seeded_at_each_token_count(tokens):
 def test_seeding_a_database_never_migrated_says_to_migrate_first(tmp_path):
     """A fresh SQLite file of its own, so the test database stays as it is."""
     import os
-    import subprocess
-    import sys
     from pathlib import Path
+
+    from tests import forkserver
 
     repo = Path(__file__).resolve().parents[2]
     env = {
         **{k: v for k, v in os.environ.items() if k != "DATABASE_URL"},
         "TILEMATRIX_VAR_DIR": str(tmp_path),
     }
-    done = subprocess.run(
-        [sys.executable, "manage.py", "seed_demo"],
-        cwd=repo,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = forkserver.run(["manage.py", "seed_demo"], cwd=repo, env=env, timeout=120)
     assert done.returncode == 1
     assert "run `manage.py migrate` first" in done.stderr
     assert "Traceback" not in done.stderr

@@ -5,13 +5,13 @@ import os
 import queue as queue_module
 import stat
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 
 from matrix import config
+from tests import forkserver
 
 ROOT = Path(__file__).resolve().parents[2]
 STRONG_SECRET = "k3y-" + "x7Qa9#Lm2!pZ" * 5
@@ -24,14 +24,7 @@ def manage(*args, env_extra: dict, tmp_path: Path) -> subprocess.CompletedProces
         if not k.startswith(("DJANGO_", "DATABASE_URL", "CELERY_"))
     }
     env.update({"TILEMATRIX_VAR_DIR": str(tmp_path / "var")}, **env_extra)
-    return subprocess.run(
-        [sys.executable, "manage.py", *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return forkserver.run(["manage.py", *args], cwd=ROOT, env=env, timeout=120)
 
 
 def test_unset_database_url_means_the_embedded_sqlite_file(tmp_path):

@@ -7,12 +7,13 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
 
 import pytest
+
+from tests import forkserver
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -37,14 +38,8 @@ def demo_env(tmp_path) -> dict:
 
 
 def manage(env, *args) -> str:
-    return subprocess.run(
-        [sys.executable, "manage.py", *args],
-        cwd=ROOT,
-        env=env,
-        check=True,
-        capture_output=True,
-        text=True,
-        timeout=300,
+    return forkserver.run(
+        ["manage.py", *args], cwd=ROOT, env=env, check=True, timeout=300
     ).stdout
 
 

@@ -34,6 +34,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 
 import pytest
 
+from .. import forkserver
 from ..deploy import proxy
 
 REPO = Path(__file__).resolve().parents[2]
@@ -217,14 +218,22 @@ class Cluster:
     def manage(
         self, *args, check=True, timeout=300, prefix: tuple = (), env=None
     ) -> subprocess.CompletedProcess:
-        done = subprocess.run(
-            [*prefix, PY, "manage.py", *args],
-            cwd=REPO,
-            env={**self.env, **(env or {})},
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-        )
+        if prefix:
+            done = subprocess.run(
+                [*prefix, PY, "manage.py", *args],
+                cwd=REPO,
+                env={**self.env, **(env or {})},
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+            )
+        else:
+            done = forkserver.run(
+                ["manage.py", *args],
+                cwd=REPO,
+                env={**self.env, **(env or {})},
+                timeout=timeout,
+            )
         if check and done.returncode != 0:
             raise AssertionError(
                 f"manage.py {' '.join(args)} exited {done.returncode}:\n{done.stdout}\n{done.stderr}"

@@ -9,12 +9,12 @@ import os
 import re
 import secrets
 import subprocess
-import sys
 from pathlib import Path
 
 from django.test import Client
 from django.urls import reverse
 
+from tests import forkserver
 from tests.security.test_permission_matrix import fill, url_patterns
 
 REPO = Path(__file__).resolve().parents[2]
@@ -31,12 +31,8 @@ def _manage(*args: str, code: str | None = None) -> subprocess.CompletedProcess:
         **{k: v for k, v in os.environ.items() if k != "DJANGO_ALLOW_ASYNC_UNSAFE"},
         **PRODUCTION_ENV,
     }
-    command = [sys.executable, "manage.py", *args]
-    if code is not None:
-        command = [sys.executable, "-c", code]
-    return subprocess.run(
-        command, cwd=REPO, env=env, capture_output=True, text=True, timeout=120
-    )
+    command = ["manage.py", *args] if code is None else ["-c", code]
+    return forkserver.run(command, cwd=REPO, env=env, timeout=120)
 
 
 def test_check_deploy_is_clean():
