@@ -76,12 +76,19 @@ def make_current(revision: KernelRevision, backends) -> dict[str, int | None]:
         .filter(operator_id=revision.operator_id, backend__in=list(backends))
         .values_list("backend", "revision_id")
     )
-    for backend in backends:
-        CurrentRevision.objects.update_or_create(
-            operator_id=revision.operator_id,
-            backend=backend,
-            defaults={"revision": revision},
-        )
+    # One upsert for every backend, not an update_or_create (a savepoint and
+    # two statements) each: the catalogue's sync does this at every start.
+    CurrentRevision.objects.bulk_create(
+        [
+            CurrentRevision(
+                operator_id=revision.operator_id, backend=backend, revision=revision
+            )
+            for backend in backends
+        ],
+        update_conflicts=True,
+        unique_fields=["operator", "backend"],
+        update_fields=["revision"],
+    )
     touched = {revision.pk, *(r for r in replaced.values() if r is not None)}
     KernelRevision.objects.filter(pk__in=touched).update(
         is_current=Exists(CurrentRevision.objects.filter(revision_id=OuterRef("pk")))

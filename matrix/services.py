@@ -12,6 +12,7 @@ from django.db.models import Max, Sum
 from matrix import profiles, revisions
 from matrix.models import (
     Backend,
+    CurrentRevision,
     DeviceType,
     Dtype,
     KernelRevision,
@@ -70,41 +71,65 @@ def operator_sync_library() -> list[Operator]:
     """Mirror the kernel library into the catalogue: one Operator per module
     and its current library revision, pinned by the module source's sha256;
     on a backend where a reviewer approved a submitted revision, that one
-    stays current (the library's is kept beside it for a revert)."""
+    stays current (the library's is kept beside it for a revert).
+
+    A few statements for the whole library, not a dozen an operator: it runs
+    at every start and in every test that seeds the catalogue."""
     from runners import kernels
     from runners.kernels.revision import library_source, revision_sha256
 
-    synced = []
+    specs = kernels.OPERATORS
+    Operator.objects.bulk_create(
+        [
+            Operator(name=name, dims=list(spec.dims), description=spec.description)
+            for name, spec in specs.items()
+        ],
+        update_conflicts=True,
+        unique_fields=["name"],
+        update_fields=["dims", "description"],
+    )
+    operators = {op.name: op for op in Operator.objects.filter(name__in=specs)}
+    # The operator's module and the library modules it imports, as a runner
+    # hashes its copy before it runs a library job.
+    sources = {name: library_source(name) for name in specs}
+    digests = {name: revision_sha256(source) for name, source in sources.items()}
+    # A revision already stored is kept as it is.
+    KernelRevision.objects.bulk_create(
+        [
+            KernelRevision(
+                operator=operators[name],
+                source_sha256=digests[name],
+                source=sources[name],
+                origin=KernelRevision.Origin.LIBRARY,
+                review_state=KernelRevision.Review.APPROVED,
+            )
+            for name in specs
+        ],
+        ignore_conflicts=True,
+    )
+    library = {
+        (r.operator_id, r.source_sha256): r
+        for r in KernelRevision.objects.filter(
+            operator__in=operators.values(), source_sha256__in=digests.values()
+        )
+    }
     current = revisions.current_map()
-    for name, spec in kernels.OPERATORS.items():
-        op, _ = Operator.objects.update_or_create(
-            name=name,
-            defaults={"dims": list(spec.dims), "description": spec.description},
-        )
-        # The operator's module and the library modules it imports, as a runner
-        # hashes its copy before it runs a library job.
-        source = library_source(name)
-        digest = revision_sha256(source)
-        revision, _ = KernelRevision.objects.get_or_create(
-            operator=op,
-            source_sha256=digest,
-            defaults={
-                "source": source,
-                "origin": KernelRevision.Origin.LIBRARY,
-                "review_state": KernelRevision.Review.APPROVED,
-            },
-        )
-        # A backend follows the library unless a reviewer made a submission
-        # current there: a start-up's sync never overrides that decision.
-        decided = set(
-            op.current.filter(
-                revision__origin=KernelRevision.Origin.SUBMITTED
-            ).values_list("backend", flat=True)
-        )
+    # A backend follows the library unless a reviewer made a submission
+    # current there: a start-up's sync never overrides that decision.
+    decided = set(
+        CurrentRevision.objects.filter(
+            operator__in=operators.values(),
+            revision__origin=KernelRevision.Origin.SUBMITTED,
+        ).values_list("operator_id", "backend")
+    )
+    synced = []
+    for name in specs:
+        op = operators[name]
+        revision = library[(op.pk, digests[name])]
         following = [
             b
             for b in Backend.values
-            if b not in decided and current.get((op.pk, b)) != revision.pk
+            if (op.pk, b) not in decided and current.get((op.pk, b)) != revision.pk
         ]
         if following:
             revisions.make_current(revision, following)
@@ -112,7 +137,11 @@ def operator_sync_library() -> list[Operator]:
     return synced
 
 
-def shape_clean(*, operator: Operator, dims, dtype: str) -> dict:
+def shape_clean(
+    *, operator: Operator, dims, dtype: str, largest_gb: float | None = None
+) -> dict:
+    """``largest_gb``: the catalogue's largest device memory, when the caller
+    cleans many shapes and has read it once (see ``largest_device_gb``)."""
     from runners import kernels
 
     dims = operator.clean_dims(dims)
@@ -136,18 +165,28 @@ def shape_clean(*, operator: Operator, dims, dtype: str) -> dict:
                     f"elements in all; at most {ELEMENTS_MAX:.3g}"
                 }
             )
-        _fits_a_device(dims, spec.inputs(dims, dtype), spec.outputs(dims, dtype))
+        _fits_a_device(
+            dims,
+            spec.inputs(dims, dtype),
+            spec.outputs(dims, dtype),
+            largest_gb if largest_gb is not None else largest_device_gb(),
+        )
     return dims
 
 
 ITEM_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
 
 
-def _fits_a_device(dims: dict, inputs, outputs) -> None:
+def largest_device_gb() -> float:
+    """The largest memory a device type of the catalogue states; 0 when none
+    states one (a CPU bounds nothing)."""
+    return DeviceType.objects.aggregate(m=Max("memory_gb"))["m"] or 0
+
+
+def _fits_a_device(dims: dict, inputs, outputs, largest: float) -> None:
     """Refuse a shape no device of the catalogue could hold: a validation
     job holds the inputs, the kernel's outputs and the reference's. Device
     types that state no memory (a CPU) bound nothing."""
-    largest = DeviceType.objects.aggregate(m=Max("memory_gb"))["m"]
     if not largest:
         return
     need = sum(math.prod(t.shape) * ITEM_BYTES.get(t.dtype, 4) for t in inputs)
@@ -193,13 +232,16 @@ def shape_import(*, rows, source_profile: str, served: bool = True) -> int:
     served shape's weight is then the sum over every model that calls it.
     Every row is validated before the first write."""
     operators = {op.name: op for op in Operator.objects.all()}
+    largest_gb = largest_device_gb()  # once, not once a row
     clean = []
     for i, row in enumerate(rows, start=1):
         name, dims, dtype, weight = row[:4]
         if not isinstance(name, str) or name not in operators:
             raise ValidationError(f"row {i}: unknown operator {name!r}")
         try:
-            dims = shape_clean(operator=operators[name], dims=dims, dtype=dtype)
+            dims = shape_clean(
+                operator=operators[name], dims=dims, dtype=dtype, largest_gb=largest_gb
+            )
             weight = weight_clean(weight)
             tokens = tokens_clean(row[4]) if len(row) > 4 else None
         except ValidationError as exc:
@@ -347,14 +389,10 @@ def toolchain_register(
 @transaction.atomic
 def catalog_seed() -> dict:
     """The demo catalogue; running it again changes nothing."""
-    for spec in DEMO_DEVICE_TYPES:
-        DeviceType.objects.get_or_create(
-            vendor=spec["vendor"],
-            model=spec["model"],
-            arch=spec["arch"],
-            backend=spec["backend"],
-            defaults={"memory_gb": spec["memory_gb"]},
-        )
+    # A device type already there keeps its memory.
+    DeviceType.objects.bulk_create(
+        [DeviceType(**spec) for spec in DEMO_DEVICE_TYPES], ignore_conflicts=True
+    )
     operators = operator_sync_library()
     shape_import(
         rows=list(profiles.served_calls("llama-3-8b")), source_profile="llama-3-8b"

@@ -42,7 +42,12 @@ from matrix.models import (
     ValidationJob,
     dims_key,
 )
-from matrix.services import shape_clean, shape_import, weight_clean
+from matrix.services import (
+    largest_device_gb,
+    shape_clean,
+    shape_import,
+    weight_clean,
+)
 from runners import signing
 
 FORMAT = "tilematrix-evidence/1"
@@ -177,6 +182,7 @@ def _jobs_check(jobs: list) -> None:
     """Refuse a file whose jobs could not all be stored, before anything is
     written, naming the job by its index in the file."""
     operators = {op.name: op for op in Operator.objects.all()}
+    largest_gb = largest_device_gb()  # once, not once a job
     listed: dict[int, int] = {}
     for i, job in enumerate(jobs):
         where = f"jobs[{i}]"
@@ -213,7 +219,10 @@ def _jobs_check(jobs: list) -> None:
             # Cleaned dims come in the declared order, which makes the key a
             # shape is found by, whatever order the file lists them in.
             job["dims"] = shape_clean(
-                operator=operator, dims=job["dims"], dtype=job["dtype"]
+                operator=operator,
+                dims=job["dims"],
+                dtype=job["dtype"],
+                largest_gb=largest_gb,
             )
             weight_clean(job.get("weight", 0.0))
         except ValidationError as exc:
