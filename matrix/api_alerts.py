@@ -11,7 +11,7 @@ from ninja import Field, Query, Router, Schema
 from ninja.errors import HttpError
 
 from matrix.alerts import reads
-from matrix.api_coverage import coverage_reader
+from matrix.api_coverage import REFUSED, coverage_reader
 
 router = Router(tags=["alerts"], auth=coverage_reader)
 LIMIT_MAX = 500
@@ -68,7 +68,8 @@ class AlertsOut(Schema):
     alerts: list[AlertOut]
 
 
-@router.get("/alerts", response=AlertsOut, url_name="alerts_list")
+# A filter value that names nothing is refused (400) with the allowed ones.
+@router.get("/alerts", response={200: AlertsOut, **REFUSED}, url_name="alerts_list")
 def alerts_list(request, params: Query[AlertFilters]):
     """Alerts by served weight touched, open first; each with its cause,
     counts, owners and whether a candidate toolchain already fixes it."""
