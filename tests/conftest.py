@@ -89,6 +89,39 @@ def fast_password_hashing():
         yield
 
 
+@pytest.fixture(autouse=True, scope="session")
+def flush_by_delete():
+    """A transactional test (a live server, a browser) ends by emptying every
+    table. On PostgreSQL Django does that with one TRUNCATE of all 51, which
+    makes new files for each table and its indexes and drops the old ones at
+    commit: 0.45 s on an idle host, 1.6-1.8 s with the cores busy, and 3-5 s
+    a test in a whole pass. DELETE FROM each table, with the foreign keys
+    (deferrable, as Django makes them) checked at commit, leaves the same
+    empty tables in 0.03-0.09 s. Sequences are not reset either way, unless
+    a test asks (then it is Django's own statement)."""
+    from django.db.backends.postgresql.operations import DatabaseOperations
+
+    truncate = DatabaseOperations.sql_flush
+
+    def sql_flush(self, style, tables, *, reset_sequences=False, allow_cascade=False):
+        if reset_sequences or not tables:
+            return truncate(
+                self,
+                style,
+                tables,
+                reset_sequences=reset_sequences,
+                allow_cascade=allow_cascade,
+            )
+        return [
+            "SET CONSTRAINTS ALL DEFERRED",
+            *(f"DELETE FROM {self.quote_name(table)}" for table in tables),
+        ]
+
+    DatabaseOperations.sql_flush = sql_flush
+    yield
+    DatabaseOperations.sql_flush = truncate
+
+
 @pytest.fixture(autouse=True)
 def empty_cache():
     """Reads are cached by data version, and database ids repeat between
