@@ -9,6 +9,7 @@ again.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections import Counter
 
@@ -16,7 +17,7 @@ from celery import shared_task
 from celery.signals import task_received
 from celery_batches import Batches
 from django.core.exceptions import PermissionDenied, ValidationError
-from django.db import DatabaseError
+from django.db import DatabaseError, InterfaceError, OperationalError, connection
 
 from matrix.fleet import services
 from matrix.fleet.broker_access import BrokerAdminError
@@ -39,6 +40,51 @@ INGEST_FLUSH_S = 0.1
 # A batch the database could not take is sent again, message by message,
 # with a growing delay; after that the runner's outbox sends it again.
 INGEST_RETRIES = 5
+
+
+def again_if_the_connection_was_cut(work):
+    """Run ``work`` once more, on a new connection, when the database ended
+    its connection mid-task (a restart, a failover, an operator's
+    ``pg_terminate_backend``). The check before each task (matrix.celery)
+    finds a connection cut between tasks, not one cut during a task; without
+    this such a task fails, or waits for a retry, for a cause that is gone by
+    the next statement. Every task wrapped is safe to run twice: ingest finds
+    what it already stored, a heartbeat or a reap is the same again. Any
+    other database error, or one inside a caller's transaction, is raised."""
+
+    @functools.wraps(work)
+    def run(*args, **kwargs):
+        try:
+            return work(*args, **kwargs)
+        except (OperationalError, InterfaceError) as exc:
+            if connection.in_atomic_block or not _connection_was_cut(exc):
+                raise
+            log.warning(
+                "%s: the database ended its connection mid-task; run again "
+                "on a new one",
+                work.__name__,
+            )
+            connection.close()
+            return work(*args, **kwargs)
+
+    return run
+
+
+# SQLSTATEs of a connection the server ended: a connection exception (class
+# 08), or a shutdown by an operator, a crash or a start-up (57P01-57P03; not
+# 57014, a statement's own timeout).
+CUT_STATES = ("57P01", "57P02", "57P03")
+
+
+def _connection_was_cut(exc: Exception) -> bool:
+    """Told by the error, not by the connection: by the time it reaches the
+    task, Django's transaction has already opened a new one."""
+    if connection.vendor != "postgresql":
+        return False  # SQLite's file has no connection to cut
+    state = getattr(exc.__cause__, "sqlstate", None)
+    if state is None:
+        return True  # psycopg's own: the socket closed with no message
+    return state.startswith("08") or state in CUT_STATES
 
 
 @shared_task(
@@ -107,6 +153,7 @@ def _ingest_again(envelopes, options: dict, exc: Exception) -> None:
     )
 
 
+@again_if_the_connection_was_cut
 def ingest_messages(messages: list) -> Counter:
     """Store the results of several messages in one ingest, and count the
     outcomes. A message that is not a list of envelopes is dropped with a
@@ -143,6 +190,7 @@ def ingest_messages(messages: list) -> Counter:
     retry_backoff=True,
     max_retries=3,
 )
+@again_if_the_connection_was_cut
 def heartbeat(envelope):
     try:
         services.runner_heartbeat(envelope=envelope)
@@ -152,6 +200,7 @@ def heartbeat(envelope):
 
 
 @shared_task(name=REAP)
+@again_if_the_connection_was_cut
 def reap():
     counts = services.runner_reap()
     if any(counts.values()):

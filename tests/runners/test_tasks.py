@@ -9,6 +9,7 @@ from concurrent.futures import Future
 import pytest
 from celery.exceptions import Reject
 from celery_batches import SimpleRequest
+from django.db import OperationalError, connection, connections
 from django.urls import reverse
 
 from matrix.fleet import keys, services, tasks
@@ -189,6 +190,64 @@ def test_heartbeat_task_records_the_heartbeat_and_refuses_a_revoked_runner(
     with caplog.at_level(logging.WARNING, logger="matrix.fleet.tasks"):
         tasks.heartbeat(hand.heartbeat())
     assert "is revoked" in caplog.text
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_heartbeat_whose_connection_the_database_cuts_mid_task_is_recorded_at_once(
+    register, caplog
+):
+    """A restart or failover that ends the control worker's connection while
+    a task is inside its statements: the task runs again on a new
+    connection, instead of failing (or waiting for a retry)."""
+    if connection.vendor != "postgresql":
+        pytest.skip("cutting a connection needs PostgreSQL (DATABASE_URL)")
+    hand = register(online=False)
+    connection.ensure_connection()
+    victim = connection.connection.info.backend_pid
+    cuts = []
+
+    def cut_before_the_first_statement(execute, sql, params, many, context):
+        if not cuts:
+            cuts.append(sql)
+            admin = connections.create_connection("default")
+            with admin.cursor() as cursor:
+                cursor.execute("SELECT pg_terminate_backend(%s)", [victim])
+            admin.close()
+        return execute(sql, params, many, context)
+
+    with (
+        connection.execute_wrapper(cut_before_the_first_statement),
+        caplog.at_level(logging.WARNING, logger="matrix.fleet.tasks"),
+    ):
+        tasks.heartbeat(hand.heartbeat())
+    assert cuts, "the task made no statement to cut"
+    assert Runner.objects.get().state == Runner.State.ONLINE
+    assert "ended its connection mid-task; run again" in caplog.text
+    assert connection.connection.info.backend_pid != victim
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_database_error_of_the_task_itself_is_not_run_again():
+    """Only a cut connection makes a task run twice: an operational error of
+    its own statements (a timeout, a missing table) is raised at once."""
+    runs = []
+
+    @tasks.again_if_the_connection_was_cut
+    def broken():
+        runs.append(1)
+        with connection.cursor() as cursor:
+            if connection.vendor == "postgresql":
+                cursor.execute("SET statement_timeout = 1")
+                cursor.execute("SELECT pg_sleep(1)")
+            else:
+                cursor.execute("SELECT * FROM no_such_table")
+
+    try:
+        with pytest.raises(OperationalError):
+            broken()
+    finally:
+        connection.close()  # not the timeout for the tests after
+    assert runs == [1]
 
 
 def test_reap_task_requeues_the_jobs_of_a_silent_runner(cpu_runner, running_job):
