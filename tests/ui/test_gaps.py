@@ -257,8 +257,9 @@ def test_run_missing_plans_exactly_the_runnable_gaps(
 
 def paced_run(shape, device_type, toolchain, runner, *, jobs: int, each_s: float):
     """A finished sweep's run on ``runner``: ``jobs`` validations, side by
-    side, the last finishing ``jobs * each_s`` seconds after the first
-    started (its pace: ``each_s`` a job)."""
+    side, each started before the one before it ended, the last finishing
+    ``jobs * each_s`` seconds after the first started (its pace: ``each_s``
+    a job)."""
     sweep = Sweep.objects.create(total=jobs)
     start = timezone.now() - timedelta(hours=1)
     for i in range(jobs):
@@ -269,7 +270,7 @@ def paced_run(shape, device_type, toolchain, runner, *, jobs: int, each_s: float
             sweep=sweep,
             runner=runner,
             state=JobState.DONE,
-            started_at=start,
+            started_at=start + timedelta(seconds=each_s * i / 2),
             finished_at=start + timedelta(seconds=each_s * (i + 1)),
         )
 
