@@ -42,7 +42,7 @@ from matrix.models import (
     Shape,
     Status,
 )
-from matrix.served_models import model_coverage
+from matrix.served_models import mark_passing_elsewhere, model_coverage
 from matrix.serving import serve_speedup_floor, serving_verdict, speedup
 
 
@@ -750,6 +750,10 @@ def coverage_models(request, params: Query[ModelFilters]):
 
 def _models_answer(filters, params) -> dict:
     models = model_coverage(filters)
+    mark_passing_elsewhere(
+        (p for m in models for d in m.devices for p in d.pieces[: params.pieces]),
+        filters.toolchain,
+    )
     out = []
     base = filters.as_params()
     for model in models:

@@ -12,6 +12,7 @@ number of models, shapes and device types.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from matrix import queries, revisions
@@ -65,8 +66,12 @@ class Piece:
     status: str
     verdict: Verdict
     speedup: float | None
+    device_type_id: int
+    # The revision the cell's result ran (None: never run).
+    revision_id: int | None
     # Where it fails here but its revision passes on another toolchain (same
-    # device type): queries.PassesOn. A run here cannot close it unless the
+    # device type): queries.PassesOn, set by ``mark_passing_elsewhere`` for
+    # the pieces a reader is shown. A run here cannot close it unless the
     # revision that failed is not the current one; the upgrade can.
     passes_on: queries.PassesOn | None = None
 
@@ -143,7 +148,10 @@ def model_coverage(
 ) -> list[ModelCoverage]:
     """Each model's coverage on each device type under the filters, on the
     filters' toolchain. Device types come from ``device_types`` when given
-    (read from the database otherwise)."""
+    (read from the database otherwise). Which pieces pass on another
+    toolchain is left to ``mark_passing_elsewhere``, for the pieces shown:
+    asked of every failing cell, it was a fifth of a Models read that shows
+    none (at 1M results)."""
     floor = serve_speedup_floor()
     device_types = queries.device_type_list(filters, device_types)
     calls, shapes_by_id = served_calls(filters)
@@ -167,18 +175,13 @@ def model_coverage(
     current = revisions.current_map() if found else {}
     backend = {d.id: d.backend for d in device_types}
     operator = {s.pk: s.operator_id for s in shapes_by_id.values()}
-    elsewhere = queries.passing_elsewhere(
-        {(s, d) for (s, d), (status, *_) in found.items() if status in FAILURES},
-        filters.toolchain,
-        {key: revision_id for key, (_, revision_id, *_) in found.items()},
-    )
 
     by_model: dict[str, list[tuple]] = {}
     for source, *call in calls:
         by_model.setdefault(source, []).append(call)
     # Plain tuples in the loops below: they run models × device types ×
     # calls times, and model attribute lookups were most of a Models read.
-    verdicts: dict[tuple[int, int], tuple[str, Verdict, float | None]] = {}
+    verdicts: dict[tuple[int, int], tuple] = {}
     models = []
     for name, model_calls in by_model.items():
         shapes = {s: shapes_by_id[s] for s, _, _ in model_calls}
@@ -211,7 +214,7 @@ def model_coverage(
                 by_step[tok][outcome] += n
             pieces = []
             for shape_id, n in per_shape.items():
-                status, verdict, value = verdicts[shape_id, dt_id]
+                status, verdict, value, revision_id = verdicts[shape_id, dt_id]
                 if verdict.outcome != TILELANG:
                     pieces.append(
                         Piece(
@@ -220,7 +223,8 @@ def model_coverage(
                             status,
                             verdict,
                             value,
-                            elsewhere.get((shape_id, dt_id)),
+                            dt_id,
+                            revision_id,
                         )
                     )
             pieces.sort(key=lambda p: (-p.calls, order[p.shape.pk]))
@@ -239,10 +243,30 @@ def model_coverage(
 
 
 def _verdict(hit, current: int | None, filters, floor: float):
-    """``current``: the id of the revision current on the cell's backend."""
+    """(status, verdict, speedup, revision id) of a cell; ``current``: the id
+    of the revision current on the cell's backend."""
     if hit is None:
-        return queries.EMPTY, serving_verdict(queries.EMPTY, False, None, floor), None
+        empty = serving_verdict(queries.EMPTY, False, None, floor)
+        return queries.EMPTY, empty, None, None
     status, revision_id, kernel_ms, reference_ms = hit
     stale = filters.toolchain_stale or revision_id != current
     value = speedup(kernel_ms, reference_ms) if status == Status.PASS else None
-    return status, serving_verdict(status, stale, value, floor), value
+    return status, serving_verdict(status, stale, value, floor), value, revision_id
+
+
+def mark_passing_elsewhere(pieces: Iterable[Piece], toolchain) -> None:
+    """Set ``passes_on`` of each failing piece of ``pieces`` whose revision
+    passes on another toolchain, same shape and device type (see
+    queries.passing_elsewhere). Two queries, none where nothing fails."""
+    failing: dict[tuple[int, int], list[Piece]] = {}
+    for piece in pieces:
+        if piece.status in FAILURES:
+            failing.setdefault((piece.shape.pk, piece.device_type_id), []).append(piece)
+    found = queries.passing_elsewhere(
+        set(failing),
+        toolchain,
+        {key: same[0].revision_id for key, same in failing.items()},
+    )
+    for key, passes_on in found.items():
+        for piece in failing[key]:
+            piece.passes_on = passes_on

@@ -19,7 +19,7 @@ from matrix.cache import answer_read, cache_seconds, data_version, read_key
 from matrix.exports import spreadsheet_safe, unknown_toolchain
 from matrix.models import Backend, Dtype
 from matrix.page_cache import page_response
-from matrix.served_models import model_coverage
+from matrix.served_models import mark_passing_elsewhere, model_coverage
 from matrix.serving import OUTCOME_LABELS, OUTCOMES, serve_speedup_floor
 
 PIECES_SHOWN = 15
@@ -28,6 +28,12 @@ PIECES_MAX = 1000
 
 def _models_context(request, filters, toolchains) -> dict:
     models = model_coverage(filters)
+    # Only a chosen model's devices list pieces (and count those a run can
+    # close, which depends on where they pass).
+    detailed = [m for m in models if filters.model or len(models) == 1]
+    mark_passing_elsewhere(
+        (p for m in detailed for d in m.devices for p in d.pieces), filters.toolchain
+    )
     pieces = PIECES_MAX if request.GET.get("pieces") == "all" else PIECES_SHOWN
     params = filters.as_params()
     for model in models:
@@ -53,7 +59,7 @@ def _models_context(request, filters, toolchains) -> dict:
         "backends": Backend.choices,
         "models": models,
         "columns": [d.device_type for d in device_types],
-        "detailed": [m for m in models if filters.model or len(models) == 1],
+        "detailed": detailed,
         "outcomes": [(o, OUTCOME_LABELS[o]) for o in OUTCOMES],
         "floor": serve_speedup_floor(),
         "query": urlencode(params),
