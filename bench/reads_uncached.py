@@ -60,13 +60,14 @@ def main() -> None:
     import django
 
     django.setup()
-    # As a gunicorn worker loads it: views imported, templates compiled and
-    # the loaded application frozen out of the garbage collector's sight.
-    import matrix.wsgi  # noqa: F401
     from django.contrib.auth import get_user_model
     from django.core.cache import caches
     from django.test import Client
     from load_steady import UrlSpace
+
+    # As a gunicorn worker loads it: views imported, templates compiled and
+    # the loaded application frozen out of the garbage collector's sight.
+    import matrix.wsgi  # noqa: F401
 
     users = get_user_model()
     user = users.objects.filter(is_superuser=True).first()

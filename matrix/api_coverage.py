@@ -750,9 +750,13 @@ def coverage_models(request, params: Query[ModelFilters]):
 
 def _models_answer(filters, params) -> dict:
     models = model_coverage(filters)
+    listed = {
+        (m.name, d.device_type.pk): d.top(params.pieces)
+        for m in models
+        for d in m.devices
+    }
     mark_passing_elsewhere(
-        (p for m in models for d in m.devices for p in d.pieces[: params.pieces]),
-        filters.toolchain,
+        (p for pieces in listed.values() for p in pieces), filters.toolchain
     )
     out = []
     base = filters.as_params()
@@ -772,7 +776,7 @@ def _models_answer(filters, params) -> dict:
                         | {"tokens": t}
                         for t, s in device.steps
                     ],
-                    "missing": len(device.pieces),
+                    "missing": device.missing,
                     "pieces": [
                         {
                             **_shape_fields(p.shape, device.device_type, filters),
@@ -785,7 +789,7 @@ def _models_answer(filters, params) -> dict:
                             "upgrade": p.passes_on.proposal if p.passes_on else None,
                             "speedup": p.speedup,
                         }
-                        for p in device.pieces[: params.pieces]
+                        for p in listed[model.name, device.device_type.pk]
                     ],
                     "run_missing_url": reverse("gaps")
                     + "?"

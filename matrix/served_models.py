@@ -12,8 +12,11 @@ number of models, shapes and device types.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import functools
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from functools import cached_property
+from heapq import nsmallest
 
 from matrix import queries, revisions
 from matrix.models import FAILURES, Cell, DeviceType, ServedCall, Shape, Status
@@ -90,8 +93,25 @@ class DeviceCoverage:
     shares: Shares
     # (tokens, shares) per step size, smallest first; 0: not recorded.
     steps: list[tuple[int, Shares]]
-    # Every cell not serving TileLang, the most calls first.
-    pieces: list[Piece]
+    # The cells not serving TileLang, as (calls, shape id): their pieces are
+    # made when asked for (``pieces``, ``top``). A summary of every model
+    # counts them and lists none: making and sorting them all was a sixth
+    # of an uncached Models read at 1M results.
+    missing_cells: list[tuple[float, int]] = field(repr=False)
+    make_pieces: Callable[[list[tuple[float, int]]], list[Piece]] = field(repr=False)
+
+    @property
+    def missing(self) -> int:
+        return len(self.missing_cells)
+
+    @cached_property
+    def pieces(self) -> list[Piece]:
+        """Every cell not serving TileLang, the most calls first."""
+        return self.make_pieces(self.missing_cells)
+
+    def top(self, n: int) -> list[Piece]:
+        """The first ``n`` of ``pieces``, without making the others."""
+        return self.make_pieces(self.missing_cells, n)
 
     @property
     def rerunnable(self) -> list[Piece]:
@@ -212,24 +232,14 @@ def model_coverage(
                 outcome = found_verdict[1].outcome
                 total[outcome] += n
                 by_step[tok][outcome] += n
-            pieces = []
-            for shape_id, n in per_shape.items():
-                status, verdict, value, revision_id = verdicts[shape_id, dt_id]
-                if verdict.outcome != TILELANG:
-                    pieces.append(
-                        Piece(
-                            shapes[shape_id],
-                            n,
-                            status,
-                            verdict,
-                            value,
-                            dt_id,
-                            revision_id,
-                        )
-                    )
-            pieces.sort(key=lambda p: (-p.calls, order[p.shape.pk]))
+            missing = [
+                (n, shape_id)
+                for shape_id, n in per_shape.items()
+                if verdicts[shape_id, dt_id][1].outcome != TILELANG
+            ]
             steps = [(t, Shares(by_step[t])) for t in tokens]
-            devices.append(DeviceCoverage(dt, Shares(total), steps, pieces))
+            make = functools.partial(_pieces, dt_id, shapes, order, verdicts)
+            devices.append(DeviceCoverage(dt, Shares(total), steps, missing, make))
         models.append(
             ModelCoverage(
                 name,
@@ -240,6 +250,32 @@ def model_coverage(
             )
         )
     return models
+
+
+def _pieces(
+    dt_id: int,
+    shapes: dict,
+    order: dict,
+    verdicts: dict,
+    missing: list[tuple[float, int]],
+    n: int | None = None,
+) -> list[Piece]:
+    """The pieces of ``missing`` cells on a device type, the most calls
+    first (then by operator, dims and dtype); the first ``n`` only when
+    given."""
+
+    def place(cell):
+        calls, shape_id = cell
+        return -calls, order[shape_id]
+
+    chosen = sorted(missing, key=place) if n is None else nsmallest(n, missing, place)
+    pieces = []
+    for calls, shape_id in chosen:
+        status, verdict, value, revision_id = verdicts[shape_id, dt_id]
+        pieces.append(
+            Piece(shapes[shape_id], calls, status, verdict, value, dt_id, revision_id)
+        )
+    return pieces
 
 
 def _verdict(hit, current: int | None, filters, floor: float):

@@ -36,9 +36,11 @@ def _models_context(request, filters, toolchains) -> dict:
     )
     pieces = PIECES_MAX if request.GET.get("pieces") == "all" else PIECES_SHOWN
     params = filters.as_params()
-    for model in models:
+    for model in detailed:
         for device in model.devices:
             device.shown = device.pieces[:pieces]
+    for model in models:
+        for device in model.devices:
             # Run missing on the gaps page, for exactly this model's cells
             # on this device type under these filters.
             device.gaps_query = urlencode(

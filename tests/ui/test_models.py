@@ -120,6 +120,40 @@ def test_the_missing_pieces_rank_by_calls_and_say_why(client, served):
     assert "Run missing for these 2 cells" in body
 
 
+def test_the_summary_counts_each_models_missing_pieces_and_lists_none(
+    client, served, device_types
+):
+    """Two models, none chosen: each device's cell counts its missing pieces
+    and links to them; no piece is listed until a model is chosen."""
+    response = client.get(reverse("models"), {"backend": "cuda"})
+    assert response.context["detailed"] == []
+    body = response.content.decode()
+    cuda = device_types["cuda"].pk
+    for model, missing in (("alpha", 4), ("beta", 1)):
+        row = body.split(f"model={model}", 1)[1].split("</tr>")[0]
+        assert f'#dt-{cuda}">{missing} missing piece{"s" * (missing > 1)}</a>' in row
+    assert 'class="list pieces"' not in body
+
+
+def test_a_chosen_model_lists_its_biggest_pieces_and_links_to_all(
+    client, served, monkeypatch
+):
+    from matrix.views import models
+
+    monkeypatch.setattr(models, "PIECES_SHOWN", 3)
+    response = client.get(reverse("models"), {"model": "alpha", "backend": "cuda"})
+    alpha = coverage(response, "alpha", "cuda")
+    assert alpha.shown == alpha.pieces[:3] and alpha.missing == 4
+    body = response.content.decode()
+    assert "4 cells not serving TileLang, the most calls first" in body
+    assert "Showing the 3 with the most calls of 4:" in body
+    every = client.get(
+        reverse("models"), {"model": "alpha", "backend": "cuda", "pieces": "all"}
+    )
+    assert len(coverage(every, "alpha", "cuda").shown) == 4
+    assert "Showing the" not in every.content.decode()
+
+
 def test_run_missing_opens_the_gaps_of_exactly_that_model_and_device(
     client, served, device_types
 ):
