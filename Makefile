@@ -62,8 +62,10 @@ toolchains: $(TOOLCHAIN_0113)/bin/python $(TOOLCHAIN_0114)/bin/python
 # deployment's sweep used 0.6 of a core), so a third worker fills the idle
 # core. A test file stays on one worker (--dist loadfile), so its
 # module-scoped set-up (a sandbox batch, a deployment, a browser) runs once.
-# The 20 slowest tests are printed last.
-XDIST ?= -n 3 --dist loadfile
+# Files are handed out in the order tests/conftest.py sorts them, slowest
+# first (xdist's own order is by number of tests). The 20 slowest tests are
+# printed last.
+XDIST ?= -n 3 --dist loadfile --no-loadscope-reorder
 # Every process of the suite, and what it starts, runs torch on one thread:
 # three workers and their children already fill two cores, and torch's
 # other threads only spin there (tests/harness/test_distributions.py and

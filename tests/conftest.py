@@ -22,46 +22,56 @@ CHROMIUM_ARGS = [
 ]
 
 
-# The slowest files go first (longest first: a file stays on one worker with
+# The slowest files go first, longest first: a file stays on one worker with
 # --dist loadfile, and a long one handed out last runs on alone while the
-# other workers idle). Seconds: the sum of a file's slowest durations in a
-# make test pass on this 2-core machine (2026-12-07); refresh them from
-# --durations when a file grows.
+# other workers idle. The Makefile passes --no-loadscope-reorder, or
+# pytest-xdist would hand files out by their number of tests instead.
+# Seconds: a file's wall time in a make test pass on PostgreSQL on this
+# 2-core machine, three workers (2026-12-08); refresh them when a file grows.
 SLOW_FILES_FIRST = (
-    "tests/runners/test_worker_e2e.py",  # 247 s
-    "tests/kernels/test_gpu_lowering.py",  # 90 s
-    "tests/browser/test_decisions_in_processes.py",  # 80 s
-    "tests/security/test_forged_verdicts.py",  # 68 s
-    "tests/runners/test_bisection_e2e.py",  # 66 s
-    "tests/browser/test_run_missing.py",  # 66 s
-    "tests/runners/test_broker_restart_e2e.py",  # 62 s
-    "tests/harness/test_submitted.py",  # 57 s
-    "tests/gate/test_demo_upgrade.py",  # 56 s
-    "tests/security/test_sandbox_escapes.py",  # 49 s
-    "tests/runners/test_broker_isolation_e2e.py",  # 48 s
-    "tests/deploy/test_slow_clients.py",  # 48 s
-    "tests/browser/test_pages_at_two_widths.py",  # 42 s
-    "tests/foundation/test_smoke.py",  # 42 s
-    "tests/runners/test_tasks.py",  # 37 s
-    "tests/harness/test_warm_children.py",  # 34 s
-    "tests/security/test_permission_matrix.py",  # 32 s
-    "tests/runners/test_run_dev_e2e.py",  # 31 s
-    "tests/harness/test_error_signatures.py",  # 31 s
-    "tests/security/test_native_code.py",  # 30 s
-    "tests/runners/test_several_hosts_e2e.py",  # 29 s
-    "tests/runners/test_ingest_queues_e2e.py",  # 30 s alone
-    "tests/gate/test_bisection_cpu.py",  # 29 s
-    "tests/runners/test_disk_full_e2e.py",  # 28 s
-    "tests/harness/test_distributions.py",  # 24 s
-    "tests/harness/test_library_cpu.py",  # 23 s
-    "tests/runners/test_serve.py",  # 22 s
-    "tests/runners/test_agent_without_the_server.py",  # 21 s
-    "tests/runners/test_command_runner.py",  # 21 s
-    "tests/gate/test_real_ab.py",  # 21 s
-    "tests/security/test_form_fuzz.py",  # 20 s
-    "tests/foundation/test_migrations.py",  # 19 s
-    "tests/kernels/test_decode_variants.py",  # 19 s
-    "tests/browser/test_runners_page.py",  # 15 s
+    "tests/runners/test_worker_e2e.py",  # 202 s
+    "tests/kernels/test_gpu_lowering.py",  # 112 s
+    "tests/security/test_forged_verdicts.py",  # 109 s
+    "tests/browser/test_run_missing.py",  # 97 s
+    "tests/harness/test_submitted.py",  # 92 s
+    "tests/deploy/test_slow_clients.py",  # 91 s
+    "tests/browser/test_decisions_in_processes.py",  # 90 s
+    "tests/runners/test_bisection_e2e.py",  # 84 s
+    "tests/foundation/test_smoke.py",  # 82 s
+    "tests/runners/test_broker_restart_e2e.py",  # 78 s
+    "tests/security/test_permission_matrix.py",  # 64 s
+    "tests/security/test_sandbox_escapes.py",  # 63 s
+    "tests/gate/test_bisection_cpu.py",  # 62 s
+    "tests/browser/test_pages_at_two_widths.py",  # 60 s
+    "tests/harness/test_error_signatures.py",  # 59 s
+    "tests/runners/test_broker_isolation_e2e.py",  # 56 s
+    "tests/security/test_form_fuzz.py",  # 49 s
+    "tests/foundation/test_migrations.py",  # 48 s
+    "tests/security/test_native_code.py",  # 46 s
+    "tests/runners/test_broker_isolation.py",  # 45 s
+    "tests/gate/test_views_upgrades.py",  # 43 s
+    "tests/browser/test_sessions_and_narrow_screens.py",  # 42 s
+    "tests/runners/test_several_hosts_e2e.py",  # 40 s
+    "tests/gate/test_real_ab.py",  # 38 s
+    "tests/harness/test_distributions.py",  # 38 s
+    "tests/runners/test_command_runner.py",  # 38 s
+    "tests/gate/test_demo_upgrade.py",  # 38 s
+    "tests/harness/test_warm_children.py",  # 33 s
+    "tests/browser/test_runners_page.py",  # 33 s
+    "tests/runners/test_runner_requests.py",  # 32 s
+    "tests/runners/test_run_dev_e2e.py",  # 29 s
+    "tests/ui/test_matrix_filters.py",  # 29 s
+    "tests/runners/test_agent_without_the_server.py",  # 28 s
+    "tests/runners/test_ingest_queues_e2e.py",  # 27 s
+    "tests/runners/test_disk_full_e2e.py",  # 26 s
+    "tests/gate/test_sustained.py",  # 25 s
+    "tests/alerts/test_detection.py",  # 23 s
+    "tests/security/test_web.py",  # 22 s
+    "tests/kernels/test_decode_variants.py",  # 22 s
+    "tests/runners/test_runner_approval.py",  # 22 s
+    "tests/gate/test_manifest_cache.py",  # 21 s
+    "tests/browser/test_focus_and_history.py",  # 21 s
+    "tests/harness/test_cli.py",  # 20 s
 )
 
 

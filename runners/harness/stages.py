@@ -27,8 +27,8 @@ from runners.harness.result import (
 
 DEFAULT_REPEATS = {"cpu": 5, "gpu": 100}
 # Set by the supervisor for library children that share a device: a file
-# they lock in turn, so kernels compile side by side but no two children
-# validate or time on the device at once.
+# they lock, so kernels compile side by side, check their outputs on the
+# device together, and are timed on it alone.
 DEVICE_LOCK_ENV = "TILEMATRIX_DEVICE_LOCK"
 _PASS_CALL = re.compile(r"\b(?:tilelang|tl|tir|tirx)\.transform\.(\w+)\s*\(")
 _COMPILERS = {"nvcc", "hipcc", "gcc", "g++", "cc", "c++", "clang", "clang++"}
@@ -95,12 +95,12 @@ def run_stages(
         return set_error(
             result, "infra_error", f"{job['operator']} has no tolerance for {dtype}"
         )
-    with device_turn(device_for(target)):
-        started = time.perf_counter()
-        try:
-            return _validate(job, operator, kernel, tolerance, result)
-        finally:
-            result["timings"]["run_s"] = time.perf_counter() - started
+    started, waits = time.perf_counter(), []
+    try:
+        return _validate(job, operator, kernel, tolerance, result, waits)
+    finally:
+        # The stage's own time: what it waited for the device is not its.
+        result["timings"]["run_s"] = time.perf_counter() - started - sum(waits)
 
 
 def compile_program(job: dict, make_program, result: dict, on_stage, *, declines=()):
@@ -175,10 +175,13 @@ def _stamp_used(kernel) -> None:
             pass  # gone meanwhile, or a throwaway cache: nothing to keep
 
 
-def _validate(job: dict, operator, kernel, tolerance, result: dict) -> dict:
+def _validate(
+    job: dict, operator, kernel, tolerance, result: dict, waits: list | None = None
+) -> dict:
     """Run the kernel on each input distribution its operator declares,
-    several times each, and compare with the reference; time it on the
-    uniform draw."""
+    several times each, and compare with the reference (beside other
+    children that check theirs); time it on the uniform draw (alone on the
+    device). ``waits`` gets the seconds spent waiting for each turn."""
     shape, dtype, target = job["shape"], job["dtype"], job["target"]
     device = device_for(target)
     if device is None:
@@ -186,7 +189,50 @@ def _validate(job: dict, operator, kernel, tolerance, result: dict) -> dict:
             result, "infra_error", f"this runner has no {target['kind']} device"
         )
     out_specs = [tensors.spec_dict(s) for s in operator.outputs(shape, dtype)]
+    in_specs = [tensors.spec_dict(s) for s in operator.inputs(shape, dtype)]
     result["distributions"] = []
+    waits = [] if waits is None else waits
+    beside_others = _fits_beside_others(in_specs + out_specs, device)
+    with device_turn(device, shared=beside_others) as waited:
+        waits.append(waited)
+        checked = _check(job, operator, kernel, tolerance, result, out_specs, device)
+    if isinstance(checked, dict):
+        return checked
+    with device_turn(device) as waited:
+        waits.append(waited)
+        timings = _time_both(job, operator, kernel, *checked, device, result)
+    result["timings"].update(timings)
+    result["status"] = "pass"
+    return result
+
+
+# Children that may check on one device at once: a runner host's compile
+# workers (runners.harness.sandbox.compile_workers, 16 at most).
+CHECKS_AT_ONCE = 16
+
+
+def _fits_beside_others(specs: list[dict], device: str) -> bool:
+    """Whether a cell's check may share the device: on CUDA, where what it
+    holds (its tensors, their float64 copies, the reference's outputs and
+    a second run's outputs) is at most 1/CHECKS_AT_ONCE of the device's
+    memory, so that as many checks at once still fit. A vocabulary GEMM's
+    weight (1 GB in float16, 4 GB in float64) is checked alone."""
+    if device != "cuda":
+        return False
+    import torch
+
+    held = sum(
+        tensors.byte_size(spec) * (2 + 8 // tensors.ELEMENT_BYTES[spec["dtype"]])
+        for spec in specs
+    )
+    total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+    return held * CHECKS_AT_ONCE <= total
+
+
+def _check(job, operator, kernel, tolerance, result, out_specs, device):
+    """The failed result, or the (inputs, outputs) of the uniform draw to
+    time on, once every input set passed every run."""
+    shape, dtype = job["shape"], job["dtype"]
     timed = None
     widened: dict[int, object] = {}
     for distribution, inputs in distributions.input_sets(
@@ -217,9 +263,7 @@ def _validate(job: dict, operator, kernel, tolerance, result: dict) -> dict:
             return set_error(result, status, message)
         result["distributions"].append(distribution.label)
         timed = timed or (inputs, outputs)
-    result["timings"].update(_time_both(job, operator, kernel, *timed, device, result))
-    result["status"] = "pass"
-    return result
+    return timed
 
 
 def _references(operator, inputs, device: str, result: dict, widened: dict):
@@ -346,12 +390,18 @@ def device_for(target: dict) -> str | None:
 
 
 @contextmanager
-def device_turn(device: str | None):
-    """Hold the device alone (see DEVICE_LOCK_ENV); give back the memory
-    this child cached before the next child's turn."""
+def device_turn(device: str | None, *, shared: bool = False):
+    """Hold the device (see DEVICE_LOCK_ENV): alone, to time a kernel, or
+    ``shared`` with other children that check outputs, which no timing can
+    see, since a turn alone waits until every shared turn ended. Yields the
+    seconds waited. Gives back the memory this child cached at the end.
+
+    A child waiting for a turn alone holds a second lock, the turnstile,
+    that every new shared turn passes through: a steady stream of checks
+    cannot keep the timing waiting for ever."""
     path = os.environ.get(DEVICE_LOCK_ENV)
     if not path or device in (None, "cpu"):
-        yield
+        yield 0.0
         return
     import fcntl
 
@@ -363,10 +413,17 @@ def device_turn(device: str | None):
         # times, instead of on the one device everyone queues for.
         torch.cuda.init()
         torch.cuda.current_blas_handle()
-    with open(path, "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    asked = time.perf_counter()
+    with open(path, "a") as lock, open(path + ".turnstile", "a") as turnstile:
+        fcntl.flock(turnstile, fcntl.LOCK_EX)  # behind a child waiting to time
+        if shared:
+            fcntl.flock(turnstile, fcntl.LOCK_UN)
+            fcntl.flock(lock, fcntl.LOCK_SH)
+        else:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            fcntl.flock(turnstile, fcntl.LOCK_UN)
         try:
-            yield
+            yield time.perf_counter() - asked
         finally:
             if device == "cuda":
                 torch.cuda.synchronize()
